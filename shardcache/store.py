@@ -1,0 +1,370 @@
+"""The on-disk contract: a Zarr v3 group of sharded arrays plus the ``shardcache`` manifest.
+
+Layout (readable with plain ``zarr``)::
+
+    CACHE/                      zarr group; attributes["shardcache"] = manifest
+      features   float32 (n_bars, n_features)  sharded, Blosc(lz4)+crc32c inner chunks
+      ts         int64   (n_bars,)             nanoseconds since the epoch, UTC
+      segments   int64   (n_segments, 3)       symbol_id, start_row, stop_row
+      segment_split int8 (n_segments,)         index into manifest["splits"]["names"]
+
+Rows are grouped by symbol and in time order. A segment is a maximal run of one symbol's
+bars with no gap above ``max_gap`` and inside one split, so a window never crosses a
+symbol, a gap or a split. The manifest's ``complete`` flag is written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+
+from .errors import CacheError
+
+try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
+    from zarr.codecs.numcodecs import LZ4
+except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bridge
+    from numcodecs.zarr3 import LZ4
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CODECS",
+    "Cache",
+    "CacheWriter",
+    "compressors",
+    "default_chunking",
+    "open_cache",
+    "open_group",
+    "shard_digest",
+]
+
+FORMAT_VERSION = 1
+ATTR = "shardcache"
+CODECS = ("blosc-lz4", "zstd", "lz4", "none")
+
+
+def compressors(codec: str) -> list[Any]:
+    """Inner-chunk codecs for ``codec``, always ending in a crc32c checksum per chunk."""
+    if codec == "blosc-lz4":
+        first = [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)]
+    elif codec == "zstd":
+        first = [ZstdCodec(level=3)]
+    elif codec == "lz4":
+        first = [LZ4(acceleration=1)]
+    elif codec == "none":
+        first = []
+    else:
+        raise CacheError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    return [*first, Crc32cCodec()]
+
+
+def default_chunking(n_features: int) -> tuple[int, int]:
+    """Shard and inner-chunk rows: shards of ~8 MiB decoded, 8 inner chunks each.
+
+    Measured on the 2-core machine (``tools/bench.py``): whole-shard decodes of 4-16 MiB
+    keep the decode thread well ahead of the gather, and the prefetch memory stays small.
+    """
+    target = 8 << 20
+    rows = 1 << int(np.log2(max(1, target // (4 * max(1, n_features)))))
+    shard_rows = int(min(max(rows, 4096), 65536))
+    return shard_rows, shard_rows // 8
+
+
+def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: dict | None = None) -> zarr.Group:
+    """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``)."""
+    url = os.fspath(url)
+    kwargs: dict[str, Any] = {"mode": mode, "zarr_format": 3}
+    if storage_options and "://" in url:
+        kwargs["storage_options"] = storage_options
+    return zarr.open_group(url, **kwargs)
+
+
+def shard_digest(block: np.ndarray) -> str:
+    """Digest of one shard's decoded rows, recorded at build time and checked by ``verify``."""
+    return hashlib.blake2b(np.ascontiguousarray(block).tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass
+class _Handles:
+    group: zarr.Group
+    features: zarr.Array
+    ts: zarr.Array
+
+
+class Cache:
+    """An opened, complete cache: the manifest, the segment table and lazy array handles.
+
+    Picklable (it reopens the store in each DataLoader worker), so it can be handed to a
+    ``WindowStream`` used with ``num_workers > 0``.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict | None = None) -> None:
+        self.url = os.fspath(url)
+        self.storage_options = storage_options
+        self._handles: _Handles | None = None
+        group = self._open()
+        manifest = dict(group.attrs.get(ATTR) or {})
+        if not manifest:
+            raise CacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
+        version = manifest.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise CacheError(
+                f"{self.url}: cache format version {version} is newer than this shardcache "
+                f"(reads up to {FORMAT_VERSION}); upgrade shardcache"
+            )
+        if not manifest.get("complete"):
+            raise CacheError(
+                f"{self.url}: cache is incomplete (its build did not finish); rerun build-cache "
+                "with --resume to finish it or --overwrite to start again"
+            )
+        self.manifest = manifest
+        self.segments = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 3)
+        self.segment_split = np.asarray(group["segment_split"][...], dtype=np.int8).reshape(-1)
+
+    # -- handles -------------------------------------------------------------------------
+    def _open(self) -> zarr.Group:
+        try:
+            group = open_group(self.url, "r", self.storage_options)
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
+            raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
+        self._handles = _Handles(group, group["features"], group["ts"]) if "features" in group else None
+        return group
+
+    @property
+    def handles(self) -> _Handles:
+        if self._handles is None:
+            self._open()
+            if self._handles is None:
+                raise CacheError(f"{self.url}: cache has no 'features' array")
+        return self._handles
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_handles"] = None
+        return state
+
+    # -- manifest views ------------------------------------------------------------------
+    @property
+    def features(self) -> zarr.Array:
+        return self.handles.features
+
+    @property
+    def ts(self) -> zarr.Array:
+        return self.handles.ts
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.manifest["feature_names"])
+
+    @property
+    def symbols(self) -> list[str]:
+        return list(self.manifest["symbols"])
+
+    @property
+    def split_names(self) -> list[str]:
+        return list(self.manifest["splits"]["names"])
+
+    @property
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Normalization statistics per feature (``mean``, ``std``), from the train split."""
+        stats = self.manifest.get("stats") or {}
+        means, stds = stats.get("mean") or [], stats.get("std") or []
+        return {n: {"mean": m, "std": s} for n, m, s in zip(self.feature_names, means, stds)}
+
+    @property
+    def n_bars(self) -> int:
+        return int(self.manifest["counts"]["bars"])
+
+    @property
+    def n_features(self) -> int:
+        return len(self.manifest["feature_names"])
+
+    @property
+    def shard_rows(self) -> int:
+        return int(self.manifest["layout"]["shard_rows"])
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.manifest["layout"]["chunk_rows"])
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_bars // self.shard_rows)
+
+    def split_id(self, split: str | None) -> int | None:
+        """Index of ``split`` in the manifest (None means every split)."""
+        if split is None:
+            return None
+        names = self.split_names
+        if split not in names:
+            raise CacheError(f"{self.url}: no split {split!r}; the cache has {', '.join(names)}")
+        return names.index(split)
+
+    # -- data ----------------------------------------------------------------------------
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of ``features`` in one zarr call (decodes whole inner chunks)."""
+        return np.asarray(self.features[start:stop], dtype=np.float32)
+
+    def n_windows(self, seq_len: int, horizon: int = 1, stride: int = 1, split: str | None = None) -> int:
+        """Number of valid windows at read-time ``seq_len``/``horizon``/``stride``."""
+        from .index import valid_ranges
+
+        return int(valid_ranges(self, seq_len, horizon, stride, split).count())
+
+    def info(self, seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
+        """A summary for people and scripts: counts, splits, features with stats, size on disk."""
+        m = self.manifest
+        per_split = {
+            name: self.n_windows(seq_len, horizon, 1, name) for name in self.split_names
+        }
+        return {
+            "path": self.url,
+            "format_version": m["format_version"],
+            "bars": self.n_bars,
+            "symbols": self.symbols,
+            "segments": int(len(self.segments)),
+            "features": self.feature_names,
+            "stats": self.stats,
+            "normalize": m.get("normalize"),
+            "splits": m["splits"],
+            "seq_len": seq_len,
+            "horizon": horizon,
+            "windows": sum(per_split.values()),
+            "windows_per_split": per_split,
+            "layout": m["layout"],
+            "counts": m["counts"],
+            "bytes": m.get("bytes", {}),
+            "created": m.get("created"),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Cache({self.url!r}, bars={self.n_bars}, features={self.n_features}, "
+            f"symbols={len(self.symbols)}, segments={len(self.segments)})"
+        )
+
+
+def open_cache(path: "str | os.PathLike[str] | Cache", storage_options: dict | None = None) -> Cache:
+    """Open a complete cache built by ``build-cache``; refuse incomplete or newer-format caches."""
+    if isinstance(path, Cache):
+        return path
+    return Cache(path, storage_options)
+
+
+class CacheWriter:
+    """Creates the cache's arrays, writes whole shards (one writer per shard) and the manifest.
+
+    The manifest starts with ``complete: false``; ``finish`` writes the segment table and
+    then the manifest with ``complete: true``, the last write of a build. Picklable, so shard
+    writes can run as dask tasks on any worker.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        n_bars: int,
+        feature_names: list[str],
+        shard_rows: int,
+        chunk_rows: int,
+        codec: str = "blosc-lz4",
+        storage_options: dict | None = None,
+        create: bool = True,
+    ) -> None:
+        self.url = os.fspath(url)
+        self.storage_options = storage_options
+        self.n_bars = int(n_bars)
+        self.n_features = len(feature_names)
+        self.shard_rows = int(shard_rows)
+        self.chunk_rows = int(chunk_rows)
+        if self.shard_rows % self.chunk_rows:
+            raise CacheError(f"shard rows {shard_rows} must be a multiple of chunk rows {chunk_rows}")
+        self._arrays: tuple[zarr.Array, zarr.Array] | None = None
+        if not create:
+            return
+        group = open_group(self.url, "w", storage_options)
+        shape = (max(self.n_bars, 0), self.n_features)
+        group.create_array(
+            "features",
+            shape=shape,
+            dtype="float32",
+            chunks=(self.chunk_rows, max(self.n_features, 1)),
+            shards=(self.shard_rows, max(self.n_features, 1)),
+            compressors=compressors(codec),
+            fill_value=np.nan,
+            dimension_names=("row", "feature"),
+        )
+        group.create_array(
+            "ts",
+            shape=(self.n_bars,),
+            dtype="int64",
+            chunks=(self.shard_rows,),
+            compressors=compressors("zstd"),
+            fill_value=0,
+            dimension_names=("row",),
+        )
+        group.attrs[ATTR] = {"format_version": FORMAT_VERSION, "complete": False}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_arrays"] = None
+        return state
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_bars // self.shard_rows)
+
+    def _open_arrays(self) -> tuple[zarr.Array, zarr.Array]:
+        if self._arrays is None:
+            group = open_group(self.url, "r+", self.storage_options)
+            self._arrays = (group["features"], group["ts"])
+        return self._arrays
+
+    def shard_bounds(self, shard: int) -> tuple[int, int]:
+        start = shard * self.shard_rows
+        return start, min(start + self.shard_rows, self.n_bars)
+
+    def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> str:
+        """Write shard ``shard`` whole (rows and timestamps) and return its digest."""
+        start, stop = self.shard_bounds(shard)
+        block = np.ascontiguousarray(features, dtype=np.float32)
+        if block.shape != (stop - start, self.n_features) or len(ts) != stop - start:
+            raise CacheError(
+                f"shard {shard}: expected {(stop - start, self.n_features)} rows, got {block.shape}"
+            )
+        feats, tsa = self._open_arrays()
+        feats[start:stop] = block
+        tsa[start:stop] = np.asarray(ts, dtype=np.int64)
+        return shard_digest(block)
+
+    def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: dict) -> None:
+        """Write the segment table, then the manifest marked complete (the last write)."""
+        group = open_group(self.url, "r+", self.storage_options)
+        seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
+        for name, data in (("segments", seg), ("segment_split", np.asarray(segment_split, dtype=np.int8))):
+            arr = group.create_array(
+                name,
+                shape=data.shape,
+                dtype=data.dtype,
+                chunks=tuple(max(1, n) for n in data.shape),
+                compressors=compressors("zstd"),
+                fill_value=0,
+                overwrite=True,
+            )
+            if data.size:
+                arr[...] = data
+        group.attrs[ATTR] = {
+            **manifest,
+            "format_version": FORMAT_VERSION,
+            "layout": {
+                "shard_rows": self.shard_rows,
+                "chunk_rows": self.chunk_rows,
+                **manifest.get("layout", {}),
+            },
+            "complete": True,
+        }
