@@ -1,0 +1,227 @@
+"""The command line: ``build-cache`` and ``shardcache {build,info,sample,demo}``.
+
+Expected problems (bad inputs, an existing output, an incomplete cache) end with one line
+on stderr naming the file and the problem, and exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .errors import ShardcacheError
+
+__all__ = ["main", "build_cache_main", "format_info"]
+
+log = logging.getLogger("shardcache")
+
+
+def _setup_logging(quiet: bool) -> None:
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
+                        format="%(name)s: %(message)s", stream=sys.stderr)
+
+
+def _add_build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst) or Parquet files, directories or globs")
+    p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
+    p.add_argument("--features", default=None,
+                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw'")
+    p.add_argument("--normalize", choices=["zscore", "none"], default="zscore",
+                   help="z-score with train-split statistics (default) or none")
+    p.add_argument("--split", default="none",
+                   help="none, fractions (train=0.8,val=0.1,test=0.1) or dates (val=2024-06-01,test=2024-09-01)")
+    p.add_argument("--max-gap", default="auto",
+                   help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); "
+                        "auto = max(1h, 5 bars)")
+    p.add_argument("--bar", default=None, help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...")
+    p.add_argument("--ts-column", default=None, help="Parquet timestamp column (default: detected)")
+    p.add_argument("--symbol-column", default=None, help="Parquet symbol column (default: detected)")
+    p.add_argument("--columns", default=None, help="Parquet value columns to read (comma-separated)")
+    p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
+    p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
+    p.add_argument("--codec", choices=["blosc-lz4", "zstd", "lz4", "none"], default="blosc-lz4")
+    p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
+    p.add_argument("--scheduler", default=None,
+                   help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
+    p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
+    p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .builder import build_cache
+
+    cache = build_cache(
+        args.sources, args.out,
+        features=args.features, normalize=args.normalize, split=args.split, max_gap=args.max_gap,
+        bar=args.bar, ts_column=args.ts_column, symbol_column=args.symbol_column,
+        columns=args.columns.split(",") if args.columns else None,
+        shard_rows=args.shard_rows, chunk_rows=args.chunk_rows, codec=args.codec, workers=args.workers,
+        scheduler=args.scheduler, seq_len=args.seq_len, horizon=args.horizon, overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    _print_info(cache.info(args.seq_len, args.horizon), args.json)
+    return 0
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """A cache summary for people: counts, splits, drops, features with their statistics."""
+    c, b = info["counts"], info.get("bytes", {})
+    lines = [
+        f"cache     {info['path']}  (format {info['format_version']}, built {info.get('created')})",
+        f"bars      {info['bars']:,} in {len(info['symbols'])} symbols, {info['segments']:,} segments",
+        f"symbols   {', '.join(info['symbols'])}",
+        f"windows   {info['windows']:,} at seq_len {info['seq_len']}, horizon {info['horizon']}, stride 1",
+        f"size      {_fmt_bytes(b.get('stored'))} on disk for {_fmt_bytes(b.get('raw'))} of float32 "
+        f"(ratio {b.get('ratio')}x, codec {info['layout'].get('codec')}, "
+        f"{info['layout'].get('shards')} shards of {info['layout']['shard_rows']:,} rows)",
+    ]
+    splits = info["splits"]
+    per = info.get("windows_per_split", {})
+    split_desc = ", ".join(
+        f"{n}: {splits.get('bars', {}).get(n, 0):,} bars / {per.get(n, 0):,} windows" for n in splits["names"])
+    cuts = f" (cuts at {', '.join(splits['cuts'])})" if splits.get("cuts") else ""
+    lines.append(f"splits    {split_desc}{cuts}")
+    dropped = c.get("dropped") or {}
+    drop_desc = ", ".join(f"{k}: {v:,}" for k, v in dropped.items()) or "none"
+    lines.append(f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
+                 f"{c.get('reordered', 0):,} out of order (sorted)")
+    skipped = c.get("skipped_symbols") or {}
+    if skipped:
+        lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
+    lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')})")
+    width = max(len(n) for n in info["features"]) if info["features"] else 4
+    for name in info["features"]:
+        st = info["stats"].get(name)
+        stat = f"mean {st['mean']:+.6g}  std {st['std']:.6g}" if st else ""
+        lines.append(f"  {name:<{width}}  {stat}")
+    return "\n".join(lines)
+
+
+def _print_info(info: dict[str, Any], as_json: bool) -> None:
+    print(json.dumps(info, indent=2, default=str) if as_json else format_info(info))
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .store import open_cache
+
+    _print_info(open_cache(args.cache).info(args.seq_len, args.horizon), args.json)
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from .sample import make_sample
+
+    t0 = time.perf_counter()
+    files = make_sample(args.out, days=args.days, seed=args.seed)
+    print(f"wrote {len(files)} DBN files to {args.out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """Generate the sample, build it, stream one epoch at stride 1 and say what happened."""
+    import psutil
+
+    from .builder import build_cache
+    from .sample import make_sample
+    from .stream import WindowStream
+
+    data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
+    if not os.path.isdir(data) or not os.listdir(data):
+        t0 = time.perf_counter()
+        files = make_sample(data, days=args.days)
+        print(f"1. generated {len(files)} daily DBN files in {data} ({time.perf_counter() - t0:.1f} s)")
+    else:
+        print(f"1. using the DBN files already in {data}")
+    t0 = time.perf_counter()
+    cache = build_cache(data, out, split="train=0.8,val=0.1,test=0.1", overwrite=True)
+    build_s = time.perf_counter() - t0
+    print(f"2. built {out} in {build_s:.1f} s ({cache.n_bars / build_s:,.0f} bars/s)")
+    print(format_info(cache.info(args.seq_len)))
+    proc = psutil.Process()
+    rss0 = proc.memory_info().rss
+    with WindowStream(cache, seq_len=args.seq_len, split="train", batch_size=256) as ds:
+        t0, n, first, peak = time.perf_counter(), 0, None, rss0
+        for x, _y in ds:
+            n += x.shape[0]
+            first = first or time.perf_counter() - t0
+            peak = max(peak, proc.memory_info().rss)
+        secs = time.perf_counter() - t0
+    expected = cache.n_windows(args.seq_len, 1, 1, "train")
+    print(f"3. streamed one epoch of the train split at stride 1: {n:,} windows of shape "
+          f"({args.seq_len}, {cache.n_features}) (expected {expected:,}) in {secs:.1f} s = "
+          f"{n / secs:,.0f} windows/s; first batch after {first * 1000:.0f} ms; "
+          f"RSS grew by {(peak - rss0) / 2**20:.0f} MiB while streaming")
+    return 0 if n == expected else 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardcache", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build a cache (same as build-cache)")
+    _add_build_args(b)
+    b.set_defaults(func=_cmd_build)
+    i = sub.add_parser("info", help="summarize a cache")
+    i.add_argument("cache")
+    i.add_argument("--seq-len", type=int, default=60)
+    i.add_argument("--horizon", type=int, default=1)
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=_cmd_info, quiet=True)
+    s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
+    s.add_argument("out")
+    s.add_argument("--days", type=int, default=360)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_cmd_sample, quiet=False)
+    d = sub.add_parser("demo", help="generate the sample, build it, stream one epoch and report")
+    d.add_argument("--dir", default="data/sample")
+    d.add_argument("--days", type=int, default=360)
+    d.add_argument("--seq-len", type=int, default=60)
+    d.set_defaults(func=_cmd_demo, quiet=False)
+    return p
+
+
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str) -> int:
+    _setup_logging(getattr(args, "quiet", False))
+    try:
+        return func(args)
+    except ShardcacheError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``shardcache``."""
+    args = _parser().parse_args(argv)
+    return _run(args.func, args, "shardcache")
+
+
+def build_cache_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``build-cache``."""
+    p = argparse.ArgumentParser(prog="build-cache", description="Build a shardcache from DBN or Parquet files.")
+    _add_build_args(p)
+    return _run(_cmd_build, p.parse_args(argv), "build-cache")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

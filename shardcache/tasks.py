@@ -1,0 +1,100 @@
+"""Running a build stage as independent dask tasks, with progress a person can follow.
+
+Locally the tasks run on dask's threaded scheduler with ``workers`` threads (the heavy
+parts, zstd/DBN decoding, numpy and Blosc, release the GIL). With a scheduler address they
+run on an existing ``dask.distributed`` cluster. Each task holds one input piece or one
+shard, so memory per worker is bounded by the piece and shard sizes, not by the data.
+Progress is a tqdm bar on a terminal and a log line every 10% otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import dask
+from dask.callbacks import Callback
+
+__all__ = ["Progress", "run_tasks"]
+
+log = logging.getLogger("shardcache")
+T = TypeVar("T")
+
+
+class Progress:
+    """A progress bar on a terminal, log lines at each tenth otherwise; silent if not ``show``."""
+
+    def __init__(self, total: int, desc: str, show: bool = True, unit: str = "task") -> None:
+        self.total, self.desc, self.show, self.done = total, desc, show, 0
+        self._bar = None
+        self._next_log = 0.1
+        self._t0 = time.perf_counter()
+        if show and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+        elif show:
+            log.info("%s: %d %ss", desc, total, unit)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.show and self.total and self.done / self.total >= self._next_log:
+            log.info("%s: %d/%d (%.0f%%) after %.1f s", self.desc, self.done, self.total,
+                     100 * self.done / self.total, time.perf_counter() - self._t0)
+            while self._next_log <= self.done / self.total:
+                self._next_log += 0.1
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Count(Callback):
+    def __init__(self, prefix: str, progress: Progress) -> None:
+        super().__init__()
+        self.prefix, self.progress = prefix, progress
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        name = key[0] if isinstance(key, tuple) else key
+        if isinstance(name, str) and name.startswith(self.prefix):
+            self.progress.update()
+
+
+def run_tasks(
+    fn: Callable[..., T],
+    items: Sequence[Any] | Iterable[Any],
+    *,
+    desc: str,
+    workers: int | None = None,
+    client: Any = None,
+    show: bool = True,
+    unit: str = "task",
+) -> list[T]:
+    """``[fn(item) for item in items]`` as parallel dask tasks, results in input order."""
+    items = list(items)
+    if not items:
+        return []
+    with Progress(len(items), desc, show, unit) as progress:
+        if client is not None:
+            from distributed import as_completed
+
+            futures = client.map(fn, items, pure=False)
+            for _ in as_completed(futures):
+                progress.update()
+            return client.gather(futures)
+        prefix = f"shardcache-{desc.replace(' ', '-')}-"
+        tasks = [dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{i}") for i, item in enumerate(items)]
+        with _Count(prefix, progress):
+            return list(dask.compute(*tasks, scheduler="threads", num_workers=workers or None))
