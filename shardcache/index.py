@@ -16,6 +16,7 @@ on their own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -47,17 +48,25 @@ class Ranges:
         return np.where(i < 0, 0, before[ic] + partial)
 
     def starts_between(self, lo: int, hi: int) -> np.ndarray:
-        """All valid starts in rows ``[lo, hi)``, ascending."""
-        a = int(np.searchsorted(self.start, lo, side="right")) - 1
+        """All valid starts in rows ``[lo, hi)``, ascending (vectorised over the runs)."""
+        a = max(int(np.searchsorted(self.start, lo, side="right")) - 1, 0)
         b = int(np.searchsorted(self.start, hi, side="left"))
-        parts = []
-        for i in range(max(a, 0), b):
-            s, n = int(self.start[i]), int(self.count[i])
-            k0 = max(0, -(-(lo - s) // self.stride))
-            k1 = min(n, -(-(hi - s) // self.stride))
-            if k1 > k0:
-                parts.append(s + self.stride * np.arange(k0, k1, dtype=np.int64))
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        s, n = self.start[a:b], self.count[a:b]
+        k0 = np.clip(-((s - lo) // self.stride), 0, n)
+        k1 = np.clip(-((s - hi) // self.stride), 0, n)
+        m = np.maximum(k1 - k0, 0)
+        if not m.sum():
+            return np.zeros(0, dtype=np.int64)
+        first = s + self.stride * k0
+        offset = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+        return np.repeat(first, m) + self.stride * offset
+
+    def start_at(self, positions: np.ndarray) -> np.ndarray:
+        """Start row of the windows at ``positions`` in row order (map-style access)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        before = np.cumsum(self.count) - self.count
+        i = np.searchsorted(before, pos, side="right") - 1
+        return self.start[i] + self.stride * (pos - before[i])
 
     def starts(self) -> np.ndarray:
         """Every valid start (for tests and map-style access)."""
@@ -94,7 +103,9 @@ class EpochPlan:
 
     ``shards[j]`` contributes its valid windows ``lo[j]:hi[j]`` (in row order); pools are
     ``pool_bounds[g]:pool_bounds[g+1]`` of those pieces. ``dropped`` windows (fewer than
-    ``world``) were left out of this epoch so that every rank has the same count.
+    ``world``) were left out of this epoch so that every rank has the same count; with
+    ``drop_last`` the rank's last partial batch is left out as well (``n_windows`` is then a
+    multiple of ``batch_size``).
     """
 
     shards: np.ndarray
@@ -110,7 +121,7 @@ class EpochPlan:
     epoch: int
     rank: int
 
-    @property
+    @cached_property
     def pool_offsets(self) -> np.ndarray:
         """Position of each pool's first window in the rank's window sequence."""
         sizes = self.hi - self.lo
@@ -122,13 +133,42 @@ class EpochPlan:
         a = i * self.batch_size
         return a, min(a + self.batch_size, self.n_windows)
 
+    def pools_between(self, a: int, b: int) -> range:
+        """Pools holding any of the positions ``[a, b)`` of the rank's window sequence."""
+        if b <= a:
+            return range(0)
+        off = self.pool_offsets
+        g0 = int(np.searchsorted(off, a, side="right")) - 1
+        g1 = int(np.searchsorted(off, b - 1, side="right")) - 1
+        return range(g0, g1 + 1)
+
+    def max_open_pieces(self) -> int:
+        """Most shard pieces whose pools overlap one batch: the blocks a reader must hold at once.
+
+        A block is needed from its first to its last batch, and every batch in between lies
+        inside the block's pool, so a batch never needs blocks outside the pools it overlaps.
+        """
+        if self.n_batches == 0:
+            return 0
+        off = self.pool_offsets
+        a = np.arange(self.n_batches, dtype=np.int64) * self.batch_size
+        last = np.minimum(a + self.batch_size, self.n_windows) - 1
+        g0 = np.searchsorted(off, a, side="right") - 1
+        g1 = np.searchsorted(off, last, side="right") - 1
+        return int((self.pool_bounds[g1 + 1] - self.pool_bounds[g0]).max())
+
+    def piece_starts(self, j: int, ranges: Ranges, shard_rows: int) -> np.ndarray:
+        """Window starts of piece ``j`` (its shard's windows ``lo[j]:hi[j]``), ascending."""
+        s = int(self.shards[j])
+        rows = ranges.starts_between(s * shard_rows, (s + 1) * shard_rows)
+        return rows[int(self.lo[j]) : int(self.hi[j])]
+
     def pool_windows(self, g: int, ranges: Ranges, shard_rows: int) -> np.ndarray:
         """Window starts of pool ``g`` in the order they are served (shuffled if asked)."""
-        parts = []
-        for j in range(int(self.pool_bounds[g]), int(self.pool_bounds[g + 1])):
-            s = int(self.shards[j])
-            rows = ranges.starts_between(s * shard_rows, (s + 1) * shard_rows)
-            parts.append(rows[int(self.lo[j]) : int(self.hi[j])])
+        parts = [
+            self.piece_starts(j, ranges, shard_rows)
+            for j in range(int(self.pool_bounds[g]), int(self.pool_bounds[g + 1]))
+        ]
         starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if self.shuffle:
             rng = np.random.default_rng([self.seed, self.epoch, self.rank, g, 1])

@@ -214,7 +214,7 @@ class Cache:
         """Number of valid windows at read-time ``seq_len``/``horizon``/``stride``."""
         from .index import valid_ranges
 
-        return int(valid_ranges(self, seq_len, horizon, stride, split).count())
+        return valid_ranges(self, seq_len, horizon, stride, split).total()
 
     def info(self, seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
         """A summary for people and scripts: counts, splits, features with stats, size on disk."""

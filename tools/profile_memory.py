@@ -19,12 +19,16 @@ the command and all its descendants while they run, and reports:
   ``n/a`` where the kernel does not expose it;
 * **peak RSS, main** - the sampled peak of the command's own process;
 * **kernel max RSS** - what ``time -v`` calls "Maximum resident set size":
-  the exact (unsampled) peak of the largest single process, from ``wait4``;
+  the exact (unsampled) peak of the largest single process, from ``wait4``.
+  The kernel counts the memory a process had before ``exec``, so its floor is
+  the profiler's own RSS at spawn (about 20 MiB);
 * user and system CPU time, major and minor page faults (``wait4``; they
   include descendants that their parent waited for), wall time, the number of
   distinct processes seen, and the exit code.
 
-Sampling stops when the command's main process exits.  Ctrl-C reaches the
+Sampling stops when the command's main process exits; descendants it leaves
+running are not followed.  A command shorter than one interval is barely
+sampled: its kernel max RSS is still exact.  Ctrl-C reaches the
 command through the terminal and the profiler still reports what it saw, so a
 hung job can be interrupted and its curve kept; a SIGTERM sent to the profiler
 is forwarded to the command.  The command's exit code becomes the profiler's
@@ -63,6 +67,7 @@ Linux is the target (PSS, pidfd wake-up on exit); elsewhere PSS shows ``n/a``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import select
@@ -253,24 +258,34 @@ def profile(cmd: Sequence[str], interval: float = 0.05, label: str | None = None
     nprocs: list[int] = []
     seen: set[psutil.Process] = set()
 
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.Popen(cmd)
-    except OSError as exc:
-        code = 127 if isinstance(exc, FileNotFoundError) else 126
-        raise ProfileError(f"cannot run {cmd[0]!r}: {exc.strerror}", exit_code=code) from None
+    live: list[int] = []  # the command's pid while it runs (not yet reaped)
+    pending: list[int] = []  # signals that came before it started
 
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    old_handlers: dict[int, Any] = {}
-    if in_main_thread:
+    def on_signal(signum: int, _frame: object) -> None:
         # Ctrl-C already reaches the command (same process group): survive it
         # to report.  A SIGTERM aimed at the profiler goes on to the command.
-        old_handlers[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)
-        old_handlers[signal.SIGTERM] = signal.signal(
-            signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum)
-        )
-    pidfd = _open_pidfd(proc.pid)
+        if not live:
+            pending.append(signum)
+        elif signum != signal.SIGINT:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(live[0], signum)
+
+    old_handlers: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[signum] = signal.signal(signum, on_signal)
+    pidfd = None
     try:
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.Popen(cmd)
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            raise ProfileError(f"cannot run {cmd[0]!r}: {exc.strerror}", code) from None
+        live.append(proc.pid)
+        for signum in pending:
+            os.kill(proc.pid, signum)
+        pidfd = _open_pidfd(proc.pid)
         main_proc = psutil.Process(proc.pid)  # exists until reaped below
         next_pss = 0.0
         while True:
@@ -286,6 +301,7 @@ def profile(cmd: Sequence[str], interval: float = 0.05, label: str | None = None
             nprocs.append(sample[3])
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
+                live.clear()
                 break
             _wait_exit(pidfd, max(0.0, now + interval - time.perf_counter()))
         wall = time.perf_counter() - t0
@@ -373,7 +389,8 @@ def markdown_table(profiles: Sequence[Profile]) -> str:
         f"Sampled every {interval} s. RSS tree: sum of RSS over the process tree "
         "(shared pages counted once per process). PSS tree: shared pages split "
         "between sharers (real footprint). Kernel max RSS: exact peak of the "
-        "largest single process (what `time -v` reports). CPU and faults include "
+        "largest single process (what `time -v` reports; floor: the profiler's own "
+        "~20 MiB before exec). CPU and faults include "
         "waited-for descendants.",
     ]
     return "\n".join(lines)
@@ -463,10 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     if "--" in argv:
         cut = argv.index("--")
-        own, rest = argv[:cut], argv[cut + 1:]
+        args, rest = parser.parse_args(argv[:cut]), argv[cut + 1:]
     else:
-        own, rest = argv, []
-    args = parser.parse_args(own)
+        args, rest = parser.parse_known_args(argv)[0], []
     if not rest:
         parser.error("no command: put it after '--', e.g. -- python train.py")
     commands = _split_commands(rest)
@@ -494,8 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiles = []
         for i, (cmd, label) in enumerate(zip(commands, labels)):
             if len(commands) > 1:
-                print(f"{_PROG}: [{i + 1}/{len(commands)}] {label}: {shlex.join(cmd)}",
-                      file=sys.stderr, flush=True)
+                print(f"{_PROG}: [{i + 1}/{len(commands)}] {label}", file=sys.stderr, flush=True)
             profiles.append(profile(cmd, args.interval, label))
     except ProfileError as exc:
         return _fail(str(exc), exc.exit_code)

@@ -1,0 +1,514 @@
+"""Databento DBN files (``.dbn``, ``.dbn.zst``, DBN versions 1-3) as bar tables.
+
+How a file is read:
+
+* The metadata header is decoded by ``databento_dbn`` (older versions upgraded to v3).
+  Records are decoded here, vectorised: bounded blocks of the (stream-decompressed) body
+  are viewed as numpy structured arrays (:func:`record_dtype`). The record layouts of the
+  schemas read here are the same in DBN versions 1, 2 and 3. A body that mixes record
+  types (e.g. live data with system records) is walked record by record and only the
+  schema's records are kept.
+* Prices are fixed-point (1e-9) int64: ``UNDEF_PRICE`` becomes NaN, the rest ``px / 1e9``.
+* Symbols come from the metadata's symbol mappings, honouring each mapping's dates
+  (instrument id and UTC date of the record); an id with no mapping on that date takes its
+  nearest mapping, and an id never mapped keeps its number as its symbol.
+
+What becomes a bar (``ts`` is always the bar start; bars are aligned to the epoch, UTC):
+
+* ``ohlcv-1s/1m/1h/1d/eod``: each record is a bar (``open, high, low, close, volume``,
+  ``ts = ts_event``). With a ``bar`` that is a multiple of the interval the bars are
+  resampled (first open, max high, min low, last close, summed volume).
+* ``trades``, ``tbbo``, ``mbp-1``: trades are folded into bars of ``bar`` (default 1m) by
+  ``ts_event``: ``open, high, low, close, volume, count`` (count = trades). Only trades
+  (every ``trades`` record; ``mbp-1``/``tbbo`` records with action ``T``) feed them; a bar
+  with no trade is not emitted. ``tbbo`` and ``mbp-1`` add ``bid, ask, spread``: the top
+  of book of the bar's last record that has both sides (for ``tbbo`` the book just
+  before the trade, for ``mbp-1`` the book after the event).
+* ``bbo-1s``, ``bbo-1m``: a record samples the book at the end of its interval
+  (``ts_recv``), so it belongs to the bar holding ``ts_recv - 1``. ``open, high, low,
+  close`` are of the mid price, ``bid, ask, spread`` of the bar's last sample. ``volume``
+  and ``count`` add the last-trade size and 1 for each interval whose last trade
+  (``ts_event``) fell inside it: a lower bound on the true volume. ``bar`` must be a
+  multiple of the interval.
+
+Folding is exact across read blocks: bars stay open until the newest timestamp read is
+:data:`LATE_NS` past their end (files are sorted by ``ts_recv``, bars use ``ts_event``); a
+record arriving for a bar already emitted is dropped and counted as ``late record``. Ticks
+are cleaned before folding (undefined or non-positive trade prices, or for BBO quotes,
+are dropped and counted; an undefined quote in ``tbbo``/``mbp-1`` is only skipped).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+
+import databento_dbn as dbn
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import SourceError
+from . import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
+
+__all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
+
+UNDEF_PRICE = np.int64(dbn.UNDEF_PRICE)
+LATE_NS = 60_000_000_000
+_STEP = 8 << 20  # bytes asked of the zstd stream at once
+BLOCK_ROWS = 1 << 16  # records decoded at once: fits the CPU caches better than bigger blocks
+SECOND, MINUTE, HOUR, DAY = (parse_duration(t) for t in ("1s", "1m", "1h", "1d"))
+_EPOCH = dt.date(1970, 1, 1)
+_I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+_HEADER = [("length", "u1", 0), ("rtype", "u1", 1), ("publisher_id", "<u2", 2), ("instrument_id", "<u4", 4), ("ts_event", "<u8", 8)]
+_TRADE = [("price", "<i8", 16), ("size", "<u4", 24), ("action", "S1", 28), ("side", "S1", 29), ("flags", "u1", 30), ("depth", "u1", 31), ("ts_recv", "<u8", 32), ("ts_in_delta", "<i4", 40), ("sequence", "<u4", 44)]
+_LEVEL = [("bid_px", "<i8", 48), ("ask_px", "<i8", 56), ("bid_sz", "<u4", 64), ("ask_sz", "<u4", 68), ("bid_ct", "<u4", 72), ("ask_ct", "<u4", 76)]
+_LAYOUTS: dict[str, tuple[list, int]] = {
+    "ohlcv": ([("open", "<i8", 16), ("high", "<i8", 24), ("low", "<i8", 32), ("close", "<i8", 40), ("volume", "<u8", 48)], 56),
+    "trade": (_TRADE, 48),
+    "mbp1": (_TRADE + _LEVEL, 80),
+    "bbo": ([("price", "<i8", 16), ("size", "<u4", 24), ("side", "S1", 29), ("flags", "u1", 30), ("ts_recv", "<u8", 32), ("sequence", "<u4", 44), *_LEVEL], 80),
+}
+
+# schema -> (record layout, bar interval in ns or None for ticks, accepted rtypes)
+SCHEMAS: dict[str, tuple[str, int | None, tuple[int, ...]]] = {
+    "ohlcv-1s": ("ohlcv", SECOND, (0x20, 0x11)),
+    "ohlcv-1m": ("ohlcv", MINUTE, (0x21, 0x11)),
+    "ohlcv-1h": ("ohlcv", HOUR, (0x22, 0x11)),
+    "ohlcv-1d": ("ohlcv", DAY, (0x23, 0x11)),
+    "ohlcv-eod": ("ohlcv", DAY, (0x24,)),
+    "trades": ("trade", None, (0x00,)),
+    "tbbo": ("mbp1", None, (0x01, 0xC5)),
+    "mbp-1": ("mbp1", None, (0x01,)),
+    "bbo-1s": ("bbo", SECOND, (0xC3,)),
+    "bbo-1m": ("bbo", MINUTE, (0xC4,)),
+}
+_SUPPORTED = "shardcache builds from ohlcv-*, trades, tbbo, mbp-1, bbo-1s, bbo-1m"
+_OHLCV = ["open", "high", "low", "close", "volume"]
+_COLUMNS = {
+    "ohlcv": _OHLCV,
+    "trade": [*_OHLCV, "count"],
+    "mbp1": [*_OHLCV, "count", "bid", "ask", "spread"],
+    "bbo": [*_OHLCV, "count", "bid", "ask", "spread"],
+}
+
+
+def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
+    """The numpy layout of one DBN record of ``schema`` (``ts_out`` appends the send time)."""
+    fields, size = _LAYOUTS[SCHEMAS[schema][0]]
+    fields = _HEADER + fields + ([("ts_out", "<u8", size)] if ts_out else [])
+    names, formats, offsets = zip(*fields)
+    return np.dtype({"names": list(names), "formats": list(formats), "offsets": list(offsets), "itemsize": size + 8 * ts_out})
+
+
+def _prices(px: np.ndarray) -> np.ndarray:
+    """Fixed-point prices as float64 (``px / 1e9``), ``UNDEF_PRICE`` as NaN."""
+    out = px.astype(np.float64)
+    undefined = out == float(UNDEF_PRICE)
+    out /= 1e9
+    out[undefined] = np.nan
+    return out
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _Stream:
+    """The decompressed bytes of a DBN file, read in bounded blocks (a plain file is memory-mapped)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.file = pa.memory_map(path, "r")
+            self.zstd = self.file.read(4) == ZSTD_MAGIC
+            self.file.seek(0)
+        except OSError as exc:
+            raise SourceError(path, f"cannot read: {_one_line(exc)}") from None
+        self.stream = pa.CompressedInputStream(self.file, "zstd") if self.zstd else self.file
+        self.records = 0
+
+    def read(self, n: int) -> bytes | pa.Buffer:
+        """Up to ``n`` bytes (fewer only at the end of the data)."""
+        parts = []
+        try:
+            while n > 0:
+                buf = self.stream.read_buffer(min(n, _STEP) if self.zstd else n)
+                if not buf.size:
+                    break
+                parts.append(buf)
+                n -= buf.size
+        except OSError as exc:
+            what = "truncated" if "truncated" in str(exc).lower() else "corrupt"
+            raise SourceError(self.path, f"{what} DBN data after {self.records} records ({_one_line(exc)})") from None
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.close()
+        self.file.close()
+
+
+def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
+    """The DBN version and metadata at the start of ``stream``, which is left at the first record."""
+    prelude = bytes(stream.read(8))
+    if not prelude.startswith(DBN_MAGIC):
+        raise SourceError(path, "not a DBN file (bad magic bytes)")
+    if len(prelude) < 8:
+        raise SourceError(path, "truncated DBN header")
+    version = prelude[3]
+    if not 1 <= version <= 3:
+        raise SourceError(path, f"DBN version {version} is not supported (this reader reads versions 1-3)")
+    length = int.from_bytes(prelude[4:8], "little")
+    body = bytes(stream.read(length))
+    if len(body) < length:
+        raise SourceError(path, "truncated DBN metadata")
+    try:
+        meta = dbn.Metadata.decode(prelude + body, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+    except (dbn.DBNError, ValueError) as exc:
+        raise SourceError(path, f"corrupt DBN metadata ({_one_line(exc)})") from None
+    return version, meta
+
+
+class _Symbols:
+    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised)."""
+
+    def __init__(self, meta: dbn.Metadata) -> None:
+        rows = []
+        for key, intervals in meta.mappings.items():
+            for iv in intervals:
+                sym = str(iv["symbol"])
+                if sym.isdigit():
+                    iid, name = int(sym), key
+                elif key.isdigit() and sym:
+                    iid, name = int(key), sym
+                else:
+                    continue
+                rows.append((iid, (iv["start_date"] - _EPOCH).days, (iv["end_date"] - _EPOCH).days, name))
+        rows.sort()
+        self.names: list[str] = sorted({r[3] for r in rows})
+        index = {n: i for i, n in enumerate(self.names)}
+        self.iid = np.array([r[0] for r in rows], dtype=np.int64)
+        self.end = np.array([r[2] for r in rows], dtype=np.int64)
+        self.code = np.array([index[r[3]] for r in rows], dtype=np.int64)
+        self.keys = (self.iid << 20) | np.array([r[1] for r in rows], dtype=np.int64)
+        self.unmapped: dict[int, int] = {}
+
+    def codes(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Symbol code of each record (instrument ``iid`` at time ``ts``)."""
+        iid = iid.astype(np.int64)
+        codes = np.full(len(iid), -1, dtype=np.int64)
+        if len(self.keys) and len(iid):
+            steady = self._steady(ts)
+            if steady is not None:
+                ids, code = steady
+                at = np.clip(np.searchsorted(ids, iid), 0, len(ids) - 1)
+                codes = np.where(ids[at] == iid, code[at], -1)
+            todo = codes < 0
+            if todo.all():
+                codes = self._by_date(iid, ts)
+            elif todo.any():
+                codes[todo] = self._by_date(iid[todo], ts[todo])
+        missing = codes < 0
+        if missing.any():
+            ids, inverse = np.unique(iid[missing], return_inverse=True)
+            for v in ids.tolist():
+                if v not in self.unmapped:
+                    self.unmapped[v] = len(self.names)
+                    self.names.append(str(v))
+            codes[missing] = np.array([self.unmapped[v] for v in ids.tolist()], dtype=np.int64)[inverse]
+        return codes
+
+    def _by_date(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """Codes from the mapping interval holding each record's UTC date, else the id's nearest one."""
+        m = len(self.keys)
+        day = np.maximum(ts, 0) // DAY
+        i = np.searchsorted(self.keys, (iid << 20) | day, side="right") - 1
+        here = np.clip(i, 0, m - 1)
+        after = np.clip(i + 1, 0, m - 1)
+        same = (i >= 0) & (self.iid[here] == iid)
+        later = (i + 1 < m) & (self.iid[after] == iid)
+        return np.where(same, self.code[here], np.where(later, self.code[after], -1))
+
+    def _steady(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(ids, codes) when every instrument mapped during ``ts``'s days keeps one mapping for all of them.
+
+        The common case (a daily file, or a block inside one mapping interval): the symbol
+        then depends on the id alone, which is much cheaper to look up.
+        """
+        lo, hi = int(ts.min()), int(ts.max())
+        if lo < 0:
+            return None
+        first, last = lo // DAY, hi // DAY
+        start = self.keys & ((1 << 20) - 1)
+        overlap = (start <= last) & (self.end > first)
+        ids = self.iid[overlap]
+        if not len(ids) or len(np.unique(ids)) != len(ids) or not (start[overlap] <= first).all() or not (self.end[overlap] > last).all():
+            return None
+        return ids, self.code[overlap]
+
+    def column(self, codes: np.ndarray) -> pa.Array:
+        return pc.take(pa.array(self.names, pa.string()), pa.array(codes))
+
+
+def _pick(t: np.ndarray, valid: np.ndarray, starts: np.ndarray, group: np.ndarray, first: bool) -> np.ndarray:
+    """Per group, the row of the earliest (or latest) valid ``t``; out-of-range when none is valid."""
+    n = len(t)
+    pos = np.arange(n)
+    if first:
+        key = np.where(valid, t, _I64_MAX)
+        best = np.minimum.reduceat(key, starts)
+        return np.minimum.reduceat(np.where(valid & (key == best[group]), pos, n), starts)
+    key = np.where(valid, t, _I64_MIN)
+    best = np.maximum.reduceat(key, starts)
+    return np.maximum.reduceat(np.where(valid & (key == best[group]), pos, -1), starts)
+
+
+def _take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    ok = (idx >= 0) & (idx < len(values))
+    return np.where(ok, values[np.clip(idx, 0, max(len(values) - 1, 0))], np.nan)
+
+
+def _fold(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Merge rows (ticks or partial bars) into one row per (symbol code, bar)."""
+    n = len(f["bar"])
+    if not n:
+        return f
+    order = np.lexsort((f["bar"], f["code"]))
+    f = {k: v[order] for k, v in f.items()}
+    code, bar = f["code"], f["bar"]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (code[1:] != code[:-1]) | (bar[1:] != bar[:-1])
+    if new.all():
+        return f
+    starts = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    out = {
+        "code": code[starts],
+        "bar": bar[starts],
+        "t0": np.minimum.reduceat(f["t0"], starts),
+        "t1": np.maximum.reduceat(f["t1"], starts),
+        "open": _take(f["open"], _pick(f["t0"], np.isfinite(f["open"]), starts, group, True)),
+        "high": np.fmax.reduceat(f["high"], starts),
+        "low": np.fmin.reduceat(f["low"], starts),
+        "close": _take(f["close"], _pick(f["t1"], np.isfinite(f["close"]), starts, group, False)),
+    }
+    for name in ("volume", "count"):
+        if name in f:
+            out[name] = np.add.reduceat(f[name], starts)
+    if "bid" in f:
+        last = _pick(f["t1"], np.isfinite(f["bid"]) & np.isfinite(f["ask"]), starts, group, False)
+        out["bid"], out["ask"] = _take(f["bid"], last), _take(f["ask"], last)
+    return out
+
+
+class _Bars:
+    """Folds a file's records into bars, keeping recent bars open across read blocks."""
+
+    def __init__(self, layout: str, interval: int | None, bar_ns: int, drops: Counter) -> None:
+        self.layout = layout
+        self.interval = interval
+        self.bar_ns = bar_ns
+        self.drops = drops
+        self.pending: dict[str, np.ndarray] | None = None
+        self.cutoff = _I64_MIN
+        self.newest = _I64_MIN
+
+    def _rows(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+        """One row per usable record, in the shape of a partial bar."""
+        layout = self.layout
+        ts = np.ascontiguousarray(recs["ts_recv" if layout == "bbo" else "ts_event"]).view(np.int64)
+        f: dict[str, np.ndarray] = {}
+        if layout == "ohlcv":
+            for name in ("open", "high", "low", "close"):
+                f[name] = _prices(recs[name])
+            keep = keep_rows(ts, [f["open"], f["high"], f["low"], f["close"]], [], self.drops)
+            f["volume"] = recs["volume"].astype(np.float64)
+        elif layout == "bbo":
+            bid, ask = _prices(recs["bid_px"]), _prices(recs["ask_px"])
+            keep = keep_rows(ts, [bid, ask], [], self.drops)
+            mid = (bid + ask) / 2
+            f.update(open=mid, high=mid, low=mid, close=mid, bid=bid, ask=ask)
+            last_trade = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
+            traded = (last_trade > ts - self.interval) & (last_trade <= ts) & (recs["price"] != UNDEF_PRICE)
+            f["volume"] = np.where(traded, recs["size"], 0).astype(np.float64)
+            f["count"] = traded.astype(np.float64)
+        else:
+            price = _prices(recs["price"])
+            trade = recs["action"] == b"T" if layout == "mbp1" else np.ones(len(recs), dtype=bool)
+            keep = keep_rows(ts, [np.where(trade, price, 1.0)], [], self.drops)
+            price = np.where(trade, price, np.nan)
+            f.update(open=price, high=price, low=price, close=price)
+            f["volume"] = np.where(trade, recs["size"], 0).astype(np.float64)
+            f["count"] = trade.astype(np.float64)
+            if layout == "mbp1":
+                bid, ask = _prices(recs["bid_px"]), _prices(recs["ask_px"])
+                bad = ~(np.isfinite(bid) & np.isfinite(ask)) | (bid <= 0) | (ask <= 0)
+                f["bid"], f["ask"] = np.where(bad, np.nan, bid), np.where(bad, np.nan, ask)
+        if keep is not None:
+            ts = ts[keep]
+            f = {k: v[keep] for k, v in f.items()}
+            recs = recs[keep]
+        start = ts - 1 if layout == "bbo" else ts
+        f["bar"] = start - start % self.bar_ns
+        f["t0"] = f["t1"] = ts
+        f["code"] = symbols.codes(recs["instrument_id"], ts)
+        return f
+
+    def add(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+        """Fold a block of records in; return the bars now closed."""
+        f = self._rows(recs, symbols)
+        late = f["bar"] < self.cutoff
+        if late.any():
+            self.drops["late record"] += int(np.count_nonzero(late))
+            f = {k: v[~late] for k, v in f.items()}
+        if len(f["t1"]):
+            self.newest = max(self.newest, int(f["t1"].max()))
+            self.cutoff = max(self.cutoff, self.newest - LATE_NS - self.bar_ns + 1)
+        if self.pending is not None:
+            f = {k: np.concatenate([self.pending[k], v]) for k, v in f.items()}
+        f = _fold(f)
+        done = f["bar"] < self.cutoff
+        self.pending = {k: v[~done] for k, v in f.items()}
+        return {k: v[done] for k, v in f.items()}
+
+    def finish(self) -> dict[str, np.ndarray] | None:
+        """The bars still open at the end of the file."""
+        rest, self.pending = self.pending, None
+        return rest
+
+
+class DbnSource(Source):
+    """A DBN file of bars or ticks; see the module docstring for what becomes a bar."""
+
+    kind = "dbn"
+
+    def __init__(self, path: str, *, bar: str | None = None, columns: list[str] | None = None) -> None:
+        with _Stream(path) as stream:
+            self.version, self.metadata = _read_metadata(path, stream)
+        schema = None if self.metadata.schema is None else str(self.metadata.schema)
+        if schema is None:
+            raise SourceError(path, f"mixed-schema DBN data is not supported; {_SUPPORTED}")
+        if schema not in SCHEMAS:
+            raise SourceError(path, f"schema '{schema}' is not bars or ticks; {_SUPPORTED}")
+        self.layout, self.interval, rtypes = SCHEMAS[schema]
+        self.rtypes = np.array(rtypes, dtype=np.uint8)
+        self.dtype = record_dtype(schema, bool(self.metadata.ts_out))
+        if bar is None:
+            bar_ns = self.interval if self.layout == "ohlcv" else MINUTE
+        else:
+            bar_ns = parse_duration(bar)
+            if bar_ns <= 0:
+                raise ValueError(f"bar must be a positive duration, got {bar!r}")
+        if self.interval is not None and bar_ns % self.interval:
+            raise SourceError(path, f"cannot make {bar} bars from {schema} (the bar must be a multiple of its interval)")
+        self.resample = not (self.layout == "ohlcv" and bar_ns == self.interval)
+        available = _COLUMNS[self.layout]
+        chosen = list(columns) if columns else list(available)
+        for name in chosen:
+            if name not in available:
+                raise SourceError(path, f"no column '{name}' in {schema} data (it has {', '.join(available)})")
+        super().__init__(path, schema, chosen, bar_ns)
+
+    def _blocks(self, stream: _Stream, max_rows: int) -> Iterator[np.ndarray]:
+        """The schema's records, at most ``max_rows`` at a time; SourceError on truncation."""
+        size = self.dtype.itemsize
+        want = min(max_rows, BLOCK_ROWS) * size
+        rest = b""
+        while True:
+            block = stream.read(want)
+            at_end = len(block) < want
+            data = block if not rest else rest + bytes(block)
+            if not len(data):
+                return
+            raw = np.frombuffer(data, dtype=np.uint8)
+            n = len(raw) // size
+            rows = raw[: n * size].reshape(n, size)
+            if (rows[:, 0] == size // 4).all() and self._only_mine(rows[:, 1]):
+                recs, used = rows.view(self.dtype).reshape(n), n * size
+                stream.records += n
+            else:
+                recs, used = self._walk(raw, stream)
+            rest = bytes(raw[used:])
+            if len(recs):
+                yield recs
+            if at_end:
+                if rest:
+                    raise SourceError(self.path, f"truncated DBN data after {stream.records} records")
+                return
+
+    def _only_mine(self, rtypes: np.ndarray) -> bool:
+        mine = rtypes == self.rtypes[0]
+        for other in self.rtypes[1:]:
+            if mine.all():
+                break
+            mine |= rtypes == other
+        return bool(mine.all())
+
+    def _walk(self, raw: np.ndarray, stream: _Stream) -> tuple[np.ndarray, int]:
+        """Records of a block that mixes record types, found by walking their length bytes."""
+        size = self.dtype.itemsize
+        lengths = memoryview(raw)
+        offsets = []
+        o, n = 0, len(raw)
+        while o < n:
+            length = lengths[o] * 4
+            if length < 16:
+                raise SourceError(self.path, f"corrupt DBN data after {stream.records + len(offsets)} records (record length {length})")
+            if o + length > n:
+                break
+            offsets.append(o)
+            o += length
+        offs = np.array(offsets, dtype=np.int64)
+        stream.records += len(offs)
+        mine = offs[np.isin(raw[offs + 1], self.rtypes)] if len(offs) else offs
+        if (raw[mine] * 4 != size).any():
+            raise SourceError(self.path, f"corrupt DBN data: a {self.schema} record is not {size} bytes long")
+        recs = raw[mine[:, None] + np.arange(size)].view(self.dtype).reshape(len(mine))
+        return recs, o
+
+    def _table(self, codes: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: _Symbols) -> pa.Table:
+        cols = {}
+        for name in self.columns:
+            cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
+        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols})
+
+    def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: _Symbols) -> pa.Table | None:
+        if f is None or not len(f["bar"]):
+            return None
+        traded = np.isfinite(f["open"])
+        if not traded.all():
+            f = {k: v[traded] for k, v in f.items()}
+        return self._table(f["code"], f["bar"], f, symbols)
+
+    def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
+        if max_rows < 1:
+            raise ValueError("max_rows must be positive")
+        symbols = _Symbols(self.metadata)
+        bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
+        with _Stream(self.path) as stream:
+            _read_metadata(self.path, stream)
+            for recs in self._blocks(stream, max_rows):
+                if bars is not None:
+                    table = self._bars_table(bars.add(recs, symbols), symbols)
+                else:
+                    ts = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
+                    values = {n: recs[n].astype(np.float64) if n == "volume" else _prices(recs[n]) for n in self.columns}
+                    table = self._table(symbols.codes(recs["instrument_id"], ts), ts, values, symbols)
+                yield from self._emit(table, max_rows)
+        if bars is not None:
+            yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
+
+    def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
+        if table is None:
+            return
+        table = clean_piece(table, self.drops)
+        for start in range(0, table.num_rows, max_rows):
+            yield table.slice(start, max_rows)

@@ -1,0 +1,645 @@
+"""Stream every sliding window of a cache as ready batches, and read single windows by index.
+
+``WindowStream`` is a ``torch.utils.data.IterableDataset`` for training
+(``DataLoader(stream, batch_size=None, num_workers=k)`` or ``stream.loader(k)``);
+``WindowDataset`` is its map-style twin for evaluation and random access.
+
+How a batch is made
+    The epoch's plan (``index.make_plan``) is computed before a byte is read. A reader
+    thread per iterator walks the iterator's batches in order and, for each shard piece a
+    batch needs, decodes one *block* with one zarr call: rows ``[first start, last start +
+    seq_len + horizon)`` of the piece, i.e. the shard plus the overhang its last windows
+    need. Blocks stay resident from their first to their last use and the reader runs ahead
+    until the resident bytes reach the budget (the open pool plus ``prefetch`` blocks, or
+    ``memory_budget``). The consumer then gathers each batch with one
+    ``torch.index_select(torch.as_strided(block, (n, seq_len, F), (F, F, 1)), 0, idx,
+    out=x[a:b])`` per block, so a window is copied once, from the decoded bars into the
+    batch. Inside a batch, windows are grouped by block (``return_index`` says which is
+    which); the batch's set of windows is the plan's.
+
+Shuffling
+    Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
+    contiguous run of that order, and its pieces are cut into pools of ``mix`` consecutive
+    shards whose windows are permuted together. Unlike a global shuffle, one batch draws
+    from the ``mix`` (at a pool boundary ``2 * mix``) shards of its pool, i.e. from a few
+    ``mix * shard_rows``-bar stretches of the data, not from the whole cache: raise ``mix``
+    for more mixing at the cost of ``mix`` resident blocks per reader.
+
+Exactly once
+    Every valid window is served once per epoch across DataLoader workers and DDP ranks:
+    batch ``i`` of a rank goes to worker ``i % num_workers``, so the batch order does not
+    depend on ``num_workers``. So that every rank has the same number of batches,
+    ``plan().dropped`` windows (fewer than the world size) are left out of each epoch,
+    and with ``drop_last`` also each rank's last partial batch.
+
+Torch threads
+    ``index_select`` splits its copy over torch's intra-op threads, which then compete with
+    the reader thread and the training loop for the same cores. The gather therefore copies
+    in chunks of windows small enough (``at::internal::GRAIN_SIZE`` elements) that torch
+    runs each chunk on the calling thread, whatever ``torch.get_num_threads()`` says; it
+    never changes the process-global thread count. DataLoader workers run with one thread.
+
+Resources
+    ``close()`` (or ``with``) stops every reader thread and DataLoader worker the stream
+    started. An iterator that is garbage collected stops its reader too (generator
+    ``finally``), so nothing outlives the stream and its loaders.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from .index import EpochPlan, Ranges, make_plan, valid_ranges
+from .store import Cache, open_cache
+
+__all__ = ["WindowStream", "WindowDataset"]
+
+_QUEUE_TASKS = 8
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: parallel_for runs serially up to this many elements
+_POLL = 0.1
+_LRU_BLOCKS = 4
+_STATE_KEYS = ("seq_len", "horizon", "stride", "split", "batch_size", "world", "n_windows", "shuffle", "mix", "drop_last")
+
+
+def _rank_world() -> tuple[int, int]:
+    """Rank and world size: ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:
+    """Column indices of ``names`` in the cache (None keeps every feature)."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        raise TypeError(f"{what} must be a list of feature names, not a string")
+    have = {n: i for i, n in enumerate(cache.feature_names)}
+    missing = [n for n in names if n not in have]
+    if missing or not names:
+        raise ValueError(f"{what}: unknown feature(s) {missing or names}; the cache has {', '.join(have)}")
+    return [have[n] for n in names]
+
+
+class _Block:
+    """One decoded block: rows ``[row0, row0 + rows)`` as input columns ``x`` and target columns ``y``."""
+
+    __slots__ = ("row0", "x", "y", "windows", "nbytes", "event", "host")
+
+    def __init__(self, row0: int, x: torch.Tensor, y: torch.Tensor, seq_len: int, nbytes: int) -> None:
+        self.row0 = row0
+        self.x, self.y, self.nbytes = x, y, nbytes
+        n, f = x.shape
+        self.windows = torch.as_strided(x, (n - seq_len + 1, seq_len, f), (f, f, 1))
+        self.event: Any = None
+        self.host: tuple[torch.Tensor, ...] = ()
+
+
+class _Group(NamedTuple):
+    block: _Block
+    xidx: torch.Tensor
+    yidx: torch.Tensor
+    a: int
+    b: int
+    last: bool
+
+
+class _Task(NamedTuple):
+    batch: int
+    n: int
+    groups: list[_Group]
+    index: torch.Tensor
+
+
+_END = object()
+
+
+class _Stopped(Exception):
+    """Raised inside the reader thread when its iterator was closed."""
+
+
+class _Reader:
+    """One iterator's background thread: decodes blocks ahead of use and prepares gather indices.
+
+    Holds at most ``capacity`` bytes of blocks (more only for a single block larger than
+    that); a block is released by the consumer after the last batch that uses it.
+    """
+
+    def __init__(self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int) -> None:
+        self.stream, self.plan, self.batches, self.capacity = stream, plan, batches, capacity
+        self.used = 0
+        self.cond = threading.Condition()
+        self.stop = threading.Event()
+        self.queue: queue.Queue = queue.Queue(_QUEUE_TASKS)
+        self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
+        dev = stream.device
+        self.copy_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+
+    # -- reader thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            for task in self._tasks():
+                self._put(task)
+            self._put(_END)
+        except _Stopped:
+            return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            try:
+                self._put(exc)
+            except _Stopped:
+                return
+
+    def _put(self, item: object) -> None:
+        while True:
+            if self.stop.is_set():
+                raise _Stopped
+            try:
+                self.queue.put(item, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
+
+    def _tasks(self) -> Iterator[_Task]:
+        s = self.stream
+        plan, rows_per_shard, seq_len = self.plan, s.cache.shard_rows, s.seq_len
+        yoff = seq_len - 1 + s.horizon
+        pools: dict[int, np.ndarray] = {}
+        rows: dict[int, tuple[int, int]] = {}
+        last_use: dict[int, int] = {}
+        resident: dict[int, _Block] = {}
+        offsets = plan.pool_offsets
+        for i in self.batches:
+            a, b = plan.batch_span(i)
+            parts = []
+            for g in plan.pools_between(a, b):
+                if g not in pools:
+                    pools[g] = self._open_pool(g, rows, last_use)
+                off = int(offsets[g])
+                parts.append(pools[g][max(a - off, 0) : b - off])
+            for g in [g for g in pools if offsets[g + 1] <= a]:
+                del pools[g]
+            starts = np.concatenate(parts)
+            shard = starts // rows_per_shard
+            order = np.argsort(shard, kind="stable")
+            starts, shard = starts[order], shard[order]
+            cuts = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [len(shard)]])
+            groups = []
+            for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+                sid = int(shard[lo])
+                block = resident.get(sid)
+                if block is None:
+                    block = resident[sid] = self._decode(*rows[sid])
+                local = starts[lo:hi] - block.row0
+                last = last_use[sid] == i
+                if last:
+                    del resident[sid]
+                groups.append(_Group(block, torch.from_numpy(local), torch.from_numpy(local + yoff), lo, hi, last))
+            yield _Task(i, len(starts), groups, torch.from_numpy(starts))
+
+    def _open_pool(self, g: int, rows: dict[int, tuple[int, int]], last_use: dict[int, int]) -> np.ndarray:
+        """Windows of pool ``g``; records, per shard, the rows and last batch this reader needs."""
+        s, plan = self.stream, self.plan
+        windows = plan.pool_windows(g, s._ranges, s.cache.shard_rows)
+        pos = int(plan.pool_offsets[g]) + np.arange(len(windows), dtype=np.int64)
+        batch = pos // plan.batch_size
+        first, step = self.batches.start, self.batches.step
+        mine = (pos < plan.n_windows) & (batch >= first) & ((batch - first) % step == 0)
+        shard = windows // s.cache.shard_rows
+        for j in range(int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1])):
+            sid = int(plan.shards[j])
+            m = mine & (shard == sid)
+            if m.any():
+                w = windows[m]
+                rows[sid] = (int(w.min()), int(w.max()) + s.span)
+                last_use[sid] = int(batch[m].max())
+        return windows
+
+    def _decode(self, lo: int, hi: int) -> _Block:
+        """Read rows ``[lo, hi)`` in one zarr call, once room is free, and move them to the device."""
+        s = self.stream
+        nbytes = (hi - lo) * s._row_bytes
+        with self.cond:
+            while self.used and self.used + nbytes > self.capacity:
+                if self.stop.is_set():
+                    raise _Stopped
+                self.cond.wait(_POLL)
+            self.used += nbytes
+        if self.stop.is_set():
+            raise _Stopped
+        arr = s.cache.read_rows(lo, hi)
+        x = torch.from_numpy(arr if s._xcols is None else np.ascontiguousarray(arr[:, s._xcols]))
+        y = x if s._ycols is None and s._xcols is None else torch.from_numpy(
+            arr if s._ycols is None else np.ascontiguousarray(arr[:, s._ycols])
+        )
+        if self.copy_stream is None:
+            return _Block(lo, x, y, s.seq_len, nbytes)
+        host = (x.pin_memory(),) if y is x else (x.pin_memory(), y.pin_memory())
+        with torch.cuda.stream(self.copy_stream):
+            xd = host[0].to(s.device, non_blocking=True)
+            yd = xd if y is x else host[1].to(s.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        block = _Block(lo, xd, yd, s.seq_len, nbytes)
+        block.event, block.host = event, host
+        return block
+
+    # -- consumer side -------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def next(self) -> _Task | None:
+        """The next prepared batch, None at the end; re-raises the reader's error."""
+        while True:
+            if self.stop.is_set():
+                raise RuntimeError("WindowStream iterator was closed")
+            try:
+                item = self.queue.get(timeout=_POLL)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.queue.empty():
+                    raise RuntimeError("shardcache reader thread ended unexpectedly") from None
+                continue
+            if item is _END:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def release(self, task: _Task) -> None:
+        """Give back the bytes of the blocks whose last batch was ``task``."""
+        freed = sum(g.block.nbytes for g in task.groups if g.last)
+        if freed:
+            with self.cond:
+                self.used -= freed
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread and drop every block and prepared batch."""
+        self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+
+
+class WindowStream(IterableDataset):
+    """Every valid window of a cache, shuffled by shard pools, as ready ``(x, y)`` batches.
+
+    ``x`` is float32 ``[B, seq_len, F]`` (the ``features`` columns, all by default) and
+    ``y`` the target row ``p + seq_len - 1 + horizon`` (the ``target`` columns, all by
+    default) ``[B, T]``; with ``return_index`` also ``index`` int64 ``[B]`` (CPU), each
+    window's start row in the cache's ``features`` array. Use with
+    ``DataLoader(stream, batch_size=None)`` or ``stream.loader(num_workers)``, which also
+    makes ``state_dict()`` exact with workers. ``prefetch`` counts blocks decoded ahead of
+    the open pool; ``memory_budget`` (bytes, split over DataLoader workers) replaces it.
+    """
+
+    def __init__(
+        self,
+        cache: Cache | str | os.PathLike[str],
+        seq_len: int,
+        horizon: int = 1,
+        stride: int = 1,
+        split: str | None = None,
+        batch_size: int = 256,
+        shuffle: bool = True,
+        seed: int = 0,
+        features: Sequence[str] | None = None,
+        target: Sequence[str] | None = None,
+        prefetch: int = 2,
+        memory_budget: int | None = None,
+        drop_last: bool = False,
+        return_index: bool = False,
+        device: str | torch.device | None = None,
+        *,
+        mix: int = 4,
+    ) -> None:
+        if batch_size < 1 or prefetch < 0 or mix < 1:
+            raise ValueError("need batch_size >= 1, prefetch >= 0 and mix >= 1")
+        if memory_budget is not None and memory_budget <= 0:
+            raise ValueError("memory_budget must be a positive number of bytes")
+        self.cache = open_cache(cache)
+        self.seq_len, self.horizon, self.stride, self.split = int(seq_len), int(horizon), int(stride), split
+        self.span = self.seq_len + self.horizon
+        self.batch_size, self.shuffle, self.mix, self.drop_last = int(batch_size), bool(shuffle), int(mix), bool(drop_last)
+        self.prefetch, self.memory_budget = int(prefetch), memory_budget
+        self.return_index = bool(return_index)
+        self.device = torch.device(device if device is not None else "cpu")
+        self._ranges: Ranges = valid_ranges(self.cache, self.seq_len, self.horizon, self.stride, split)
+        self._xcols = _columns(self.cache, features, "features")
+        self._ycols = _columns(self.cache, target, "target")
+        nx = len(self._xcols) if self._xcols is not None else self.cache.n_features
+        ny = len(self._ycols) if self._ycols is not None else self.cache.n_features
+        self._row_bytes = 4 * (nx if self._xcols is None and self._ycols is None else nx + ny)
+        self.rank, self.world = _rank_world()
+        self._state = torch.tensor([0, int(seed), 0], dtype=torch.int64).share_memory_()  # epoch, seed, consumed
+        self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()
+        self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
+        self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
+
+    # -- plan and state ------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._state[0])
+
+    @property
+    def seed(self) -> int:
+        return int(self._state[1])
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's plan for ``epoch`` (the current one by default)."""
+        key = (self.epoch if epoch is None else int(epoch), self.seed)
+        if key not in self._plans:
+            if len(self._plans) > 4:
+                self._plans.clear()
+            self._plans[key] = make_plan(
+                self._ranges,
+                self.cache.n_bars,
+                self.cache.shard_rows,
+                batch_size=self.batch_size,
+                shuffle=self.shuffle,
+                seed=key[1],
+                epoch=key[0],
+                rank=self.rank,
+                world=self.world,
+                mix=self.mix,
+                drop_last=self.drop_last,
+            )
+        return self._plans[key]
+
+    @property
+    def n_batches(self) -> int:
+        """Batches per rank per epoch (the same for every rank and epoch)."""
+        return self.plan().n_batches
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (another shuffle); a no-op if it is the current one, so a resumed
+        position survives the usual ``set_epoch`` at the top of the epoch loop."""
+        if int(epoch) != self.epoch:
+            self._state[0], self._state[2] = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, seed and batches delivered this epoch, plus the settings a resume must match."""
+        return {"epoch": self.epoch, "seed": self.seed, "consumed": int(self._state[2]), **self._signature()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the next batch not delivered when ``state`` was saved; refuse another stream."""
+        mine = self._signature()
+        bad = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if bad:
+            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in bad.items())
+            raise ValueError(f"state_dict is from a different stream ({detail})")
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= self.n_batches:
+            raise ValueError(f"state_dict consumed {consumed} batches of {self.n_batches}")
+        self._state[0], self._state[1], self._state[2] = int(state["epoch"]), int(state["seed"]), consumed
+        self._plans.clear()
+
+    def _signature(self) -> dict[str, Any]:
+        return {
+            "seq_len": self.seq_len,
+            "horizon": self.horizon,
+            "stride": self.stride,
+            "split": self.split,
+            "batch_size": self.batch_size,
+            "world": self.world,
+            "n_windows": self._ranges.total(),
+            "shuffle": self.shuffle,
+            "mix": self.mix,
+            "drop_last": self.drop_last,
+        }
+
+    def _position(self, advance: bool) -> tuple[int, int]:
+        """Epoch and first batch of a new iteration; after a finished epoch, the next epoch."""
+        epoch, consumed = self.epoch, int(self._state[2])
+        if consumed >= self.n_batches > 0:
+            epoch, consumed = epoch + 1, 0
+            if advance:
+                self._state[0], self._state[2] = epoch, 0
+        return epoch, consumed
+
+    def _capacity(self, plan: EpochPlan, workers: int) -> int:
+        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
+        need = plan.max_open_pieces()
+        block = (self.cache.shard_rows + self.span - 1) * self._row_bytes
+        if self.memory_budget is None:
+            return (need + self.prefetch) * block
+        per = self.memory_budget // workers
+        if per < need * block:
+            raise ValueError(
+                f"memory_budget {self.memory_budget} B gives each of {workers} reader(s) {per} B, but a "
+                f"reader must hold {need} blocks of up to {block} B at once (mix={self.mix} shards per pool, "
+                f"a batch can straddle two pools): raise memory_budget to at least {need * block * workers} B "
+                "or lower mix"
+            )
+        return per
+
+    # -- iteration -----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        if self._closed:
+            raise RuntimeError("WindowStream is closed")
+        info = get_worker_info()
+        epoch, consumed = self._position(advance=info is None)
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return self._iterate(epoch, consumed, worker, workers, in_worker=info is not None)
+
+    def _iterate(
+        self, epoch: int, consumed: int, worker: int, workers: int, in_worker: bool
+    ) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Batches ``consumed + worker``, ``+ workers``, ... of ``epoch``; in the main process it
+        also counts each delivered batch into the state."""
+        plan = self.plan(epoch)
+        batches = range(consumed + worker, plan.n_batches, workers)
+        if not batches:
+            return
+        reader = _Reader(self, plan, batches, self._capacity(plan, workers))
+        shared = in_worker and self.device.type == "cpu"
+        self._readers.add(reader)
+        try:
+            reader.start()
+            while (task := reader.next()) is not None:
+                out = self._gather(task, shared)
+                reader.release(task)
+                if not in_worker:
+                    self._state[2] = task.batch + 1
+                yield out
+        finally:
+            reader.close()
+
+    def _gather(self, task: _Task, shared: bool) -> tuple[torch.Tensor, ...]:
+        """Copy the task's windows and targets into new tensors, block by block, on this thread."""
+        block0 = task.groups[0].block
+        fx, fy = block0.x.shape[1], block0.y.shape[1]
+        x, y = self._empty((task.n, self.seq_len, fx), shared), self._empty((task.n, fy), shared)
+        rows = min(self.seq_len, max(1, _GRAIN // fx))  # window rows per copy, and windows per copy,
+        per = max(1, _GRAIN // (rows * fx))  # so that torch copies each piece on the calling thread
+        ystep = max(1, _GRAIN // fy)
+        for g in task.groups:
+            block, xidx, yidx = g.block, g.xidx, g.yidx
+            if block.event is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(block.event)
+                block.x.record_stream(current)
+                block.y.record_stream(current)
+                xidx, yidx = xidx.to(self.device, non_blocking=True), yidx.to(self.device, non_blocking=True)
+            for r in range(0, self.seq_len, rows):
+                src, dst = block.windows[:, r : r + rows], x[g.a : g.b, r : r + rows]
+                for c in range(0, g.b - g.a, per):
+                    torch.index_select(src, 0, xidx[c : c + per], out=dst[c : c + per])
+            for c in range(0, g.b - g.a, ystep):
+                torch.index_select(block.y, 0, yidx[c : c + ystep], out=y[g.a : g.b][c : c + ystep])
+        return (x, y, task.index) if self.return_index else (x, y)
+
+    def _empty(self, shape: tuple[int, ...], shared: bool) -> torch.Tensor:
+        """A new output tensor; in a DataLoader worker, in shared memory, as ``default_collate`` does,
+        so sending it to the main process costs no copy."""
+        if not shared:
+            return torch.empty(shape, device=self.device)
+        storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
+        return torch.empty(0).set_(storage, 0, shape)
+
+    def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:
+        """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
+        state, so ``state_dict()`` is exact with ``num_workers > 0``; stopped by ``close()``."""
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+            if key in dataloader_kwargs:
+                raise TypeError(f"loader() sets {key} itself; batching is the stream's")
+        if dataloader_kwargs.get("in_order") is False:
+            raise ValueError("loader() needs in_order=True: batch i comes from worker i % num_workers")
+        return _StreamLoader(self, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every reader thread and DataLoader worker of this stream; later iteration fails."""
+        self._closed = True
+        for it in list(self._loader_iters):
+            it._shutdown_workers()
+        for reader in list(self._readers):
+            reader.close()
+
+    def __enter__(self) -> "WindowStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_readers"] = state["_loader_iters"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._readers, self._loader_iters = weakref.WeakSet(), weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowStream({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
+            f"stride={self.stride}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"windows={self._ranges.total()}, rank={self.rank}/{self.world})"
+        )
+
+
+class _StreamLoader(DataLoader):
+    """A DataLoader over a ``WindowStream`` that counts each batch it delivers into the stream."""
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        stream: WindowStream = self.dataset  # type: ignore[assignment]
+        if stream._closed:
+            raise RuntimeError("WindowStream is closed")
+        if self.num_workers == 0:
+            return super().__iter__()  # the stream's own iterator counts in this process
+        stream._position(advance=True)
+        it = super().__iter__()
+        stream._loader_iters.add(it)
+        return self._counted(stream, it)
+
+    @staticmethod
+    def _counted(stream: WindowStream, it: Iterator[Any]) -> Iterator[Any]:
+        for batch in it:
+            stream._state[2] += 1
+            yield batch
+
+
+class WindowDataset(Dataset):
+    """Map-style windows in row order: ``ds[i]`` is ``(x [seq_len, F], y [T])`` of the ``i``-th valid window.
+
+    Keeps the last few decoded shard blocks, so nearby indices cost no zarr call.
+    """
+
+    def __init__(
+        self,
+        cache: Cache | str | os.PathLike[str],
+        seq_len: int,
+        horizon: int = 1,
+        split: str | None = None,
+        features: Sequence[str] | None = None,
+        target: Sequence[str] | None = None,
+    ) -> None:
+        self.cache = open_cache(cache)
+        self.seq_len, self.horizon, self.split = int(seq_len), int(horizon), split
+        self.span = self.seq_len + self.horizon
+        self._ranges = valid_ranges(self.cache, self.seq_len, self.horizon, 1, split)
+        self._n = self._ranges.total()
+        self._xcols = _columns(self.cache, features, "features")
+        self._ycols = _columns(self.cache, target, "target")
+        self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def row(self, i: int) -> int:
+        """Start row of window ``i`` in the cache's ``features`` array."""
+        if not -self._n <= i < self._n:
+            raise IndexError(f"window {i} out of range for {self._n} windows")
+        return int(self._ranges.start_at(np.asarray([i % self._n]))[0])
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.row(i)
+        row0, block = self._block(p // self.cache.shard_rows)
+        w = block[p - row0 : p - row0 + self.seq_len]
+        t = block[p - row0 + self.seq_len - 1 + self.horizon]
+        x = w if self._xcols is None else w[:, self._xcols]
+        y = t if self._ycols is None else t[self._ycols]
+        return torch.tensor(x), torch.tensor(y)
+
+    def _block(self, shard: int) -> tuple[int, np.ndarray]:
+        """Rows of ``shard`` plus the overhang its last windows need, from the LRU or one zarr call."""
+        hit = self._lru.get(shard)
+        if hit is not None:
+            self._lru.move_to_end(shard)
+            return hit
+        lo = shard * self.cache.shard_rows
+        hi = min(lo + self.cache.shard_rows + self.span - 1, self.cache.n_bars)
+        self._lru[shard] = hit = (lo, self.cache.read_rows(lo, hi))
+        while len(self._lru) > _LRU_BLOCKS:
+            self._lru.popitem(last=False)
+        return hit
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_lru"] = OrderedDict()
+        return state
+
+    def __repr__(self) -> str:
+        return f"WindowDataset({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, windows={self._n})"

@@ -1,0 +1,128 @@
+"""Test helpers: small caches written straight from numpy arrays with the real ``CacheWriter``.
+
+``synthetic_bars`` makes bars with several symbols, gaps and train/val/test splits whose
+feature 0 is the row number (exact in float32 below 2**24), so a window's content names
+its rows. ``brute_starts`` is an independent, loop-based oracle of the valid windows.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardcache.store import Cache, CacheWriter
+
+__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ROOT"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPLITS = ["train", "val", "test"]
+
+
+@dataclass
+class Bars:
+    """Arrays for one cache: rows grouped by symbol in time order, and their segment table."""
+
+    features: np.ndarray
+    ts: np.ndarray
+    segments: np.ndarray
+    segment_split: np.ndarray
+    split_names: list[str]
+    symbols: list[str]
+
+
+def synthetic_bars(
+    n_bars: int,
+    n_features: int,
+    n_symbols: int = 3,
+    *,
+    gaps: int = 6,
+    short: int = 3,
+    seed: int = 0,
+    compressible: bool = False,
+) -> Bars:
+    """Bars of ``n_symbols`` symbols with ``gaps`` random gaps and ``short`` tiny segments each.
+
+    Each symbol's bars are cut into train/val/test at 70 % and 85 % of its time range, so
+    segments end at symbol, gap and split boundaries. ``compressible`` makes columns other
+    than the row number smooth (cheap to write for the large memory test).
+    """
+    rng = np.random.default_rng(seed)
+    feats = np.empty((n_bars, n_features), dtype=np.float32)
+    feats[:, 0] = np.arange(n_bars, dtype=np.float32)
+    if n_features > 1:
+        if compressible:
+            feats[:, 1:] = (np.arange(n_bars)[:, None] % 97).astype(np.float32) + np.arange(1, n_features)
+        else:
+            feats[:, 1:] = rng.standard_normal((n_bars, n_features - 1), dtype=np.float32)
+    cuts = np.sort(rng.choice(np.arange(1, n_bars), n_symbols - 1, replace=False)) if n_symbols > 1 else []
+    bounds = np.concatenate([[0], cuts, [n_bars]]).astype(np.int64)
+    ts = np.empty(n_bars, dtype=np.int64)
+    segments, segment_split = [], []
+    for sym in range(n_symbols):
+        a, b = int(bounds[sym]), int(bounds[sym + 1])
+        n = b - a
+        step = np.full(n, 60_000_000_000, dtype=np.int64)
+        breaks = set()
+        if n > 2:
+            breaks.update(int(x) for x in rng.integers(1, n, gaps))
+            for _ in range(short):  # a segment of a few bars: too short for most windows
+                p = int(rng.integers(1, max(2, n - 5)))
+                breaks.update([p, min(n - 1, p + int(rng.integers(1, 5)))])
+        for p in breaks:
+            step[p] = 3_600_000_000_000
+        ts[a:b] = 1_600_000_000_000_000_000 + np.cumsum(step)
+        t0, t1 = int(ts[a]), int(ts[b - 1])
+        split_at = [int(np.searchsorted(ts[a:b], t0 + f * (t1 - t0), side="right")) for f in (0.7, 0.85)]
+        edges = sorted({0, n, *breaks, *split_at})
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            if hi > lo:
+                segments.append((sym, a + lo, a + hi))
+                segment_split.append(int(np.searchsorted(split_at, lo, side="right")))
+    return Bars(
+        feats,
+        ts,
+        np.asarray(segments, dtype=np.int64).reshape(-1, 3),
+        np.asarray(segment_split, dtype=np.int8),
+        list(SPLITS),
+        [f"SYM{i}" for i in range(n_symbols)],
+    )
+
+
+def make_cache(
+    path: str | os.PathLike[str],
+    bars: Bars,
+    *,
+    shard_rows: int,
+    chunk_rows: int,
+    codec: str = "blosc-lz4",
+) -> Cache:
+    """Write ``bars`` as a complete cache with the real ``CacheWriter`` and open it."""
+    n, f = bars.features.shape
+    names = [f"f{i}" for i in range(f)]
+    writer = CacheWriter(path, n_bars=n, feature_names=names, shard_rows=shard_rows, chunk_rows=chunk_rows, codec=codec)
+    for s in range(writer.n_shards):
+        a, b = writer.shard_bounds(s)
+        writer.write_shard(s, bars.features[a:b], bars.ts[a:b])
+    manifest = {
+        "feature_names": names,
+        "symbols": bars.symbols,
+        "splits": {"names": bars.split_names},
+        "counts": {"bars": n},
+    }
+    writer.finish(bars.segments, bars.segment_split, manifest)
+    return Cache(path)
+
+
+def brute_starts(bars: Bars, seq_len: int, horizon: int, stride: int, split: str | None) -> np.ndarray:
+    """Every valid window start, by walking each segment: the oracle for the index and stream."""
+    out = []
+    for (sym, a, b), sp in zip(bars.segments, bars.segment_split):
+        if split is not None and bars.split_names[sp] != split:
+            continue
+        p = int(a)
+        while p + seq_len - 1 + horizon < b:
+            out.append(p)
+            p += stride
+    return np.sort(np.asarray(out, dtype=np.int64))

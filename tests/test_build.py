@@ -1,0 +1,266 @@
+"""The builder end to end: DBN files in, a Zarr v3 store out, checked with plain zarr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import databento_dbn as dbn
+import numpy as np
+import pytest
+import zarr
+
+from shardcache import ShardcacheError, open_cache
+from shardcache.builder import build_cache, parse_split
+from shardcache.features import compute_features
+from shardcache.sample import make_sample, write_dbn
+
+OHLCV = ["open", "high", "low", "close", "volume"]
+MIN = 60 * 10**9
+
+
+def decode_bars(files: list[Path]) -> dict[str, list[tuple[int, list[float]]]]:
+    """Independent decoding: databento_dbn's own per-record objects, symbols from metadata."""
+    per_symbol: dict[str, list[tuple[int, list[float]]]] = {}
+    for f in files:
+        dec = dbn.DBNDecoder(upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+        dec.write(f.read_bytes() if f.suffix != ".zst" else _unzstd(f))
+        recs = dec.decode()
+        meta = recs[0]
+        ids = {int(iv["symbol"]): raw for raw, ivs in meta.mappings.items() for iv in ivs}
+        for r in recs[1:]:
+            row = [r.open / 1e9, r.high / 1e9, r.low / 1e9, r.close / 1e9, float(r.volume)]
+            per_symbol.setdefault(ids.get(r.instrument_id, str(r.instrument_id)), []).append((r.ts_event, row))
+    return per_symbol
+
+
+def _unzstd(path: Path) -> bytes:
+    import pyarrow as pa
+
+    with pa.input_stream(str(path), compression="zstd") as fh:
+        return fh.read()
+
+
+def expected_arrays(per_symbol: dict[str, list[tuple[int, list[float]]]]) -> tuple[np.ndarray, np.ndarray]:
+    ts, rows = [], []
+    for sym in sorted(per_symbol):
+        bars = sorted(per_symbol[sym], key=lambda b: b[0])
+        ts += [b[0] for b in bars]
+        rows += [b[1] for b in bars]
+    return np.asarray(ts, dtype=np.int64), np.asarray(rows, dtype=np.float32)
+
+
+def run_cli(*args: str, prog: str = "build-cache") -> subprocess.CompletedProcess:
+    code = ("import sys; from shardcache.cli import main, build_cache_main; "
+            f"sys.exit({'build_cache_main' if prog == 'build-cache' else 'main'}(sys.argv[1:]))")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def small_sample(tmp_path_factory) -> list[Path]:
+    return make_sample(tmp_path_factory.mktemp("dbn"), days=21, seed=3)
+
+
+def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
+    cache = build_cache(small_sample, tmp_path / "c.zarr", features=",".join(OHLCV), normalize="none",
+                        shard_rows=4096, chunk_rows=512, progress=False)
+    ts, rows = expected_arrays(decode_bars(small_sample))
+    group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
+    assert group["features"].dtype == np.float32
+    assert group["features"].shards == (4096, 5) and group["features"].chunks == (512, 5)
+    np.testing.assert_array_equal(group["ts"][...], ts)
+    np.testing.assert_array_equal(group["features"][...], rows)
+    assert cache.n_bars == len(ts) and cache.symbols == sorted(decode_bars(small_sample))
+
+
+@pytest.mark.slow
+def test_default_sample_every_row_and_timestamp(tmp_path):
+    files = make_sample(tmp_path / "dbn")
+    cache = build_cache(tmp_path / "dbn", tmp_path / "c.zarr", features=",".join(OHLCV),
+                        normalize="none", progress=False)
+    ts, rows = expected_arrays(decode_bars(files))
+    assert 600_000 <= len(ts) <= 730_000
+    group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
+    np.testing.assert_array_equal(group["ts"][...], ts)
+    np.testing.assert_array_equal(group["features"][...], rows)
+    assert cache.manifest["counts"]["bars"] == len(ts)
+
+
+def test_default_features_and_segments(small_sample, tmp_path):
+    cache = build_cache(small_sample, tmp_path / "c.zarr", normalize="none", shard_rows=4096,
+                        chunk_rows=1024, progress=False)
+    ts, raw = expected_arrays(decode_bars(small_sample))
+    seg = cache.segments
+    # segments tile the rows, one symbol each, cut at gaps above 1 h and nowhere else
+    assert seg[0, 1] == 0 and seg[-1, 2] == cache.n_bars and np.all(seg[1:, 1] == seg[:-1, 2])
+    gaps = np.diff(ts) > 3600 * 10**9
+    symbol_starts = seg[1:, 1][np.diff(seg[:, 0]) != 0]
+    cuts = np.union1d(np.flatnonzero(gaps) + 1, symbol_starts)
+    np.testing.assert_array_equal(seg[1:, 1], cuts)
+    # independent feature arithmetic in float64
+    starts = np.zeros(len(ts), dtype=bool)
+    starts[seg[:, 1]] = True
+    o, h, l, c, v = (raw[:, i].astype(np.float64) for i in range(5))
+    prev_c = np.roll(c, 1)
+    lr = np.where(starts, 0.0, np.log(c / prev_c))
+    got = open_cache(tmp_path / "c.zarr").read_rows(0, cache.n_bars)
+    names = cache.feature_names
+    np.testing.assert_allclose(got[:, names.index("log_return")], lr, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[:, names.index("log_range")], np.log(h / l), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[:, names.index("log_volume")], np.log1p(v), rtol=1e-6)
+    tod = (ts % (86400 * 10**9)) / (86400 * 10**9) * 2 * np.pi
+    np.testing.assert_allclose(got[:, names.index("tod_sin")], np.sin(tod), atol=1e-6)
+
+
+def test_zscore_uses_train_split_only(small_sample, tmp_path):
+    raw = build_cache(small_sample, tmp_path / "raw.zarr", normalize="none", split="train=0.6,val=0.2,test=0.2",
+                      progress=False)
+    norm = build_cache(small_sample, tmp_path / "norm.zarr", split="train=0.6,val=0.2,test=0.2", progress=False)
+    x = raw.read_rows(0, raw.n_bars).astype(np.float64)
+    train = np.zeros(raw.n_bars, dtype=bool)
+    for (sym, a, b), s in zip(raw.segments, raw.segment_split):
+        train[a:b] = s == raw.split_names.index("train")
+    mean, std = x[train].mean(0), x[train].std(0)
+    got = [norm.stats[n] for n in norm.feature_names]
+    np.testing.assert_allclose([g["mean"] for g in got], mean, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose([g["std"] for g in got], std, rtol=1e-6)
+    assert not np.allclose(x.mean(0), mean)  # all-data stats differ: the test can fail
+    np.testing.assert_allclose(norm.read_rows(0, 1000), ((x[:1000] - mean) / std), rtol=1e-4, atol=1e-4)
+
+
+def test_fraction_and_date_splits_cut_segments(small_sample, tmp_path):
+    cache = build_cache(small_sample, tmp_path / "c.zarr", split="train=0.8,val=0.1,test=0.1", progress=False)
+    ts = cache.ts[...]
+    bars = cache.manifest["splits"]["bars"]
+    assert abs(bars["train"] / cache.n_bars - 0.8) < 0.02
+    cuts = cache.manifest["splits"]["cuts_ns"]
+    for (sym, a, b), s in zip(cache.segments, cache.segment_split):
+        expected = np.searchsorted(cuts, ts[a:b], side="right")
+        assert np.all(expected == s), "a segment crosses a split boundary"
+    d = build_cache(small_sample, tmp_path / "d.zarr", split="val=2023-01-20,test=2023-01-26", progress=False)
+    assert d.split_names == ["train", "val", "test"]
+    first_val = d.ts[int(d.segments[d.segment_split == 1][0, 1])]
+    assert first_val >= np.datetime64("2023-01-20", "ns").astype(np.int64)
+
+
+@pytest.mark.parametrize("text", ["train=0.5", "a=0.5,b=0.6", "val=2024-02-01,test=2024-01-01", "x", "train=2024-01-01"])
+def test_bad_split_specs(text):
+    with pytest.raises(ShardcacheError, match="--split"):
+        parse_split(text)
+
+
+def test_duplicates_and_unsorted_records(tmp_path):
+    t0 = np.datetime64("2024-03-04T14:30", "ns").astype(np.int64)
+    ts = t0 + MIN * np.array([0, 2, 1, 3, 3, 4] + list(range(5, 100)))
+    close = np.arange(len(ts), dtype=np.float64) + 100
+    recs = {"ts_event": ts, "instrument_id": np.full(len(ts), 7), "open": close, "high": close + 1,
+            "low": close - 1, "close": close, "volume": np.ones(len(ts))}
+    path = write_dbn(tmp_path / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={7: "ESM4"})
+    cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
+    counts = cache.manifest["counts"]
+    assert counts["dropped"] == {"duplicate timestamp": 1} and counts["reordered"] == 1
+    got_ts = cache.ts[...]
+    assert np.all(np.diff(got_ts) > 0) and len(got_ts) == len(ts) - 1
+    # the later record of the two at minute 3 wins
+    assert cache.read_rows(3, 4)[0, 0] == 104.0
+
+
+def test_short_symbol_is_skipped_and_reported(tmp_path):
+    t0 = np.datetime64("2024-03-04T14:30", "ns").astype(np.int64)
+    ids = np.array([1] * 200 + [2] * 10)
+    ts = t0 + MIN * np.concatenate([np.arange(200), np.arange(10)])
+    px = np.full(len(ts), 50.0)
+    recs = {"ts_event": ts, "instrument_id": ids, "open": px, "high": px, "low": px, "close": px,
+            "volume": np.ones(len(ts))}
+    path = write_dbn(tmp_path / "x.dbn", "ohlcv-1m", recs, symbols={1: "LONG", 2: "TINY"})
+    cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
+    assert cache.symbols == ["LONG"] and cache.manifest["counts"]["skipped_symbols"] == {"TINY": 10}
+    r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q")
+    assert r.returncode == 0 and "TINY (10 bars < one window)" in r.stdout
+
+
+def test_workers_and_codecs_give_identical_arrays(small_sample, tmp_path):
+    a = build_cache(small_sample, tmp_path / "a.zarr", workers=1, codec="zstd", progress=False,
+                    shard_rows=2048, chunk_rows=256)
+    b = build_cache(small_sample, tmp_path / "b.zarr", workers=2, codec="lz4", progress=False)
+    np.testing.assert_array_equal(a.read_rows(0, a.n_bars), b.read_rows(0, b.n_bars))
+    np.testing.assert_array_equal(a.segments, b.segments)
+
+
+# -- the CLI and bad input ---------------------------------------------------------------------
+SHARED = Path(os.environ.get("SHARDCACHE_SAMPLE_DBN", Path(__file__).resolve().parents[2] / "shared" / "data" / "dbn"))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared DBN samples not present")
+@pytest.mark.parametrize("name", sorted(p.name for p in SHARED.glob("*")) if SHARED.is_dir() else [])
+def test_every_shared_dbn_file_builds_or_is_refused_cleanly(name, tmp_path):
+    out = tmp_path / "c.zarr"
+    r = run_cli(str(SHARED / name), "--out", str(out), "--seq-len", "1", "--horizon", "0", "-q", "--json")
+    if r.returncode == 0:
+        info = json.loads(r.stdout)
+        cache = open_cache(out)
+        assert info["bars"] == cache.n_bars > 0
+        rows = cache.read_rows(0, cache.n_bars)
+        assert np.isfinite(rows).all()
+        assert all(s and not s.isdigit() for s in cache.symbols) or name.startswith("test_data")
+    else:
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in r.stderr and name in lines[0], r.stderr
+        assert not out.exists() or _incomplete(out)
+
+
+def _incomplete(out: Path) -> bool:
+    try:
+        open_cache(out)
+    except ShardcacheError:
+        return True
+    return False
+
+
+def _bad_inputs(tmp: Path, sample: list[Path]) -> dict[str, tuple[list[str], str]]:
+    (tmp / "empty.dbn").write_bytes(b"")
+    (tmp / "junk.dbn").write_bytes(b"this is not a DBN file at all" * 10)
+    data = _unzstd(sample[0])
+    (tmp / "cut.dbn").write_bytes(data[: len(data) // 2 + 7])
+    return {
+        "missing": ([str(tmp / "nope.dbn")], "nope.dbn"),
+        "empty": ([str(tmp / "empty.dbn")], "empty.dbn"),
+        "junk": ([str(tmp / "junk.dbn")], "junk.dbn"),
+        "truncated": ([str(tmp / "cut.dbn")], "cut.dbn"),
+        "unsupported": ([str(SHARED / "test_data.definition.v3.dbn.zst")], "definition"),
+        "mixed": ([str(sample[0]), str(SHARED / "test_data.trades.dbn")], "mixed schemas"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "junk", "truncated", "unsupported", "mixed"])
+def test_bad_input_one_line_error(case, small_sample, tmp_path):
+    if case in ("unsupported", "mixed") and not SHARED.is_dir():
+        pytest.skip("shared DBN samples not present")
+    inputs, needle = _bad_inputs(tmp_path, small_sample)[case]
+    out = tmp_path / "c.zarr"
+    r = run_cli(*inputs, "--out", str(out), "-q")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr and needle in lines[0] and lines[0].startswith("build-cache: error: ")
+    assert not out.exists() or _incomplete(out)
+
+
+def test_existing_output_needs_overwrite(small_sample, tmp_path):
+    out = tmp_path / "c.zarr"
+    assert run_cli(str(small_sample[0]), "--out", str(out), "-q").returncode == 0
+    r = run_cli(str(small_sample[0]), "--out", str(out), "-q")
+    assert r.returncode == 2 and "--overwrite" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert run_cli(str(small_sample[0]), "--out", str(out), "-q", "--overwrite").returncode == 0
+    assert open_cache(out).n_bars > 0
+
+
+def test_info_command_prints_summary(small_sample, tmp_path):
+    build_cache(small_sample, tmp_path / "c.zarr", split="train=0.8,val=0.1,test=0.1", progress=False)
+    r = run_cli("info", str(tmp_path / "c.zarr"), "--seq-len", "30", prog="shardcache")
+    assert r.returncode == 0 and "windows" in r.stdout and "seq_len 30" in r.stdout and "log_return" in r.stdout
+    j = json.loads(run_cli("info", str(tmp_path / "c.zarr"), "--json", prog="shardcache").stdout)
+    assert j["windows"] == open_cache(tmp_path / "c.zarr").n_windows(60)
