@@ -1,15 +1,25 @@
-"""shardcache: every sliding window of long market-data series, streamed from a sharded Zarr v3 cache."""
+"""shardcache: every sliding window of long market-data series, streamed from a sharded Zarr v3 cache.
+
+``build_cache`` writes DBN or Parquet bars once into a compressed, sharded Zarr v3 store;
+``WindowStream`` streams every window of it (stride 1) with bounded memory;
+``WindowDataset`` is the map-style twin for evaluation.
+"""
 
 from __future__ import annotations
 
+from .builder import build_cache
 from .errors import CacheError, ShardcacheError, SourceError
 from .store import Cache, open_cache
+from .stream import WindowDataset, WindowStream
 
 __all__ = [
     "Cache",
     "CacheError",
     "ShardcacheError",
     "SourceError",
+    "WindowDataset",
+    "WindowStream",
+    "build_cache",
     "open_cache",
 ]
 __version__ = "0.1.0"

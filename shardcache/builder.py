@@ -371,6 +371,12 @@ def build_cache(
     if codec not in CODECS:
         raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
     spec = parse_split(split)
+    if bar is not None:
+        try:
+            if parse_duration(bar) <= 0:
+                raise ValueError("must be a positive duration such as 1s, 1m or 5m")
+        except ValueError as exc:
+            raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
     specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     paths = expand_inputs(specs)
     srcs = [

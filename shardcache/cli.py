@@ -1,4 +1,4 @@
-"""The command line: ``build-cache`` and ``shardcache {build,info,sample,demo}``.
+"""The command line: ``build-cache`` and ``shardcache {build,info,ls,sample,demo}``.
 
 Expected problems (bad inputs, an existing output, an incomplete cache) end with one line
 on stderr naming the file and the problem, and exit status 2; no traceback.
@@ -13,11 +13,16 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .errors import ShardcacheError
 
-__all__ = ["main", "build_cache_main", "format_info"]
+if TYPE_CHECKING:
+    from .store import ShardInfo
+
+__all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 
 log = logging.getLogger("shardcache")
 
@@ -82,6 +87,20 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
+def _utc(ts_ns: int) -> str:
+    """A nanosecond timestamp as ``YYYY-MM-DD hh:mm:ss`` (UTC)."""
+    return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str, indent: str = "") -> list[str]:
+    """Text columns padded to a common width, each left (``l``) or right (``r``) aligned."""
+    widths = [max(len(r[j]) for r in [headers, *rows]) for j in range(len(headers))]
+    return [
+        indent + "  ".join(f"{c:<{w}}" if a == "l" else f"{c:>{w}}" for c, w, a in zip(r, widths, align)).rstrip()
+        for r in [headers, *rows]
+    ]
+
+
 def format_info(info: dict[str, Any]) -> str:
     """A cache summary for people: counts, splits, drops, features with their statistics."""
     c, b = info["counts"], info.get("bytes", {})
@@ -98,7 +117,8 @@ def format_info(info: dict[str, Any]) -> str:
     per = info.get("windows_per_split", {})
     split_desc = ", ".join(
         f"{n}: {splits.get('bars', {}).get(n, 0):,} bars / {per.get(n, 0):,} windows" for n in splits["names"])
-    cuts = f" (cuts at {', '.join(splits['cuts'])})" if splits.get("cuts") else ""
+    cut_times = [_utc(t) for t in splits["cuts_ns"]] if splits.get("cuts_ns") else splits.get("cuts")
+    cuts = f" (cuts at {', '.join(cut_times)} UTC)" if cut_times else ""
     lines.append(f"splits    {split_desc}{cuts}")
     dropped = c.get("dropped") or {}
     drop_desc = ", ".join(f"{k}: {v:,}" for k, v in dropped.items()) or "none"
@@ -107,12 +127,38 @@ def format_info(info: dict[str, Any]) -> str:
     skipped = c.get("skipped_symbols") or {}
     if skipped:
         lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
-    lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')})")
-    width = max(len(n) for n in info["features"]) if info["features"] else 4
-    for name in info["features"]:
-        st = info["stats"].get(name)
-        stat = f"mean {st['mean']:+.6g}  std {st['std']:.6g}" if st else ""
-        lines.append(f"  {name:<{width}}  {stat}")
+    stats = info["stats"]
+    lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
+                 + ("; mean and std of the train split, in source units)" if stats else ")"))
+    if stats:
+        rows = [(n, f"{stats[n]['mean']:+.6g}", f"{stats[n]['std']:.6g}") for n in info["features"]]
+        lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
+    else:
+        lines.append("  " + ", ".join(info["features"]))
+    return "\n".join(lines)
+
+
+def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
+    """The per-shard table for people: key, rows, symbols, time range, stored bytes and ratio."""
+    rows = []
+    for s in shards:
+        names = ",".join(s.symbols[:3]) + (f" +{len(s.symbols) - 3}" if len(s.symbols) > 3 else "")
+        rows.append((str(s.index), s.key, f"{s.start:,}", f"{s.stop - 1:,}", f"{s.rows:,}", names,
+                     _utc(s.first_ts), _utc(s.last_ts),
+                     "missing" if s.missing else _fmt_bytes(s.stored_bytes),
+                     "-" if s.ratio is None else f"{s.ratio:.2f}x"))
+    headers = ("shard", "key", "first row", "last row", "rows", "symbols",
+               "first bar (UTC)", "last bar (UTC)", "stored", "ratio")
+    lines = [f"{url}: {len(shards)} shards" if url else f"{len(shards)} shards"]
+    lines += _table(headers, rows, "rlrrrlllrr")
+    stored = sum(s.stored_bytes or 0 for s in shards)
+    raw = sum(s.raw_bytes for s in shards)
+    ratio = f"ratio {raw / stored:.2f}x" if stored else "ratio -"
+    lines.append(f"total: {sum(s.rows for s in shards):,} rows, {_fmt_bytes(stored)} stored for "
+                 f"{_fmt_bytes(raw)} of float32 ({ratio})")
+    missing = [s.key for s in shards if s.missing]
+    if missing:
+        lines.append(f"MISSING: {len(missing)} shard object(s): {', '.join(missing)}")
     return "\n".join(lines)
 
 
@@ -125,6 +171,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     _print_info(open_cache(args.cache).info(args.seq_len, args.horizon), args.json)
     return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    """Print the shard table; exit 1 when a shard object is missing."""
+    from .store import open_cache
+
+    cache = open_cache(args.cache)
+    shards = cache.shards()
+    if args.json:
+        print(json.dumps({"path": cache.url, "shard_rows": cache.shard_rows, "n_features": cache.n_features,
+                          "shards": [s.to_dict() for s in shards]}, indent=2))
+    else:
+        print(format_shards(shards, cache.url))
+    return 1 if any(s.missing for s in shards) else 0
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -185,6 +245,10 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--horizon", type=int, default=1)
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=_cmd_info, quiet=True)
+    ls = sub.add_parser("ls", help="list the shards: rows, symbols, time range, stored bytes, ratio")
+    ls.add_argument("cache")
+    ls.add_argument("--json", action="store_true", help="print the table as JSON")
+    ls.set_defaults(func=_cmd_ls, quiet=True)
     s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
     s.add_argument("out")
     s.add_argument("--days", type=int, default=360)

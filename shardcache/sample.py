@@ -7,7 +7,7 @@
   maintenance break, closed from Friday 16:00 to Sunday 17:00), minutes without trades
   missing (far more often overnight than in regular hours), a geometric random walk on the
   tick grid with volatility that changes from day to day, and consistent OHLC and volume.
-  The default 360 calendar days (258 trade dates) hold about 665,000 bars.
+  The default 360 trade dates (weekday files, as the team's 360 files) hold about 665,000 bars.
 * :func:`make_sample_parquet` writes wide Parquet bars (``ts``, ``symbol``, ``f000``...)
   for the many-features benchmark, in bounded row groups.
 * :func:`write_dbn` writes any bar or tick schema the reader accepts from numpy arrays,
@@ -25,11 +25,12 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .sources.dbn import SCHEMAS, UNDEF_PRICE, record_dtype
 
-__all__ = ["CONTRACTS", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
+__all__ = ["CONTRACTS", "Contract", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
 
 MINUTE_NS = 60_000_000_000
 SESSION_MINUTES = 23 * 60
@@ -59,7 +60,7 @@ CONTRACTS = (
 # Minutes after the 17:00 CT open where the chance of a bar (and its volume) changes:
 # evening (Asia), 02:00 Europe, 07:00 pre-open, 08:30 regular hours, 15:15 post-close.
 _PERIODS = np.array([0, 540, 840, 930, 1335])
-_PRESENCE = np.array([0.28, 0.435, 0.62, 0.93, 0.5])
+_PRESENCE = np.array([0.2, 0.312, 0.444, 0.666, 0.358])
 _ACTIVITY = np.array([0.08, 0.2, 0.35, 1.0, 0.25])
 _VOLATILITY = np.array([0.55, 0.8, 0.9, 1.35, 0.7])
 
@@ -76,7 +77,7 @@ def _central_offset_hours(opening: dt.date) -> int:
 
 
 def session_minutes(trade_date: dt.date) -> np.ndarray:
-    """Start times (ns, UTC) of the 1,380 Globex minutes of ``trade_date`` (17:00 CT the day before to 16:00 CT)."""
+    """Start times (ns, UTC) of the 1,380 Globex minutes of ``trade_date`` (17:00 CT the eve to 16:00 CT)."""
     opening = trade_date - dt.timedelta(days=1)
     local_open = dt.datetime(opening.year, opening.month, opening.day, 17, tzinfo=dt.timezone.utc)
     first = int(local_open.timestamp()) - 3600 * _central_offset_hours(opening)
@@ -89,11 +90,14 @@ def _contracts(symbols: Sequence[str] | None) -> list[Contract]:
     known = {c.symbol: c for c in CONTRACTS}
     out = []
     for i, name in enumerate(symbols):
-        out.append(known.get(name) or Contract(name, 300000 + i, 0.25, 100.0 * (i + 2), 0.015, 0.8, 200.0))
+        generic = Contract(name, 300000 + i, 0.25, 100.0 * (i + 2), 0.015, 0.8, 200.0)
+        out.append(known.get(name, generic))
     return out
 
 
-def _day_bars(rng: np.random.Generator, c: Contract, minutes: np.ndarray, last: float) -> tuple[np.ndarray, float]:
+def _day_bars(
+    rng: np.random.Generator, c: Contract, minutes: np.ndarray, last: float
+) -> tuple[np.ndarray, float]:
     """One contract's bars for one session as ``ohlcv-1m`` records; returns them and the closing price."""
     period = np.searchsorted(_PERIODS, np.arange(SESSION_MINUTES), side="right") - 1
     sigma = c.daily_vol / np.sqrt(SESSION_MINUTES) * _VOLATILITY[period] * rng.lognormal(0.0, 0.3)
@@ -128,7 +132,7 @@ def make_sample(
     start: str = "2023-01-02",
     progress: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
-    """Write one ``glbx-mdp3-YYYYMMDD.ohlcv-1m.dbn.zst`` per weekday in ``days`` calendar days from ``start``.
+    """Write ``days`` daily files ``glbx-mdp3-YYYYMMDD.ohlcv-1m.dbn.zst``, one per weekday from ``start``.
 
     ``symbols`` picks contracts from :data:`CONTRACTS` (other names get generic ones).
     ``progress(done, total)`` is called after each file. The first days are the same
@@ -137,8 +141,8 @@ def make_sample(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     first = dt.date.fromisoformat(start)
-    dates = [first + dt.timedelta(days=i) for i in range(days)]
-    dates = [d for d in dates if d.weekday() < 5]
+    weekdays = (first + dt.timedelta(days=i) for i in range(7 * days))
+    dates = [d for d in weekdays if d.weekday() < 5][:days]
     contracts = _contracts(symbols)
     prices = [c.price for c in contracts]
     names = {c.instrument_id: c.symbol for c in contracts}
@@ -181,7 +185,8 @@ def _records(schema: str, fields: Mapping[str, np.ndarray] | np.ndarray) -> np.n
             raise ValueError(f"record fields have different lengths: {sorted(lengths)}")
         unknown = set(fields) - set(dtype.names)
         if unknown:
-            raise ValueError(f"no field {sorted(unknown)} in {schema} records (fields: {', '.join(dtype.names)})")
+            known = ", ".join(dtype.names)
+            raise ValueError(f"no field {sorted(unknown)} in {schema} records (fields: {known})")
         recs = np.zeros(lengths.pop() if lengths else 0, dtype=dtype)
         if "action" in dtype.names:
             recs["action"] = b"T"
@@ -205,9 +210,8 @@ def _mappings(recs: np.ndarray, symbols: Mapping[int, str]) -> list:
     days = ts[valid] // (86_400 * 10**9)
     lo = dt.date(1970, 1, 1) + dt.timedelta(days=int(days.min()) if len(days) else 0)
     hi = dt.date(1970, 1, 1) + dt.timedelta(days=int(days.max()) + 1 if len(days) else 1)
-    return [
-        _Mapping(name, [_Interval(lo, hi, str(iid))]) for iid, name in sorted(symbols.items(), key=lambda kv: kv[1])
-    ]
+    by_name = sorted(symbols.items(), key=lambda kv: kv[1])
+    return [_Mapping(name, [_Interval(lo, hi, str(iid))]) for iid, name in by_name]
 
 
 @dataclass
@@ -276,7 +280,7 @@ def make_sample_parquet(
     rows_per_file: int | None = None,
     start: str = "2023-01-02",
 ) -> list[Path]:
-    """Write ``n_bars`` wide bars (``ts``, ``symbol``, ``f000``.. float32) as Parquet files in folder ``path``.
+    """Write ``n_bars`` wide bars (``ts``, ``symbol``, ``f000``... float32) as Parquet files in ``path``.
 
     Bars are split evenly over ``symbols``; each symbol's bars fill consecutive Globex
     session minutes from ``start``. Features are standard normal float32 (the benchmark
@@ -286,39 +290,28 @@ def make_sample_parquet(
     """
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    names = [f"f{i:03d}" for i in range(n_features)]
     schema = pa.schema(
-        [("ts", pa.timestamp("ns", tz="UTC")), ("symbol", pa.string())] + [(n, pa.float32()) for n in names]
+        [("ts", pa.timestamp("ns", tz="UTC")), ("symbol", pa.string())]
+        + [(f"f{i:03d}", pa.float32()) for i in range(n_features)]
     )
-    per_file = rows_per_file or max(n_bars, 1)
+    share, extra = divmod(n_bars, len(symbols))
+    first = dt.date.fromisoformat(start)
+    ts = np.concatenate([_minutes_from(first, share + (i < extra)) for i in range(len(symbols))])
+    code = np.repeat(np.arange(len(symbols)), [share + (i < extra) for i in range(len(symbols))])
+    names = pa.array(list(symbols), pa.string())
     rng = np.random.default_rng(seed)
-    written: list[Path] = []
-    writer: pq.ParquetWriter | None = None
-    in_file = 0
-
-    def chunks():
-        share, extra = divmod(n_bars, len(symbols))
-        for i, sym in enumerate(symbols):
-            ts = _minutes_from(dt.date.fromisoformat(start), share + (i < extra))
-            for lo in range(0, len(ts), ROW_GROUP_ROWS):
-                yield sym, ts[lo : lo + ROW_GROUP_ROWS]
-
-    for sym, ts in chunks():
-        while len(ts):
-            if writer is None or in_file == per_file:
-                if writer is not None:
-                    writer.close()
-                written.append(out / f"bars-{len(written):05d}.parquet")
-                writer, in_file = pq.ParquetWriter(written[-1], schema), 0
-            take = ts[: per_file - in_file]
-            ts = ts[len(take) :]
-            feats = rng.standard_normal((len(take), n_features), dtype=np.float32)
-            cols = [pa.array(take, pa.timestamp("ns", tz="UTC")), pa.array([sym] * len(take), pa.string())]
-            cols += [pa.array(feats[:, j]) for j in range(n_features)]
-            writer.write_table(pa.Table.from_arrays(cols, schema=schema), row_group_size=ROW_GROUP_ROWS)
-            in_file += len(take)
-    if writer is not None:
-        writer.close()
+    per_file = rows_per_file or max(n_bars, 1)
+    written = []
+    for begin in range(0, n_bars, per_file):
+        end = min(begin + per_file, n_bars)
+        written.append(out / f"bars-{len(written):05d}.parquet")
+        with pq.ParquetWriter(written[-1], schema, use_dictionary=["symbol"]) as writer:
+            for lo in range(begin, end, ROW_GROUP_ROWS):
+                hi = min(lo + ROW_GROUP_ROWS, end)
+                feats = rng.standard_normal((n_features, hi - lo), dtype=np.float32)
+                cols = [pa.array(ts[lo:hi], schema.field("ts").type), pc.take(names, pa.array(code[lo:hi]))]
+                cols += [pa.array(f) for f in feats]
+                writer.write_table(pa.Table.from_arrays(cols, schema=schema), row_group_size=ROW_GROUP_ROWS)
     return written
 
 

@@ -8,6 +8,10 @@ Layout (readable with plain ``zarr``)::
       segments   int64   (n_segments, 3)       symbol_id, start_row, stop_row
       segment_split int8 (n_segments,)         index into manifest["splits"]["names"]
 
+Every array names its dimensions (``row``, ``feature``, ``segment``, ``field``), so
+``xarray.open_zarr(CACHE, consolidated=False)`` opens the raw arrays too;
+``Cache.to_xarray`` adds the labels (time, symbol and split per row, feature names).
+
 Rows are grouped by symbol and in time order. A segment is a maximal run of one symbol's
 bars with no gap above ``max_gap`` and inside one split, so a window never crosses a
 symbol, a gap or a split. The manifest's ``complete`` flag is written last.
@@ -18,8 +22,9 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
@@ -31,11 +36,15 @@ try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
 except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bridge
     from numcodecs.zarr3 import LZ4
 
+if TYPE_CHECKING:
+    import xarray
+
 __all__ = [
     "FORMAT_VERSION",
     "CODECS",
     "Cache",
     "CacheWriter",
+    "ShardInfo",
     "compressors",
     "default_chunking",
     "open_cache",
@@ -94,6 +103,46 @@ class _Handles:
     group: zarr.Group
     features: zarr.Array
     ts: zarr.Array
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of ``features``: where it is stored, which rows and bars it holds, its size."""
+
+    index: int
+    key: str
+    start: int
+    stop: int
+    symbols: tuple[str, ...]
+    first_ts: int
+    last_ts: int
+    raw_bytes: int
+    stored_bytes: int | None
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def missing(self) -> bool:
+        return self.stored_bytes is None
+
+    @property
+    def ratio(self) -> float | None:
+        """Decoded over stored bytes (None for a missing or empty shard object)."""
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record, with the time range also as ISO 8601 UTC strings."""
+        return {
+            "index": self.index, "key": self.key, "start": self.start, "stop": self.stop,
+            "rows": self.rows, "symbols": list(self.symbols),
+            "first_ts": self.first_ts, "last_ts": self.last_ts,
+            "first_time": str(np.datetime64(self.first_ts, "ns")),
+            "last_time": str(np.datetime64(self.last_ts, "ns")),
+            "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes,
+            "ratio": None if self.ratio is None else round(self.ratio, 3), "missing": self.missing,
+        }
 
 
 class Cache:
@@ -215,6 +264,94 @@ class Cache:
         from .index import valid_ranges
 
         return valid_ranges(self, seq_len, horizon, stride, split).total()
+
+    def _segment_order(self) -> np.ndarray:
+        """Indices that put the segment table in row order (rows are grouped by symbol, then time)."""
+        return np.argsort(self.segments[:, 1], kind="stable")
+
+    def shards(self) -> list[ShardInfo]:
+        """Per-shard table: object key, rows, symbols, time range and stored size.
+
+        Sizes come from one fsspec listing of ``features/c`` (local paths and URLs alike);
+        a shard object that is not there has ``stored_bytes=None``. The time range reads
+        ``ts`` only at the first and last row of each symbol's run of rows in the shard.
+        """
+        seg = self.segments[self._segment_order()]
+        names = np.asarray(self.symbols, dtype=object)
+        bounds = [(a, min(a + self.shard_rows, self.n_bars)) for a in range(0, self.n_bars, self.shard_rows)]
+        runs = []  # per shard: symbol ids of its runs and each run's first and last row
+        for a, b in bounds:
+            lo = int(np.searchsorted(seg[:, 2], a, side="right"))
+            hi = int(np.searchsorted(seg[:, 1], b, side="left"))
+            part = seg[lo:hi]
+            head = np.r_[0, np.flatnonzero(np.diff(part[:, 0])) + 1]
+            tail = np.r_[head[1:] - 1, len(part) - 1]
+            runs.append((part[head, 0], np.maximum(part[head, 1], a), np.minimum(part[tail, 2], b) - 1))
+        edges = np.concatenate([np.stack([f, l], axis=1) for _, f, l in runs]).astype(np.int64)
+        ts = np.asarray(self.ts.get_coordinate_selection(edges.ravel()), dtype=np.int64).reshape(-1, 2)
+        offsets = np.cumsum([0] + [len(r[0]) for r in runs])
+        stored = self._stored_sizes()
+        out = []
+        for i, ((a, b), (sym, _, _)) in enumerate(zip(bounds, runs)):
+            key = "features/" + self.features.metadata.encode_chunk_key((i, 0))
+            t = ts[offsets[i] : offsets[i + 1]]
+            out.append(ShardInfo(
+                index=i, key=key, start=a, stop=b, symbols=tuple(names[sym]),
+                first_ts=int(t[:, 0].min()), last_ts=int(t[:, 1].max()),
+                raw_bytes=(b - a) * self.n_features * 4, stored_bytes=stored.get(key),
+            ))
+        return out
+
+    def _stored_sizes(self) -> dict[str, int]:
+        """Stored bytes of every object under ``features/c``, keyed by path in the cache."""
+        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
+        root = root.rstrip("/") + "/"
+        try:
+            found = fs.find(root + "features/c", detail=True)
+        except FileNotFoundError:
+            return {}
+        return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
+
+    def to_xarray(self) -> "xarray.Dataset":
+        """The cache as a labelled ``xarray.Dataset``, lazy: dask arrays with one chunk per shard.
+
+        ``features`` has dims ``(row, feature)``; coordinates are ``feature`` (names),
+        ``time`` (datetime64 from ``ts``), ``symbol`` and ``split`` per row (from the segment
+        table) and, when normalized, ``feature_mean``/``feature_std`` (train-split statistics:
+        ``ds.features * ds.feature_std + ds.feature_mean`` gives source units). Nothing is
+        read until computed. Needs the ``xarray`` extra.
+        """
+        try:
+            import xarray as xr
+        except ImportError:
+            raise CacheError("to_xarray needs xarray: pip install 'shardcache[xarray]'") from None
+        import dask.array as da
+
+        rows = self.shard_rows
+        order = self._segment_order()
+        starts = self.segments[order, 1]
+        seg_symbol = np.asarray(self.symbols)[self.segments[order, 0]]
+        seg_split = np.asarray(self.split_names)[self.segment_split[order]]
+        row = da.arange(self.n_bars, chunks=rows, dtype=np.int64)
+
+        def per_row(values: np.ndarray) -> Any:
+            return row.map_blocks(lambda r: values[np.searchsorted(starts, r, side="right") - 1], dtype=values.dtype)
+
+        ts = da.from_zarr(self.ts, chunks=(rows,))
+        coords: dict[str, Any] = {
+            "feature": self.feature_names,
+            "time": ("row", ts.map_blocks(lambda t: t.astype("datetime64[ns]"), dtype="datetime64[ns]")),
+            "symbol": ("row", per_row(seg_symbol)),
+            "split": ("row", per_row(seg_split)),
+        }
+        stats = self.stats
+        if stats:
+            coords["feature_mean"] = ("feature", np.asarray([stats[n]["mean"] for n in self.feature_names]))
+            coords["feature_std"] = ("feature", np.asarray([stats[n]["std"] for n in self.feature_names]))
+        features = da.from_zarr(self.features, chunks=(rows, self.n_features))
+        attrs = {"url": self.url, "normalize": str(self.manifest.get("normalize")), "shard_rows": rows,
+                 "format_version": int(self.manifest["format_version"])}
+        return xr.Dataset({"features": (("row", "feature"), features)}, coords=coords, attrs=attrs)
 
     def info(self, seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
         """A summary for people and scripts: counts, splits, features with stats, size on disk."""
@@ -346,7 +483,9 @@ class CacheWriter:
         """Write the segment table, then the manifest marked complete (the last write)."""
         group = open_group(self.url, "r+", self.storage_options)
         seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
-        for name, data in (("segments", seg), ("segment_split", np.asarray(segment_split, dtype=np.int8))):
+        tables = (("segments", seg, ("segment", "field")),
+                  ("segment_split", np.asarray(segment_split, dtype=np.int8), ("segment",)))
+        for name, data, dims in tables:
             arr = group.create_array(
                 name,
                 shape=data.shape,
@@ -355,6 +494,7 @@ class CacheWriter:
                 compressors=compressors("zstd"),
                 fill_value=0,
                 overwrite=True,
+                dimension_names=dims,
             )
             if data.size:
                 arr[...] = data

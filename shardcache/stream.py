@@ -68,7 +68,6 @@ _QUEUE_TASKS = 8
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: parallel_for runs serially up to this many elements
 _POLL = 0.1
 _LRU_BLOCKS = 4
-_STATE_KEYS = ("seq_len", "horizon", "stride", "split", "batch_size", "world", "n_windows", "shuffle", "mix", "drop_last")
 
 
 def _rank_world() -> tuple[int, int]:
@@ -88,7 +87,8 @@ def _columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] 
     have = {n: i for i, n in enumerate(cache.feature_names)}
     missing = [n for n in names if n not in have]
     if missing or not names:
-        raise ValueError(f"{what}: unknown feature(s) {missing or names}; the cache has {', '.join(have)}")
+        problem = f"unknown feature(s) {', '.join(map(str, missing))}" if missing else "no feature named"
+        raise ValueError(f"{what}: {problem}; the cache has {', '.join(have)}")
     return [have[n] for n in names]
 
 
@@ -107,6 +107,8 @@ class _Block:
 
 
 class _Group(NamedTuple):
+    """A batch's windows from one block: output rows ``[a, b)``; ``last`` frees the block after."""
+
     block: _Block
     xidx: torch.Tensor
     yidx: torch.Tensor
@@ -116,6 +118,8 @@ class _Group(NamedTuple):
 
 
 class _Task(NamedTuple):
+    """Batch ``batch`` of the epoch, ready to gather: ``n`` windows whose start rows are ``index``."""
+
     batch: int
     n: int
     groups: list[_Group]
@@ -491,9 +495,11 @@ class WindowStream(IterableDataset):
         block0 = task.groups[0].block
         fx, fy = block0.x.shape[1], block0.y.shape[1]
         x, y = self._empty((task.n, self.seq_len, fx), shared), self._empty((task.n, fy), shared)
-        rows = min(self.seq_len, max(1, _GRAIN // fx))  # window rows per copy, and windows per copy,
-        per = max(1, _GRAIN // (rows * fx))  # so that torch copies each piece on the calling thread
-        ystep = max(1, _GRAIN // fy)
+        if self.device.type == "cpu":  # window rows and windows per copy, so that torch copies
+            rows = min(self.seq_len, max(1, _GRAIN // fx))  # each piece on the calling thread
+            per, ystep = max(1, _GRAIN // (rows * fx)), max(1, _GRAIN // fy)
+        else:
+            rows, per, ystep = self.seq_len, task.n, task.n
         for g in task.groups:
             block, xidx, yidx = g.block, g.xidx, g.yidx
             if block.event is not None:
@@ -521,7 +527,7 @@ class WindowStream(IterableDataset):
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
         state, so ``state_dict()`` is exact with ``num_workers > 0``; stopped by ``close()``."""
-        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last"):
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
             if key in dataloader_kwargs:
                 raise TypeError(f"loader() sets {key} itself; batching is the stream's")
         if dataloader_kwargs.get("in_order") is False:

@@ -7,6 +7,7 @@ its rows. ``brute_starts`` is an independent, loop-based oracle of the valid win
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -14,9 +15,8 @@ import numpy as np
 
 from shardcache.store import Cache, CacheWriter
 
-__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ROOT"]
+__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper"]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLITS = ["train", "val", "test"]
 
 
@@ -126,3 +126,88 @@ def brute_starts(bars: Bars, seq_len: int, horizon: int, stride: int, split: str
             out.append(p)
             p += stride
     return np.sort(np.asarray(out, dtype=np.int64))
+
+
+# ---- code run in other processes: DDP ranks and the ``python tests/helpers.py`` commands ----
+
+
+def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: str, kwargs: dict) -> None:
+    """One ``torch.distributed`` (gloo) rank: stream one epoch, check batch counts agree, save indices."""
+    import torch
+    import torch.distributed as dist
+
+    from shardcache.stream import WindowStream
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        ds = WindowStream(cache_path, return_index=True, **kwargs)
+        assert (ds.rank, ds.world) == (rank, world), (ds.rank, ds.world)
+        idx = [b[2] for b in ds.loader(1)]
+        counts = [None] * world
+        dist.all_gather_object(counts, len(idx))
+        np.save(os.path.join(out_dir, f"rank{rank}.npy"), torch.cat(idx).numpy())
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"batches": len(idx), "all": counts, "dropped": ds.plan().dropped, "n_batches": ds.n_batches}, f)
+        ds.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _resume(cache_path: str, state_file: str, workers: int, out: str, kwargs: dict) -> None:
+    """Load a saved state into a fresh stream and save the indices of the rest of the epoch."""
+    import torch
+
+    from shardcache.stream import WindowStream
+
+    with open(state_file) as f:
+        state = json.load(f)
+    with WindowStream(cache_path, return_index=True, **kwargs) as ds:
+        ds.load_state_dict(state)
+        ds.set_epoch(state["epoch"])
+        idx = [b[2] for b in ds.loader(workers)]
+        np.save(out, torch.cat(idx).numpy() if idx else np.zeros(0, np.int64))
+
+
+def _stream_rss(cache_path: str, limit: int, out: str, kwargs: dict) -> None:
+    """Peak RSS growth while streaming ``limit`` batches (the stream's plan included)."""
+    import psutil
+
+    from shardcache.stream import WindowStream
+
+    proc = psutil.Process()
+    cache = Cache(cache_path)
+    base = peak = proc.memory_info().rss
+    ds = WindowStream(cache, **kwargs)
+    n = 0
+    for i, (x, y) in enumerate(ds):
+        n += len(x)
+        peak = max(peak, proc.memory_info().rss)
+        if i + 1 == limit:
+            break
+    batch_bytes = x.numel() * 4 + y.numel() * 4
+    with open(out, "w") as f:
+        json.dump({"peak": peak - base, "capacity": ds._capacity(ds.plan(), 1), "batch_bytes": batch_bytes, "windows": n}, f)
+    ds.close()
+
+
+def run_helper(command: str, *args: object, timeout: float = 120) -> None:
+    """Run ``python tests/helpers.py COMMAND ARGS...`` in a new interpreter; raise if it fails."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, os.path.abspath(__file__), command, *map(str, args)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise AssertionError(f"{command} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    cmd, rest = sys.argv[1], sys.argv[2:]
+    if cmd == "resume":
+        _resume(rest[0], rest[1], int(rest[2]), rest[3], json.loads(rest[4]))
+    elif cmd == "stream-rss":
+        _stream_rss(rest[0], int(rest[1]), rest[2], json.loads(rest[3]))
+    else:
+        raise SystemExit(f"unknown command {cmd}")

@@ -16,7 +16,7 @@ from shardcache.sources import open_source
 MIN = 60_000_000_000
 HOUR = 60 * MIN
 DEFAULT_BARS = 665_000
-DEFAULT_TRADE_DATES = 258  # weekdays in the 360 days from Monday 2023-01-02
+DEFAULT_TRADE_DATES = 360  # one file per weekday, as the team's 360 daily files
 
 
 def decode(path: Path) -> tuple[dbn.Metadata, list]:
@@ -33,13 +33,13 @@ def bars(paths: list[Path]) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def week(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return make_sample(tmp_path_factory.mktemp("week"), days=14, start="2023-01-02")
+    return make_sample(tmp_path_factory.mktemp("week"), days=10, start="2023-01-02")
 
 
 def test_one_file_per_weekday(week: list[Path]) -> None:
     names = [p.name for p in week]
     assert len(names) == 10 and names[0] == "glbx-mdp3-20230102.ohlcv-1m.dbn.zst"
-    dates = [dt.date.fromisoformat(n[10:18][:4] + "-" + n[14:16] + "-" + n[16:18]) for n in names]
+    dates = [dt.datetime.strptime(n[10:18], "%Y%m%d").date() for n in names]
     assert all(d.weekday() < 5 for d in dates) and dt.date(2023, 1, 7) not in dates
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -413,11 +414,14 @@ def test_symbols_follow_mapping_dates(tmp_path: Path) -> None:
     assert set(reference_bars(path)) == want
 
 
-def test_describe_for_the_manifest(tmp_path: Path) -> None:
+def test_describe_and_pickle(tmp_path: Path) -> None:
     path = _one_day(tmp_path)
-    info = open_source(str(path)).describe()
+    src = open_source(str(path))
+    info = src.describe()
     assert info == {"path": str(path), "size": path.stat().st_size, "mtime": path.stat().st_mtime,
                     "kind": "dbn", "schema": "ohlcv-1m"}
+    copy = pickle.loads(pickle.dumps(src))
+    assert [p.to_pylist() for p in copy.pieces()] == [p.to_pylist() for p in src.pieces()]
 
 
 def test_undefined_price_never_becomes_a_huge_number(tmp_path: Path) -> None:
@@ -427,3 +431,14 @@ def test_undefined_price_never_becomes_a_huge_number(tmp_path: Path) -> None:
     src = open_source(str(path))
     closes = np.concatenate([p.column("close").to_numpy() for p in src.pieces()])
     assert closes.max() < 1e6 and len(closes) == 2 and src.drops["non-finite price"] == 1
+
+
+def test_ohlcv_rows_pass_through_unsorted_and_duplicated(tmp_path: Path) -> None:
+    ts = T0 + np.array([2, 0, 1, 1]) * MIN
+    fields = {"ts_event": ts, "instrument_id": [4, 4, 4, 4], "open": [1.0, 2.0, 3.0, 4.0], "high": [5.0] * 4,
+              "low": [0.5] * 4, "close": [1.0] * 4, "volume": [1, 2, 3, 4]}
+    path = write_dbn(tmp_path / "dup.dbn.zst", "ohlcv-1m", fields, symbols={4: "ZNH3"})
+    src = open_source(str(path))
+    table = pa.concat_tables(list(src.pieces()))
+    assert table.column("ts").to_pylist() == list(ts) and table.column("open").to_pylist() == [1.0, 2.0, 3.0, 4.0]
+    assert not src.drops

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +50,7 @@ def test_detects_columns_and_converts_types(tmp_path: Path) -> None:
     )
     assert piece.to_pylist()[2] == {"symbol": "NQH3", "ts": T0 + 2 * MIN, "close": 3.5, "volume": 3.0, "flag": 1.0}
     assert src.describe()["kind"] == "parquet" and src.describe()["size"] == path.stat().st_size
+    assert [p.to_pylist() for p in pickle.loads(pickle.dumps(src)).pieces()] == [piece.to_pylist()]
 
 
 @pytest.mark.parametrize(

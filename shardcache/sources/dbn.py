@@ -33,9 +33,10 @@ What becomes a bar (``ts`` is always the bar start; bars are aligned to the epoc
 
 Folding is exact across read blocks: bars stay open until the newest timestamp read is
 :data:`LATE_NS` past their end (files are sorted by ``ts_recv``, bars use ``ts_event``); a
-record arriving for a bar already emitted is dropped and counted as ``late record``. Ticks
-are cleaned before folding (undefined or non-positive trade prices, or for BBO quotes,
-are dropped and counted; an undefined quote in ``tbbo``/``mbp-1`` is only skipped).
+record arriving for a bar already emitted is dropped and counted as ``late record``.
+Records are cleaned before folding: one whose trade price (for BBO, quote) is undefined or
+not positive, or whose timestamp is out of range, is dropped and counted; an undefined
+quote in ``tbbo``/``mbp-1`` is only skipped. Bars are then cleaned like any piece.
 """
 
 from __future__ import annotations
@@ -60,16 +61,35 @@ _STEP = 8 << 20  # bytes asked of the zstd stream at once
 BLOCK_ROWS = 1 << 16  # records decoded at once: fits the CPU caches better than bigger blocks
 SECOND, MINUTE, HOUR, DAY = (parse_duration(t) for t in ("1s", "1m", "1h", "1d"))
 _EPOCH = dt.date(1970, 1, 1)
+_DAYS = 1 << 20  # mapping dates are packed below the instrument id in one int64 key
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
-_HEADER = [("length", "u1", 0), ("rtype", "u1", 1), ("publisher_id", "<u2", 2), ("instrument_id", "<u4", 4), ("ts_event", "<u8", 8)]
-_TRADE = [("price", "<i8", 16), ("size", "<u4", 24), ("action", "S1", 28), ("side", "S1", 29), ("flags", "u1", 30), ("depth", "u1", 31), ("ts_recv", "<u8", 32), ("ts_in_delta", "<i4", 40), ("sequence", "<u4", 44)]
-_LEVEL = [("bid_px", "<i8", 48), ("ask_px", "<i8", 56), ("bid_sz", "<u4", 64), ("ask_sz", "<u4", 68), ("bid_ct", "<u4", 72), ("ask_ct", "<u4", 76)]
+# (name, numpy format, byte offset) of the record fields, after the DBN specification.
+_HEADER = [
+    ("length", "u1", 0), ("rtype", "u1", 1), ("publisher_id", "<u2", 2),
+    ("instrument_id", "<u4", 4), ("ts_event", "<u8", 8),
+]
+_TRADE = [
+    ("price", "<i8", 16), ("size", "<u4", 24), ("action", "S1", 28), ("side", "S1", 29),
+    ("flags", "u1", 30), ("depth", "u1", 31), ("ts_recv", "<u8", 32), ("ts_in_delta", "<i4", 40),
+    ("sequence", "<u4", 44),
+]
+_LEVEL = [
+    ("bid_px", "<i8", 48), ("ask_px", "<i8", 56), ("bid_sz", "<u4", 64), ("ask_sz", "<u4", 68),
+    ("bid_ct", "<u4", 72), ("ask_ct", "<u4", 76),
+]
+_OHLCV_FIELDS = [
+    ("open", "<i8", 16), ("high", "<i8", 24), ("low", "<i8", 32), ("close", "<i8", 40), ("volume", "<u8", 48),
+]
+_BBO = [
+    ("price", "<i8", 16), ("size", "<u4", 24), ("side", "S1", 29), ("flags", "u1", 30),
+    ("ts_recv", "<u8", 32), ("sequence", "<u4", 44),
+]
 _LAYOUTS: dict[str, tuple[list, int]] = {
-    "ohlcv": ([("open", "<i8", 16), ("high", "<i8", 24), ("low", "<i8", 32), ("close", "<i8", 40), ("volume", "<u8", 48)], 56),
+    "ohlcv": (_OHLCV_FIELDS, 56),
     "trade": (_TRADE, 48),
     "mbp1": (_TRADE + _LEVEL, 80),
-    "bbo": ([("price", "<i8", 16), ("size", "<u4", 24), ("side", "S1", 29), ("flags", "u1", 30), ("ts_recv", "<u8", 32), ("sequence", "<u4", 44), *_LEVEL], 80),
+    "bbo": (_BBO + _LEVEL, 80),
 }
 
 # schema -> (record layout, bar interval in ns or None for ticks, accepted rtypes)
@@ -99,8 +119,8 @@ def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
     """The numpy layout of one DBN record of ``schema`` (``ts_out`` appends the send time)."""
     fields, size = _LAYOUTS[SCHEMAS[schema][0]]
     fields = _HEADER + fields + ([("ts_out", "<u8", size)] if ts_out else [])
-    names, formats, offsets = zip(*fields)
-    return np.dtype({"names": list(names), "formats": list(formats), "offsets": list(offsets), "itemsize": size + 8 * ts_out})
+    names, formats, offsets = (list(x) for x in zip(*fields))
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size + 8 * ts_out})
 
 
 def _prices(px: np.ndarray) -> np.ndarray:
@@ -143,7 +163,8 @@ class _Stream:
                 n -= buf.size
         except OSError as exc:
             what = "truncated" if "truncated" in str(exc).lower() else "corrupt"
-            raise SourceError(self.path, f"{what} DBN data after {self.records} records ({_one_line(exc)})") from None
+            problem = f"{what} DBN data after {self.records} records ({_one_line(exc)})"
+            raise SourceError(self.path, problem) from None
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
@@ -180,9 +201,9 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
 class _Symbols:
     """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised)."""
 
-    def __init__(self, meta: dbn.Metadata) -> None:
+    def __init__(self, mappings: dict[str, list[dict]]) -> None:
         rows = []
-        for key, intervals in meta.mappings.items():
+        for key, intervals in mappings.items():
             for iv in intervals:
                 sym = str(iv["symbol"])
                 if sym.isdigit():
@@ -191,14 +212,16 @@ class _Symbols:
                     iid, name = int(key), sym
                 else:
                     continue
-                rows.append((iid, (iv["start_date"] - _EPOCH).days, (iv["end_date"] - _EPOCH).days, name))
+                start, end = ((d - _EPOCH).days for d in (iv["start_date"], iv["end_date"]))
+                rows.append((iid, min(max(start, 0), _DAYS - 1), end, name))
         rows.sort()
         self.names: list[str] = sorted({r[3] for r in rows})
         index = {n: i for i, n in enumerate(self.names)}
         self.iid = np.array([r[0] for r in rows], dtype=np.int64)
         self.end = np.array([r[2] for r in rows], dtype=np.int64)
         self.code = np.array([index[r[3]] for r in rows], dtype=np.int64)
-        self.keys = (self.iid << 20) | np.array([r[1] for r in rows], dtype=np.int64)
+        self.start = np.array([r[1] for r in rows], dtype=np.int64)
+        self.keys = (self.iid << 20) | self.start
         self.unmapped: dict[int, int] = {}
 
     def codes(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -247,10 +270,11 @@ class _Symbols:
         if lo < 0:
             return None
         first, last = lo // DAY, hi // DAY
-        start = self.keys & ((1 << 20) - 1)
-        overlap = (start <= last) & (self.end > first)
+        overlap = (self.start <= last) & (self.end > first)
         ids = self.iid[overlap]
-        if not len(ids) or len(np.unique(ids)) != len(ids) or not (start[overlap] <= first).all() or not (self.end[overlap] > last).all():
+        if not len(ids) or len(np.unique(ids)) != len(ids):
+            return None
+        if (self.start[overlap] > first).any() or (self.end[overlap] <= last).any():
             return None
         return ids, self.code[overlap]
 
@@ -392,15 +416,17 @@ class DbnSource(Source):
 
     def __init__(self, path: str, *, bar: str | None = None, columns: list[str] | None = None) -> None:
         with _Stream(path) as stream:
-            self.version, self.metadata = _read_metadata(path, stream)
-        schema = None if self.metadata.schema is None else str(self.metadata.schema)
+            self.version, meta = _read_metadata(path, stream)
+        self.dataset = meta.dataset
+        self.mappings = meta.mappings
+        schema = None if meta.schema is None else str(meta.schema)
         if schema is None:
             raise SourceError(path, f"mixed-schema DBN data is not supported; {_SUPPORTED}")
         if schema not in SCHEMAS:
             raise SourceError(path, f"schema '{schema}' is not bars or ticks; {_SUPPORTED}")
         self.layout, self.interval, rtypes = SCHEMAS[schema]
         self.rtypes = np.array(rtypes, dtype=np.uint8)
-        self.dtype = record_dtype(schema, bool(self.metadata.ts_out))
+        self.dtype = record_dtype(schema, bool(meta.ts_out))
         if bar is None:
             bar_ns = self.interval if self.layout == "ohlcv" else MINUTE
         else:
@@ -408,13 +434,15 @@ class DbnSource(Source):
             if bar_ns <= 0:
                 raise ValueError(f"bar must be a positive duration, got {bar!r}")
         if self.interval is not None and bar_ns % self.interval:
-            raise SourceError(path, f"cannot make {bar} bars from {schema} (the bar must be a multiple of its interval)")
+            problem = f"cannot make {bar} bars from {schema} (the bar must be a multiple of its interval)"
+            raise SourceError(path, problem)
         self.resample = not (self.layout == "ohlcv" and bar_ns == self.interval)
         available = _COLUMNS[self.layout]
         chosen = list(columns) if columns else list(available)
         for name in chosen:
             if name not in available:
-                raise SourceError(path, f"no column '{name}' in {schema} data (it has {', '.join(available)})")
+                problem = f"no column '{name}' in {schema} data (it has {', '.join(available)})"
+                raise SourceError(path, problem)
         super().__init__(path, schema, chosen, bar_ns)
 
     def _blocks(self, stream: _Stream, max_rows: int) -> Iterator[np.ndarray]:
@@ -461,7 +489,8 @@ class DbnSource(Source):
         while o < n:
             length = lengths[o] * 4
             if length < 16:
-                raise SourceError(self.path, f"corrupt DBN data after {stream.records + len(offsets)} records (record length {length})")
+                done = stream.records + len(offsets)
+                raise SourceError(self.path, f"corrupt DBN data after {done} records (record length {length})")
             if o + length > n:
                 break
             offsets.append(o)
@@ -469,12 +498,14 @@ class DbnSource(Source):
         offs = np.array(offsets, dtype=np.int64)
         stream.records += len(offs)
         mine = offs[np.isin(raw[offs + 1], self.rtypes)] if len(offs) else offs
-        if (raw[mine] * 4 != size).any():
+        if (raw[mine] != size // 4).any():
             raise SourceError(self.path, f"corrupt DBN data: a {self.schema} record is not {size} bytes long")
         recs = raw[mine[:, None] + np.arange(size)].view(self.dtype).reshape(len(mine))
         return recs, o
 
-    def _table(self, codes: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: _Symbols) -> pa.Table:
+    def _table(
+        self, codes: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: _Symbols
+    ) -> pa.Table:
         cols = {}
         for name in self.columns:
             cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
@@ -491,7 +522,8 @@ class DbnSource(Source):
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         if max_rows < 1:
             raise ValueError("max_rows must be positive")
-        symbols = _Symbols(self.metadata)
+        self.drops.clear()
+        symbols = _Symbols(self.mappings)
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
         with _Stream(self.path) as stream:
             _read_metadata(self.path, stream)
@@ -500,7 +532,8 @@ class DbnSource(Source):
                     table = self._bars_table(bars.add(recs, symbols), symbols)
                 else:
                     ts = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
-                    values = {n: recs[n].astype(np.float64) if n == "volume" else _prices(recs[n]) for n in self.columns}
+                    values = {n: _prices(recs[n]) for n in self.columns if n != "volume"}
+                    values["volume"] = recs["volume"].astype(np.float64)
                     table = self._table(symbols.codes(recs["instrument_id"], ts), ts, values, symbols)
                 yield from self._emit(table, max_rows)
         if bars is not None:

@@ -41,7 +41,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _is_numeric(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_boolean(t)
+    types = pa.types
+    return types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
 
 
 def _is_time(t: pa.DataType) -> bool:
@@ -104,15 +105,18 @@ class ParquetSource(Source):
             if "magic" in msg.lower():
                 with open(path, "rb") as fh:
                     truncated = fh.read(4) == b"PAR1"
-                problem = "truncated Parquet file (no footer)" if truncated else "not a Parquet file (bad magic bytes)"
-                raise SourceError(path, problem) from None
+                if truncated:
+                    raise SourceError(path, "truncated Parquet file (no footer)") from None
+                raise SourceError(path, "not a Parquet file (bad magic bytes)") from None
             raise SourceError(path, f"corrupt Parquet metadata ({msg})") from None
-        schema = pf.schema_arrow
+        schema, meta = pf.schema_arrow, pf.metadata
+        pf.close()
         self._types = {f.name: f.type for f in schema}
         names = list(schema.names)
         self.ts_column = self._find(ts_column, TS_NAMES, "timestamp", "--ts-column", names)
         if self.ts_column is None:
-            raise SourceError(path, f"no timestamp column (looked for {', '.join(TS_NAMES)}; use --ts-column)")
+            looked = ", ".join(TS_NAMES)
+            raise SourceError(path, f"no timestamp column (looked for {looked}; use --ts-column)")
         ts_type = self._types[self.ts_column]
         if not _is_time(ts_type):
             raise SourceError(
@@ -121,7 +125,7 @@ class ParquetSource(Source):
                 "expected a timestamp, a date or int64 nanoseconds since the epoch",
             )
         if pa.types.is_integer(ts_type):
-            self._check_int_ts(pf, names)
+            self._check_int_ts(meta)
         self.symbol_column = self._find(symbol_column, SYMBOL_NAMES, "symbol", "--symbol-column", names)
         if self.symbol_column is not None and not _is_symbol(self._types[self.symbol_column]):
             if symbol_column is not None:
@@ -138,9 +142,10 @@ class ParquetSource(Source):
                 if name not in self._types:
                     raise SourceError(path, f"no column '{name}' (columns are: {_listing(names)})")
                 if name in keys:
-                    raise SourceError(path, f"column '{name}' is the timestamp or symbol column, not a feature")
+                    raise SourceError(path, f"column '{name}' is the timestamp or symbol column")
                 if not _is_numeric(self._types[name]):
-                    raise SourceError(path, f"column '{name}' has type {self._types[name]}; feature columns must be numeric")
+                    problem = f"column '{name}' has type {self._types[name]}; feature columns must be numeric"
+                    raise SourceError(path, problem)
             chosen = list(columns)
         else:
             chosen = [n for n in names if n not in keys and _is_numeric(self._types[n])]
@@ -148,11 +153,14 @@ class ParquetSource(Source):
                 raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
         super().__init__(path, "parquet", chosen, None)
 
-    def _find(self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]) -> str | None:
+    def _find(
+        self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]
+    ) -> str | None:
         """The column the user named (which must exist) or the first candidate present."""
         if given is not None:
             if given not in self._types:
-                raise SourceError(self.path, f"no {what} column '{given}' (columns are: {_listing(names)}; see {flag})")
+                problem = f"no {what} column '{given}' (columns are: {_listing(names)}; see {flag})"
+                raise SourceError(self.path, problem)
             return given
         lower = {n.lower(): n for n in reversed(names)}
         for cand in candidates:
@@ -163,16 +171,16 @@ class ParquetSource(Source):
                 return lower[cand]
         return None
 
-    def _check_int_ts(self, pf: pq.ParquetFile, names: list[str]) -> None:
+    def _check_int_ts(self, meta: pq.FileMetaData) -> None:
         """Refuse integer timestamps whose statistics show they cannot be nanoseconds."""
-        meta = pf.metadata
         top = None
         for i in range(meta.num_row_groups):
             group = meta.row_group(i)
             for j in range(group.num_columns):
                 col = group.column(j)
-                if col.path_in_schema == self.ts_column and col.statistics is not None and col.statistics.has_min_max:
-                    top = col.statistics.max if top is None else max(top, col.statistics.max)
+                stats = col.statistics
+                if col.path_in_schema == self.ts_column and stats is not None and stats.has_min_max:
+                    top = stats.max if top is None else max(top, stats.max)
         if top is not None and 0 < top < _INT_TS_FLOOR:
             raise SourceError(
                 self.path,
@@ -200,16 +208,19 @@ class ParquetSource(Source):
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         if max_rows < 1:
             raise ValueError("max_rows must be positive")
+        self.drops.clear()
         wanted = [self.ts_column, *([self.symbol_column] if self.symbol_column else []), *self.columns]
         done = 0
         try:
-            for batch in pq.ParquetFile(self.path).iter_batches(batch_size=max_rows, columns=wanted):
-                done += batch.num_rows
-                table = self._piece(batch)
-                if table.num_rows:
-                    yield table
+            with pq.ParquetFile(self.path) as pf:
+                for batch in pf.iter_batches(batch_size=max_rows, columns=wanted):
+                    done += batch.num_rows
+                    table = self._piece(batch)
+                    if table.num_rows:
+                        yield table
         except (pa.ArrowException, OSError) as exc:
-            raise SourceError(self.path, f"corrupt Parquet data after {done} rows ({_one_line(exc)})") from None
+            problem = f"corrupt Parquet data after {done} rows ({_one_line(exc)})"
+            raise SourceError(self.path, problem) from None
 
     def _piece(self, batch: pa.RecordBatch) -> pa.Table:
         n = batch.num_rows

@@ -1,0 +1,139 @@
+"""The window plan against loop-based oracles: valid windows, rank shares, pools, shuffles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import brute_starts, synthetic_bars
+from shardcache.index import Ranges, make_plan, valid_ranges
+
+SHARD = 256
+
+
+class _Table:
+    """The three attributes ``valid_ranges`` reads, from ``Bars`` (no cache needed)."""
+
+    def __init__(self, bars):
+        self.segments, self.segment_split, self.names = bars.segments, bars.segment_split, bars.split_names
+
+    def split_id(self, split):
+        return None if split is None else self.names.index(split)
+
+
+@pytest.fixture(scope="module")
+def bars():
+    return synthetic_bars(5000, 1, n_symbols=4, seed=3)
+
+
+def _rank_sequence(plan, ranges):
+    """The rank's window starts in served order, pool after pool."""
+    parts = [plan.pool_windows(g, ranges, SHARD) for g in range(len(plan.pool_bounds) - 1)]
+    return np.concatenate(parts)[: plan.n_windows] if parts else np.zeros(0, np.int64)
+
+
+@pytest.mark.parametrize(
+    "seq_len,horizon,stride,split",
+    [(1, 0, 1, None), (10, 1, 1, None), (30, 5, 3, "train"), (7, 0, 2, "val"), (60, 1, 1, "test"), (400, 2, 5, None)],
+)
+def test_valid_ranges_match_brute_force(bars, seq_len, horizon, stride, split):
+    r = valid_ranges(_Table(bars), seq_len, horizon, stride, split)
+    ref = brute_starts(bars, seq_len, horizon, stride, split)
+    assert np.array_equal(r.starts(), ref)
+    assert r.total() == len(ref)
+    rows = np.arange(0, 5001, 37)
+    assert np.array_equal(r.count_below(rows), np.searchsorted(ref, rows, side="left"))
+    for lo, hi in [(0, 5000), (100, 1300), (777, 778), (4990, 6000), (300, 200)]:
+        assert np.array_equal(r.starts_between(lo, hi), ref[(ref >= lo) & (ref < hi)])
+    if len(ref):
+        pos = np.arange(0, len(ref), max(1, len(ref) // 50))
+        assert np.array_equal(r.start_at(pos), ref[pos])
+
+
+def test_valid_ranges_rejects_bad_shape(bars):
+    with pytest.raises(ValueError):
+        valid_ranges(_Table(bars), 0)
+    with pytest.raises(ValueError):
+        valid_ranges(_Table(bars), 5, horizon=-1)
+
+
+@pytest.mark.parametrize("world,batch,mix,drop_last", [(1, 64, 4, False), (2, 50, 2, False), (3, 33, 1, True), (4, 128, 3, False)])
+def test_plan_shares_every_window_once(bars, world, batch, mix, drop_last):
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    total = r.total()
+    plans = [
+        make_plan(r, 5000, SHARD, batch_size=batch, seed=5, epoch=2, rank=k, world=world, mix=mix, drop_last=drop_last)
+        for k in range(world)
+    ]
+    seqs = [_rank_sequence(p, r) for p in plans]
+    assert len({p.n_batches for p in plans}) == 1
+    assert plans[0].dropped == total % world < world
+    share = total // world
+    for p, s in zip(plans, seqs):
+        assert p.n_windows == (share // batch * batch if drop_last else share) == len(s)
+        assert p.n_batches == (share // batch if drop_last else -(-share // batch))
+        assert np.all(np.diff(p.pool_bounds) <= mix) and p.pool_bounds[-1] == len(p.shards)
+        assert len(set(p.shards.tolist())) == len(p.shards)  # a shard appears once per rank
+        off = p.pool_offsets
+        for a in range(0, p.n_windows, 17):
+            b = min(a + batch, p.n_windows)
+            hit = [g for g in range(len(off) - 1) if off[g] < b and off[g + 1] > a]
+            assert list(p.pools_between(a, b)) == hit
+    union = np.concatenate(seqs)
+    assert len(np.unique(union)) == len(union)
+    assert np.isin(union, r.starts()).all()
+    if not drop_last:
+        assert len(union) == total - plans[0].dropped
+
+
+def test_plan_shuffle_depends_on_seed_and_epoch_only(bars):
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+
+    def seq(**kw):
+        return _rank_sequence(make_plan(r, 5000, SHARD, batch_size=64, **kw), r)
+
+    base = seq(seed=1, epoch=0)
+    assert np.array_equal(base, seq(seed=1, epoch=0))
+    assert not np.array_equal(base, seq(seed=1, epoch=1))
+    assert not np.array_equal(base, seq(seed=2, epoch=0))
+    ordered = seq(shuffle=False)
+    assert np.array_equal(ordered, r.starts())
+    assert np.array_equal(np.sort(base), ordered)
+
+
+def test_pools_mix_only_their_shards(bars):
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    plan = make_plan(r, 5000, SHARD, batch_size=64, seed=3, mix=3)
+    for g in range(len(plan.pool_bounds) - 1):
+        w = plan.pool_windows(g, r, SHARD)
+        shards = plan.shards[plan.pool_bounds[g] : plan.pool_bounds[g + 1]]
+        assert set(np.unique(w // SHARD)) == set(shards.tolist())
+        assert len(w) == (plan.hi - plan.lo)[plan.pool_bounds[g] : plan.pool_bounds[g + 1]].sum()
+        assert not np.all(np.diff(w) > 0)  # shuffled inside the pool
+
+
+@pytest.mark.parametrize("batch,mix,workers", [(16, 1, 1), (64, 2, 2), (300, 4, 3), (1000, 2, 1)])
+def test_max_open_pieces_bounds_every_readers_live_set(bars, batch, mix, workers):
+    """Simulate each worker's reader: a shard is live from its first to its last batch."""
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    plan = make_plan(r, 5000, SHARD, batch_size=batch, seed=0, mix=mix)
+    seq = _rank_sequence(plan, r)
+    bound = plan.max_open_pieces()
+    for w in range(workers):
+        first, last = {}, {}
+        mine = list(range(w, plan.n_batches, workers))
+        for i in mine:
+            for s in np.unique(seq[i * batch : (i + 1) * batch] // SHARD).tolist():
+                first.setdefault(s, i)
+                last[s] = i
+        live = max(sum(first[s] <= i <= last[s] for s in first) for i in mine)
+        assert live <= bound
+
+
+def test_pools_between_and_empty_plan():
+    r = Ranges(np.zeros(0, np.int64), np.zeros(0, np.int64), 1, 5)
+    plan = make_plan(r, 1000, SHARD, batch_size=8)
+    assert plan.n_batches == plan.n_windows == plan.max_open_pieces() == 0
+    assert len(plan.pools_between(0, 0)) == 0
+    with pytest.raises(ValueError):
+        make_plan(r, 1000, SHARD, batch_size=8, rank=2, world=2)

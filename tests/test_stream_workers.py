@@ -1,0 +1,163 @@
+"""WindowStream across processes: DataLoader workers, DDP ranks, resume in a new process, leaks, RSS."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader
+
+from helpers import brute_starts, ddp_rank, make_cache, run_helper, synthetic_bars
+from shardcache.stream import WindowStream
+
+KW = {"seq_len": 10, "horizon": 2, "batch_size": 64}
+
+
+def indices(batches):
+    return [b[2] for b in batches]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def epoch0(stream_cache):
+    """Index batches of epoch 0 and 1, in-process: the order every other setup must reproduce."""
+    ds = WindowStream(stream_cache, return_index=True, **KW)
+    first = indices(ds)
+    ds.set_epoch(1)
+    return first, indices(ds)
+
+
+def test_order_is_the_same_for_any_number_of_workers(stream_bars, stream_cache, epoch0):
+    ref = brute_starts(stream_bars, 10, 2, 1, None)
+    assert np.array_equal(np.sort(torch.cat(epoch0[0]).numpy()), ref)
+    for workers in (1, 2):
+        ds = WindowStream(stream_cache, return_index=True, **KW)
+        got = indices(ds.loader(workers))
+        assert same(got, epoch0[0]), workers
+        assert ds.state_dict()["consumed"] == ds.n_batches
+        plain = indices(DataLoader(WindowStream(stream_cache, return_index=True, **KW), batch_size=None, num_workers=workers))
+        assert same(plain, epoch0[0]), workers
+        ds.close()
+
+
+def test_persistent_workers_follow_epochs_and_positions(stream_cache, epoch0):
+    with WindowStream(stream_cache, return_index=True, **KW) as ds:
+        dl = ds.loader(2, persistent_workers=True)
+        head = []
+        for b in dl:
+            head.append(b[2])
+            if len(head) == 4:
+                break
+        rest = indices(dl)  # the same workers continue at batch 4
+        assert same(head + rest, epoch0[0])
+        ds.set_epoch(1)
+        assert same(indices(dl), epoch0[1])
+
+
+@pytest.mark.parametrize("stop_workers,resume_workers", [(0, 2), (2, 0)])
+def test_resume_in_a_new_process(tmp_path, stream_cache, epoch0, stop_workers, resume_workers):
+    ds = WindowStream(stream_cache, return_index=True, **KW)
+    head = []
+    for b in ds.loader(stop_workers):
+        head.append(b[2])
+        if len(head) == 7:
+            break
+    state = ds.state_dict()
+    ds.close()
+    assert state["consumed"] == 7 and state["epoch"] == 0
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    out = tmp_path / "rest.npy"
+    run_helper("resume", stream_cache.url, tmp_path / "state.json", resume_workers, out, json.dumps(KW))
+    whole = torch.cat(head).numpy().tolist() + np.load(out).tolist()
+    assert whole == torch.cat(epoch0[0]).numpy().tolist()  # no repeat, no gap, same order
+
+
+def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache):
+    kwargs = {"seq_len": 9, "horizon": 1, "batch_size": 50, "split": "train"}
+    mp.spawn(ddp_rank, args=(2, stream_cache.url, str(tmp_path / "init"), str(tmp_path), kwargs), nprocs=2, join=True)
+    got = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
+    meta = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ref = brute_starts(stream_bars, 9, 1, 1, "train")
+    union = np.concatenate(got)
+    assert meta[0]["all"] == meta[1]["all"] == [meta[0]["n_batches"]] * 2
+    assert len(got[0]) == len(got[1]) and len(np.unique(union)) == len(union) == len(ref) - meta[0]["dropped"]
+    assert np.isin(union, ref).all() and meta[0]["dropped"] == len(ref) % 2
+
+
+def _lifecycle(cache, i):
+    """Open a stream and a 2-worker loader, take a few batches, then close or just drop them."""
+    ds = WindowStream(cache.url, 16, batch_size=64, seed=i)
+    dl = ds.loader(2)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    inproc = iter(ds)
+    next(inproc)
+    if i % 2:
+        ds.close()  # explicit close; the even trials rely on garbage collection alone
+
+
+def _new_children(proc, before):
+    """Child processes not in ``before`` (multiprocessing's resource tracker may predate the test)."""
+    return [c for c in proc.children(recursive=True) if c.pid not in before]
+
+
+def _settle(proc, before, deadline=10.0):
+    end = time.monotonic() + deadline
+    while _new_children(proc, before) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
+def test_loader_lifecycles_leave_nothing_behind(stream_cache):
+    proc = psutil.Process()
+    before = {c.pid for c in proc.children(recursive=True)}
+    _lifecycle(stream_cache, 0)  # warm-up: zarr's io thread and pools exist from here on
+    gc.collect()
+    _settle(proc, before)
+    threads, fds, rss = proc.num_threads(), proc.num_fds(), proc.memory_info().rss
+    for i in range(1, 11):
+        _lifecycle(stream_cache, i)
+        gc.collect()
+    _settle(proc, before)
+    assert _new_children(proc, before) == []
+    assert not [t for t in threading.enumerate() if t.name == "shardcache-reader"]
+    assert proc.num_threads() <= threads
+    assert proc.num_fds() <= fds
+    assert proc.memory_info().rss - rss < 64 << 20  # bound: 64 MiB over 10 trials
+
+
+@pytest.fixture(scope="module")
+def rss_caches(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rss")
+    out = {}
+    for n in (200_000, 2_000_000):
+        bars = synthetic_bars(n, 32, n_symbols=4, gaps=3, short=0, seed=1, compressible=True)
+        out[n] = make_cache(root / f"{n}.zarr", bars, shard_rows=16384, chunk_rows=2048).url
+    return out
+
+
+def test_streaming_rss_does_not_grow_with_bars(tmp_path, rss_caches):
+    kw = {"seq_len": 16, "batch_size": 512, "mix": 4, "prefetch": 2}
+    peaks = {}
+    for n, path in rss_caches.items():
+        out = tmp_path / f"{n}.json"
+        run_helper("stream-rss", path, 380, out, json.dumps(kw))
+        peaks[n] = json.loads(out.read_text())
+    small, big = peaks[200_000], peaks[2_000_000]
+    assert small["windows"] == big["windows"] == 380 * 512
+    allowance = 48 << 20  # zarr's decode buffers and allocator arenas, independent of the cache size
+    for p in (small, big):
+        assert p["peak"] <= p["capacity"] + 4 * p["batch_bytes"] + allowance, p
+    print({n: {k: v // 2**20 if k != "windows" else v for k, v in p.items()} for n, p in peaks.items()})
+    assert abs(big["peak"] - small["peak"]) < 16 << 20, peaks
