@@ -16,15 +16,17 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
    One writer per shard; nothing writes a partial shard.
 
 Memory is bounded by a piece, a cluster and a shard per worker, never by the bar count.
+Every finished task is recorded in the staging folder, and the cache is published (renamed
+into place) only once complete, so a killed build resumes where it stopped (``resume``)
+and readers never see a partial cache: see ``shardcache.staging``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -41,8 +43,8 @@ from .errors import ShardcacheError
 from .features import compute_features, required_columns, resolve_features
 from .index import valid_ranges
 from .sources import Source, expand_inputs, open_source, parse_duration
+from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, Cache, CacheWriter, default_chunking, open_cache
-from .tasks import run_tasks
 
 __all__ = ["build_cache", "parse_split", "SplitSpec"]
 
@@ -225,9 +227,14 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> _Symbol:
         out.append((path, len(ts)))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
-        for r in members:
-            os.remove(r.path)
     return _Symbol(symbol, out, n, np.concatenate(starts), np.concatenate(splits), dups)
+
+
+def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
+    """Delete a symbol's run files once its merge is recorded (a resume may still need them before)."""
+    for r in job[2]:
+        if os.path.exists(r.path):
+            os.remove(r.path)
 
 
 # -- stages 4 and 5: per-shard features -------------------------------------------------------
@@ -311,14 +318,6 @@ def _fraction_cuts(spec: SplitSpec, runs: list[_Run]) -> list[int]:
     return cuts
 
 
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-def _local_path(url: str) -> str:
-    return url[len("file://") :] if url.startswith("file://") else url
-
-
 def _stored_bytes(url: str, storage_options: dict | None) -> int:
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return int(fs.du(path.rstrip("/") + "/features"))
@@ -355,6 +354,7 @@ def build_cache(
     seq_len: int = 60,
     horizon: int = 1,
     overwrite: bool = False,
+    resume: bool = False,
     storage_options: dict | None = None,
     progress: bool = True,
 ) -> Cache:
@@ -395,14 +395,23 @@ def build_cache(
     read_cols = required_columns(names, first.columns)
     bar_ns = first.bar_ns
     out = os.fspath(out)
-    fs, fs_path = fsspec.core.url_to_fs(out, **(storage_options or {}))
-    if fs.exists(fs_path) and not overwrite:
-        raise ShardcacheError(f"{out}: already exists; pass --overwrite to replace it")
-    staging = _make_staging(out)
-    client, own_client = _client(scheduler)
+    options = {
+        "features": features if isinstance(features, (str, type(None))) else list(features),
+        "normalize": normalize, "split": spec.text, "max_gap": str(max_gap), "bar": bar,
+        "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
+        "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
+    }
+    print_ = fingerprint(paths, options, _version())
+    staging = prepare(out, storage_options, print_, resume=resume, overwrite=overwrite)
+    if isinstance(staging, Cache):
+        return staging
+    written = False
+    client, own_client = None, False
     try:
-        scans = run_tasks(_scan, [(i, s, staging, read_cols) for i, s in enumerate(srcs)],
-                          desc="read files", workers=workers, client=client, show=progress, unit="file")
+        client, own_client = _client(scheduler)
+        run = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        scans = run(_scan, [(i, s, staging.root, read_cols) for i, s in enumerate(srcs)], "scan",
+                    desc="read files", unit="file")
         runs = [r for s in scans for r in s.runs]
         dts = [s.median_dt for s in scans if s.median_dt]
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
@@ -412,11 +421,11 @@ def build_cache(
         for r in runs:
             by_symbol.setdefault(r.symbol, []).append(r)
         symbols_all = sorted(by_symbol)
-        merged = run_tasks(
+        merged = run(
             _merge,
-            [(j, sym, by_symbol[sym], staging, max_gap_ns, np.asarray(cuts, dtype=np.int64))
+            [(j, sym, by_symbol[sym], staging.root, max_gap_ns, np.asarray(cuts, dtype=np.int64))
              for j, sym in enumerate(symbols_all)],
-            desc="sort symbols", workers=workers, client=client, show=progress, unit="symbol")
+            "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
         span = seq_len + horizon
         kept = [m for m in merged if m.n >= span]
         skipped = {m.symbol: m.n for m in merged if m.n < span}
@@ -428,67 +437,80 @@ def build_cache(
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
             raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped}; "
                                   f"short symbols skipped: {len(skipped)})")
-        layout = _plan(kept, names, read_cols, spec, out, n_bars, shard_rows, chunk_rows, codec,
-                       storage_options, overwrite, fs, fs_path)
+        layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
+                       storage_options, staging)
+        shards = range(layout.writer.n_shards)
         mean = std = None
         n_train = 0
         if normalize == "zscore":
-            parts = run_tasks(_stats, [(layout, s) for s in range(layout.writer.n_shards)],
-                              desc="statistics", workers=workers, client=client, show=progress, unit="shard")
+            parts = run(_stats, [(layout, s) for s in shards], "stats", desc="statistics", unit="shard")
             mean, std, n_train = _merge_moments(parts)
             layout.mean, layout.std = mean.astype(np.float32), std.astype(np.float32)
-        digests = run_tasks(_write, [(layout, s) for s in range(layout.writer.n_shards)],
-                            desc="write shards", workers=workers, client=client, show=progress, unit="shard")
+        digests = run(_write, [(layout, s) for s in shards], "write", desc="write shards", unit="shard")
+        written = True
+        stored = _stored_bytes(staging.cache_path, storage_options)
+        raw = n_bars * len(names) * 4
+        manifest = {
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "shardcache_version": _version(),
+            "feature_names": names,
+            "symbols": [m.symbol for m in kept],
+            "normalize": normalize,
+            "stats": None if mean is None else {"mean": mean.tolist(), "std": std.tolist(), "count": n_train},
+            "splits": {
+                "spec": spec.text,
+                "names": spec.names,
+                "cuts_ns": [int(c) for c in cuts],
+                "cuts": [str(np.datetime64(int(c), "ns")) for c in cuts],
+                "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
+                         for i, name in enumerate(spec.names)},
+            },
+            "sources": [s.describe() for s in srcs],
+            "build": {
+                **options, "max_gap_ns": int(max_gap_ns), "fingerprint": digest(print_),
+                "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
+                "workers": workers,
+            },
+            "counts": {
+                "bars": n_bars,
+                "records_read": sum(s.records for s in scans),
+                "symbols": len(kept),
+                "segments": int(len(layout.segments)),
+                "dropped": {**{k: int(v) for k, v in drops.items()},
+                            **({"duplicate timestamp": sum(m.duplicates for m in merged)}
+                               if any(m.duplicates for m in merged) else {})},
+                "reordered": sum(s.reordered for s in scans),
+                "skipped_symbols": skipped,
+                "windows": {
+                    "seq_len": seq_len, "horizon": horizon,
+                    "count": valid_ranges(_SegmentsView(layout, spec.names), seq_len, horizon, 1, None).total(),
+                },
+            },
+            "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
+            "layout": {"codec": codec, "shards": layout.writer.n_shards, "digests": digests},
+            "elapsed_s": round(time.perf_counter() - t0, 3),
+        }
+        layout.writer.finish(layout.segments, layout.segment_split, manifest)
+        staging.publish(staging.replace)
+        staging.remove()
+    except ShardcacheError:
+        if written:
+            staging.release()
+        else:
+            staging.remove()
+        raise
     except OSError as exc:
-        raise ShardcacheError(f"{exc.filename or out}: {exc.strerror or exc}") from None
+        staging.release()
+        raise ShardcacheError(f"{exc.filename or out}: {exc.strerror or exc}; the finished part is kept in "
+                              f"{staging.root}: run again with --resume to continue") from None
+    except BaseException:
+        staging.release()
+        log.warning("%s: build stopped; the finished part is kept in %s: run again with --resume", out,
+                    staging.root)
+        raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
         if own_client:
             client.close()
-    stored = _stored_bytes(out, storage_options)
-    raw = n_bars * len(names) * 4
-    manifest = {
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "shardcache_version": _version(),
-        "feature_names": names,
-        "symbols": [m.symbol for m in kept],
-        "normalize": normalize,
-        "stats": None if mean is None else {"mean": mean.tolist(), "std": std.tolist(), "count": n_train},
-        "splits": {
-            "spec": spec.text,
-            "names": spec.names,
-            "cuts_ns": [int(c) for c in cuts],
-            "cuts": [str(np.datetime64(int(c), "ns")) for c in cuts],
-            "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
-                     for i, name in enumerate(spec.names)},
-        },
-        "sources": [s.describe() for s in srcs],
-        "build": {
-            "features": features if isinstance(features, (str, type(None))) else list(features),
-            "bar": bar, "max_gap": str(max_gap), "max_gap_ns": int(max_gap_ns), "codec": codec,
-            "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
-            "seq_len": seq_len, "horizon": horizon, "workers": workers,
-        },
-        "counts": {
-            "bars": n_bars,
-            "records_read": sum(s.records for s in scans),
-            "symbols": len(kept),
-            "segments": int(len(layout.segments)),
-            "dropped": {**{k: int(v) for k, v in drops.items()},
-                        **({"duplicate timestamp": sum(m.duplicates for m in merged)}
-                           if any(m.duplicates for m in merged) else {})},
-            "reordered": sum(s.reordered for s in scans),
-            "skipped_symbols": skipped,
-        },
-        "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
-        "layout": {"codec": codec, "shards": layout.writer.n_shards, "digests": digests},
-        "elapsed_s": round(time.perf_counter() - t0, 3),
-    }
-    manifest["counts"]["windows"] = {
-        "seq_len": seq_len, "horizon": horizon,
-        "count": valid_ranges(_SegmentsView(layout, spec.names), seq_len, horizon, 1, None).total(),
-    }
-    layout.writer.finish(layout.segments, layout.segment_split, manifest)
     return open_cache(out, storage_options)
 
 
@@ -509,10 +531,11 @@ class _SegmentsView:
         return None if split is None else self.names.index(split)
 
 
-def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: SplitSpec, out: str,
-          n_bars: int, shard_rows: int | None, chunk_rows: int | None, codec: str,
-          storage_options: dict | None, overwrite: bool, fs: Any, fs_path: str) -> _Layout:
-    """Lay rows out by (symbol, time), build the segment table and create the empty cache."""
+def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
+          shard_rows: int | None, chunk_rows: int | None, codec: str, storage_options: dict | None,
+          staging: Staging) -> _Layout:
+    """Lay rows out by (symbol, time), build the segment table and create the empty cache
+    (or, on a resume, reopen the one already created)."""
     paths, first_row, segs, seg_split = [], [], [], []
     row = 0
     for sym_id, m in enumerate(kept):
@@ -527,25 +550,18 @@ def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: Spl
     auto_shard, auto_chunk = default_chunking(len(names))
     shard_rows = shard_rows or auto_shard
     chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
-    if overwrite and fs.exists(fs_path):
-        fs.rm(fs_path, recursive=True)
-    writer = CacheWriter(out, n_bars=n_bars, feature_names=names, shard_rows=shard_rows,
-                         chunk_rows=chunk_rows, codec=codec, storage_options=storage_options)
+    created = staging.load("created") is not None
+    if not created and not staging.local and staging.replace:
+        fs, fs_path = fsspec.core.url_to_fs(staging.out, **(storage_options or {}))
+        if fs.exists(fs_path):
+            fs.rm(fs_path, recursive=True)
+    writer = CacheWriter(staging.cache_path, n_bars=n_bars, feature_names=names, shard_rows=shard_rows,
+                         chunk_rows=chunk_rows, codec=codec, storage_options=storage_options, create=not created)
+    staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
     return _Layout(paths, np.asarray(first_row, dtype=np.int64),
                    np.concatenate(segs).astype(np.int64), np.concatenate(seg_split).astype(np.int8),
                    names, writer, train_split=train, read_columns=read_cols)
-
-
-def _make_staging(out: str) -> str:
-    base = _local_path(out).rstrip("/") + ".staging" if _is_local(out) else tempfile.mkdtemp(prefix="shardcache-")
-    try:
-        shutil.rmtree(base, ignore_errors=True)
-        for sub in ("runs", "clusters"):
-            os.makedirs(os.path.join(base, sub), exist_ok=True)
-    except OSError as exc:
-        raise ShardcacheError(f"{out}: cannot write here ({exc.strerror or exc})") from None
-    return base
 
 
 def _client(scheduler: Any) -> tuple[Any, bool]:

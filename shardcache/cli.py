@@ -56,7 +56,10 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
                    help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
     p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
     p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing cache (atomically, once the new one is complete)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted build of --out from its finished tasks (same inputs and options)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
@@ -71,6 +74,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         columns=args.columns.split(",") if args.columns else None,
         shard_rows=args.shard_rows, chunk_rows=args.chunk_rows, codec=args.codec, workers=args.workers,
         scheduler=args.scheduler, seq_len=args.seq_len, horizon=args.horizon, overwrite=args.overwrite,
+        resume=args.resume,
         progress=not args.quiet,
     )
     _print_info(cache.info(args.seq_len, args.horizon), args.json)

@@ -141,6 +141,11 @@ class Staging:
         self.resumed = False
 
     @property
+    def replace(self) -> bool:
+        """Whether the build may replace an existing ``out`` (it was started with ``--overwrite``)."""
+        return bool(self.state.get("overwrite"))
+
+    @property
     def runs(self) -> str:
         return os.path.join(self.root, "runs")
 
@@ -196,8 +201,12 @@ class Staging:
         either a resumable folder or one without state (treated as junk)."""
         for name in os.listdir(self.root) if os.path.isdir(self.root) else []:
             path = os.path.join(self.root, name)
-            if name != STATE:
-                shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else _unlink(path)
+            if name == STATE:
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                _unlink(path)
         _unlink(os.path.join(self.root, STATE))
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
@@ -269,7 +278,10 @@ def _fresh(root: str, out: str, state: dict[str, Any]) -> Staging:
     fd = _lock(root, out)
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
     for sub in ("runs", "clusters", "done"):
         os.makedirs(os.path.join(root, sub))
     _write_atomic(os.path.join(root, STATE), json.dumps(state, indent=1, default=str).encode())
@@ -313,9 +325,10 @@ def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
                     f"({_differences(staged.get('fingerprint', {}), print_)}); rerun with the same "
                     "ones, or pass --overwrite to start again")
         if staged is not None and staged.get("fingerprint") == print_ and resume:
-            stage = Staging(root, out, staged, _lock(root, out))
+            stage = Staging(root, out, {**staged, "overwrite": bool(staged.get("overwrite") or overwrite)},
+                            _lock(root, out))
             stage.resumed = True
-            if status != "missing" and not (overwrite or staged.get("overwrite")):
+            if status != "missing" and not stage.replace:
                 stage.release()
                 raise ShardcacheError(f"{out}: already exists; pass --overwrite to replace it")
             log.info("%s: resuming the interrupted build in %s", out, root)

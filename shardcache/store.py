@@ -28,6 +28,7 @@ import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
 
 from .errors import CacheError
 
@@ -93,6 +94,12 @@ def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: di
     return zarr.open_group(url, **kwargs)
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one short line for an error message."""
+    text = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def shard_digest(block: np.ndarray) -> str:
     """Digest of one shard's decoded rows, recorded at build time and checked by ``verify``."""
     return hashlib.blake2b(np.ascontiguousarray(block).tobytes(), digest_size=16).hexdigest()
@@ -156,6 +163,15 @@ class Cache:
         self.url = os.fspath(url)
         self.storage_options = storage_options
         self._handles: _Handles | None = None
+        for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
+            self._ident = self._identity()
+            self._load()
+            if self._identity() == self._ident:
+                return
+        raise CacheError(f"{self.url}: the cache kept being replaced while it was opened; try again")
+
+    def _load(self) -> None:
+        """Read and check the manifest, then the segment table."""
         group = self._open()
         manifest = dict(group.attrs.get(ATTR) or {})
         if not manifest:
@@ -172,8 +188,27 @@ class Cache:
                 "with --resume to finish it or --overwrite to start again"
             )
         self.manifest = manifest
-        self.segments = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 3)
-        self.segment_split = np.asarray(group["segment_split"][...], dtype=np.int8).reshape(-1)
+        try:
+            self.segments = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 3)
+            self.segment_split = np.asarray(group["segment_split"][...], dtype=np.int8).reshape(-1)
+        except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
+            raise CacheError(f"{self.url}: the segment table (segments, segment_split) is damaged: "
+                             f"{_one_line(exc)}; rebuild the cache") from None
+
+    def _identity(self) -> tuple[int, int] | None:
+        """Device and inode of a local cache's folder, to notice it being swapped; None for URLs."""
+        if "://" in self.url and not self.url.startswith("file://"):
+            return None
+        try:
+            st = os.stat(self.url[len("file://"):] if self.url.startswith("file://") else self.url)
+        except OSError:
+            return (-1, -1)
+        return (st.st_dev, st.st_ino)
+
+    def _check_same(self) -> None:
+        """Refuse to go on reading a local cache that a rebuild replaced after it was opened."""
+        if self._ident is not None and self._identity() != self._ident:
+            raise CacheError(f"{self.url}: the cache was replaced (rebuilt) after it was opened; open it again")
 
     # -- handles -------------------------------------------------------------------------
     def _open(self) -> zarr.Group:
@@ -188,6 +223,7 @@ class Cache:
     def handles(self) -> _Handles:
         if self._handles is None:
             self._open()
+            self._check_same()
             if self._handles is None:
                 raise CacheError(f"{self.url}: cache has no 'features' array")
         return self._handles
@@ -256,8 +292,48 @@ class Cache:
 
     # -- data ----------------------------------------------------------------------------
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` of ``features`` in one zarr call (decodes whole inner chunks)."""
-        return np.asarray(self.features[start:stop], dtype=np.float32)
+        """Rows ``[start, stop)`` of ``features`` in one zarr call (decodes whole inner chunks).
+
+        Never returns made-up rows: a shard that fails its crc32c checks or cannot be decoded,
+        a shard object that is missing (zarr would fill it with NaN) and a cache swapped by a
+        rebuild during the read all raise ``CacheError`` naming the shard.
+        """
+        try:
+            block = np.asarray(self.features[start:stop], dtype=np.float32)
+        except (CacheError, MemoryError):
+            raise
+        except Exception as exc:  # checksum mismatch (ValueError), codec errors (RuntimeError, ...)
+            raise self._corrupt(start, stop, exc) from None
+        self._check_same()
+        first = max(0, start // self.shard_rows)
+        for shard in range(first, -(-stop // self.shard_rows) if stop > start else first):
+            row = max(start, shard * self.shard_rows) - start
+            if row < len(block) and np.isnan(block[row]).all() and not self.shard_exists(shard):
+                raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) is missing; "
+                                 "`shardcache verify` lists every damaged shard; rebuild the cache")
+        return block
+
+    def shard_key(self, shard: int) -> str:
+        """Store key of shard ``shard`` of ``features``, e.g. ``features/c/3/0``."""
+        return "features/" + self.features.metadata.encode_chunk_key((shard, 0))
+
+    def shard_exists(self, shard: int, array: str = "features") -> bool:
+        """Whether the store holds shard ``shard`` of ``array`` (``features`` or ``ts``)."""
+        arr = self.handles.group[array]
+        key = arr.metadata.encode_chunk_key((shard,) + (0,) * (arr.ndim - 1))
+        return bool(sync(arr.store_path.store.exists(f"{arr.store_path.path}/{key}")))
+
+    def _corrupt(self, start: int, stop: int, exc: BaseException) -> CacheError:
+        """The error for a failed read of rows ``[start, stop)``, naming the first shard that fails."""
+        for shard in range(start // self.shard_rows, -(-stop // self.shard_rows)):
+            a, b = max(start, shard * self.shard_rows), min(stop, (shard + 1) * self.shard_rows)
+            try:
+                self.features[a:b]
+            except Exception as first:
+                return CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) is corrupt: "
+                                  f"{_one_line(first)}; `shardcache verify` lists every damaged shard; "
+                                  "rebuild the cache")
+        return CacheError(f"{self.url}: rows {start}-{stop} could not be read: {_one_line(exc)}")
 
     def n_windows(self, seq_len: int, horizon: int = 1, stride: int = 1, split: str | None = None) -> int:
         """Number of valid windows at read-time ``seq_len``/``horizon``/``stride``."""
