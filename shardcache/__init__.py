@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .builder import build_cache
 from .errors import CacheError, ShardcacheError, SourceError
 from .store import Cache, open_cache
-from .stream import WindowDataset, WindowStream
 
 __all__ = [
     "Cache",
@@ -23,3 +24,12 @@ __all__ = [
     "open_cache",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``WindowStream`` and ``WindowDataset`` on first use: build workers never import torch (~150 MiB)."""
+    if name in ("WindowStream", "WindowDataset"):
+        from . import stream
+
+        return getattr(stream, name)
+    raise AttributeError(f"module 'shardcache' has no attribute {name!r}")

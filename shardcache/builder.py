@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from .cluster import check_cluster
 from .errors import ShardcacheError
 from .features import compute_features, required_columns, resolve_features
 from .index import valid_ranges
@@ -378,10 +379,10 @@ def build_cache(
         except ValueError as exc:
             raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
     specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
-    paths = expand_inputs(specs)
+    paths = expand_inputs(specs, storage_options)
     srcs = [
         open_source(p, bar=bar, ts_column=ts_column, symbol_column=symbol_column,
-                    columns=list(columns) if columns else None)
+                    columns=list(columns) if columns else None, storage_options=storage_options)
         for p in paths
     ]
     first = srcs[0]
@@ -401,7 +402,7 @@ def build_cache(
         "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
         "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
     }
-    print_ = fingerprint(paths, options, _version())
+    print_ = fingerprint(srcs, options, _version())
     staging = prepare(out, storage_options, print_, resume=resume, overwrite=overwrite)
     if isinstance(staging, Cache):
         return staging
@@ -409,6 +410,8 @@ def build_cache(
     client, own_client = None, False
     try:
         client, own_client = _client(scheduler)
+        if client is not None:
+            check_cluster(client, staging.root, [out, *paths])
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         scans = run(_scan, [(i, s, staging.root, read_cols) for i, s in enumerate(srcs)], "scan",
                     desc="read files", unit="file")

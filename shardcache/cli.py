@@ -1,4 +1,4 @@
-"""The command line: ``build-cache`` and ``shardcache {build,info,ls,sample,demo}``.
+"""The command line: ``build-cache`` and ``shardcache {build,info,ls,verify,sample,demo}``.
 
 Expected problems (bad inputs, an existing output, an incomplete cache) end with one line
 on stderr naming the file and the problem, and exit status 2; no traceback.
@@ -32,6 +32,26 @@ def _setup_logging(quiet: bool) -> None:
                         format="%(name)s: %(message)s", stream=sys.stderr)
 
 
+def _add_storage_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://host:9000 or "
+                        "anon=true (repeatable; VALUE is parsed as JSON when it can be)")
+
+
+def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
+    """``--storage-option KEY=VALUE`` pairs as fsspec ``storage_options`` (None when there are none)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ShardcacheError(f"--storage-option {pair!r}: expected KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options or None
+
+
 def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst) or Parquet files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
@@ -54,6 +74,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument("--scheduler", default=None,
                    help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
+    _add_storage_arg(p)
     p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
     p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
     p.add_argument("--overwrite", action="store_true",
@@ -74,7 +95,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         columns=args.columns.split(",") if args.columns else None,
         shard_rows=args.shard_rows, chunk_rows=args.chunk_rows, codec=args.codec, workers=args.workers,
         scheduler=args.scheduler, seq_len=args.seq_len, horizon=args.horizon, overwrite=args.overwrite,
-        resume=args.resume,
+        resume=args.resume, storage_options=_storage_options(args.storage_option),
         progress=not args.quiet,
     )
     _print_info(cache.info(args.seq_len, args.horizon), args.json)
@@ -173,15 +194,25 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .store import open_cache
 
-    _print_info(open_cache(args.cache).info(args.seq_len, args.horizon), args.json)
+    cache = open_cache(args.cache, _storage_options(args.storage_option))
+    _print_info(cache.info(args.seq_len, args.horizon), args.json)
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Re-read every shard; exit 1 if anything is corrupt or missing (each named by its key)."""
+    from .verify import verify_cache
+
+    report = verify_cache(args.cache, _storage_options(args.storage_option), progress=not args.json)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
+    return 0 if report.ok else 1
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
     from .store import open_cache
 
-    cache = open_cache(args.cache)
+    cache = open_cache(args.cache, _storage_options(args.storage_option))
     shards = cache.shards()
     if args.json:
         print(json.dumps({"path": cache.url, "shard_rows": cache.shard_rows, "n_features": cache.n_features,
@@ -248,11 +279,18 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--seq-len", type=int, default=60)
     i.add_argument("--horizon", type=int, default=1)
     i.add_argument("--json", action="store_true")
+    _add_storage_arg(i)
     i.set_defaults(func=_cmd_info, quiet=True)
     ls = sub.add_parser("ls", help="list the shards: rows, symbols, time range, stored bytes, ratio")
     ls.add_argument("cache")
     ls.add_argument("--json", action="store_true", help="print the table as JSON")
+    _add_storage_arg(ls)
     ls.set_defaults(func=_cmd_ls, quiet=True)
+    v = sub.add_parser("verify", help="re-read every shard: checksums, digests, timestamps, segments")
+    v.add_argument("cache")
+    v.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_storage_arg(v)
+    v.set_defaults(func=_cmd_verify, quiet=True)
     s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
     s.add_argument("out")
     s.add_argument("--days", type=int, default=360)

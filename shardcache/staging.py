@@ -66,12 +66,14 @@ def local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
-def fingerprint(paths: Sequence[str], options: dict[str, Any], version: str) -> dict[str, Any]:
-    """What must not change between a build and its resume: inputs, options and versions."""
+def fingerprint(sources: Sequence[Any], options: dict[str, Any], version: str) -> dict[str, Any]:
+    """What must not change between a build and its resume: inputs (path, size, mtime or object
+    version, from ``Source.describe``), options and versions."""
     inputs = []
-    for p in paths:
-        st = os.stat(p)
-        inputs.append([os.path.abspath(p), st.st_size, st.st_mtime_ns])
+    for src in sources:
+        d = src.describe()
+        path = d["path"] if "://" in d["path"] else os.path.abspath(d["path"])
+        inputs.append([path, d.get("size"), d.get("mtime", d.get("version"))])
     return {"format_version": FORMAT_VERSION, "shardcache": version, "inputs": inputs, "options": options}
 
 
@@ -310,8 +312,8 @@ def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
         status, manifest = _out_state(out, storage_options)
         mine = manifest.get("build", {}).get("fingerprint") == digest(print_)
         if resume and status == "complete" and mine:
-            if staged is not None:
-                Staging(root, out, staged, _lock(root, out)).remove()
+            if os.path.isdir(root):  # killed while cleaning up after publishing
+                Staging(root, out, staged or {}, _lock(root, out)).remove()
             log.info("%s: already built from these inputs and options; nothing to resume", out)
             return Cache(out, storage_options)
         if staged is not None and not overwrite:

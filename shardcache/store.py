@@ -97,6 +97,8 @@ def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: di
 def _one_line(exc: BaseException) -> str:
     """An exception as one short line for an error message."""
     text = (str(exc).strip().splitlines() or [""])[0][:200]
+    if "checksum" in text.lower():
+        return f"crc32c checksum mismatch ({text})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -165,7 +167,12 @@ class Cache:
         self._handles: _Handles | None = None
         for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
             self._ident = self._identity()
-            self._load()
+            try:
+                self._load()
+            except CacheError:
+                if self._identity() == self._ident:
+                    raise
+                continue
             if self._identity() == self._ident:
                 return
         raise CacheError(f"{self.url}: the cache kept being replaced while it was opened; try again")
@@ -369,7 +376,7 @@ class Cache:
         stored = self._stored_sizes()
         out = []
         for i, ((a, b), (sym, _, _)) in enumerate(zip(bounds, runs)):
-            key = "features/" + self.features.metadata.encode_chunk_key((i, 0))
+            key = self.shard_key(i)
             t = ts[offsets[i] : offsets[i + 1]]
             out.append(ShardInfo(
                 index=i, key=key, start=a, stop=b, symbols=tuple(names[sym]),
@@ -395,7 +402,8 @@ class Cache:
         ``time`` (datetime64 from ``ts``), ``symbol`` and ``split`` per row (from the segment
         table) and, when normalized, ``feature_mean``/``feature_std`` (train-split statistics:
         ``ds.features * ds.feature_std + ds.feature_mean`` gives source units). Nothing is
-        read until computed. Needs the ``xarray`` extra.
+        read until computed; a missing shard reads as NaN (zarr's fill value), so check a
+        cache with ``shardcache ls`` or ``verify`` first. Needs the ``xarray`` extra.
         """
         try:
             import xarray as xr

@@ -14,6 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 import shardcache.stream as stream_mod
 from helpers import brute_starts, make_cache, synthetic_bars
+from shardcache.errors import CacheError
 from shardcache.store import Cache
 from shardcache.stream import WindowDataset, WindowStream
 
@@ -251,7 +252,7 @@ def test_reader_error_reaches_the_consumer(tmp_path):
     data = bytearray(open(shard, "rb").read())
     data[100:140] = bytes(40)
     open(shard, "wb").write(bytes(data))
-    with pytest.raises(ValueError, match="checksum"):  # zarr's crc32c check, raised in the reader thread
+    with pytest.raises(CacheError, match="checksum"):  # a crc32c mismatch, raised in the reader thread
         for _ in WindowStream(cache, 10, batch_size=32, shuffle=False):
             pass
     assert not reader_threads()

@@ -65,6 +65,21 @@ def test_persistent_workers_follow_epochs_and_positions(stream_cache, epoch0):
         assert same(indices(dl), epoch0[1])
 
 
+def test_spawned_workers_share_the_position(stream_cache, epoch0):
+    """With the spawn start method the pickled stream still sees the main process's state."""
+    with WindowStream(stream_cache, return_index=True, **KW) as ds:
+        dl = ds.loader(1, multiprocessing_context="spawn", persistent_workers=True)
+        head = []
+        for b in dl:
+            head.append(b[2])
+            if len(head) == 2:
+                break
+        assert ds.state_dict()["consumed"] == 2
+        assert same(head + indices(dl), epoch0[0])
+        assert same(indices(dl), epoch0[1])  # a pass after a finished epoch is the next epoch
+        assert ds.epoch == 1
+
+
 @pytest.mark.parametrize("stop_workers,resume_workers", [(0, 2), (2, 0)])
 def test_resume_in_a_new_process(tmp_path, stream_cache, epoch0, stop_workers, resume_workers):
     ds = WindowStream(stream_cache, return_index=True, **KW)
@@ -95,7 +110,7 @@ def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache)
     assert np.isin(union, ref).all() and meta[0]["dropped"] == len(ref) % 2
 
 
-def _lifecycle(cache, i):
+def _lifecycle(cache, i, proc, before):
     """Open a stream and a 2-worker loader, take a few batches, then close or just drop them."""
     ds = WindowStream(cache.url, 16, batch_size=64, seed=i)
     dl = ds.loader(2)
@@ -104,8 +119,17 @@ def _lifecycle(cache, i):
         next(it)
     inproc = iter(ds)
     next(inproc)
-    if i % 2:
-        ds.close()  # explicit close; the even trials rely on garbage collection alone
+    if i % 2:  # explicit close, while the iterators are still referenced
+        ds.close()
+        _settle(proc, before)
+        assert _new_children(proc, before) == [] and not _reader_threads()
+        with pytest.raises(RuntimeError, match="closed"):
+            next(inproc)
+    # the even trials rely on garbage collection alone
+
+
+def _reader_threads():
+    return [t for t in threading.enumerate() if t.name == "shardcache-reader"]
 
 
 def _new_children(proc, before):
@@ -122,16 +146,16 @@ def _settle(proc, before, deadline=10.0):
 def test_loader_lifecycles_leave_nothing_behind(stream_cache):
     proc = psutil.Process()
     before = {c.pid for c in proc.children(recursive=True)}
-    _lifecycle(stream_cache, 0)  # warm-up: zarr's io thread and pools exist from here on
+    _lifecycle(stream_cache, 0, proc, before)  # warm-up: zarr's io thread and pools exist from here on
     gc.collect()
     _settle(proc, before)
     threads, fds, rss = proc.num_threads(), proc.num_fds(), proc.memory_info().rss
     for i in range(1, 11):
-        _lifecycle(stream_cache, i)
+        _lifecycle(stream_cache, i, proc, before)
         gc.collect()
     _settle(proc, before)
     assert _new_children(proc, before) == []
-    assert not [t for t in threading.enumerate() if t.name == "shardcache-reader"]
+    assert not _reader_threads()
     assert proc.num_threads() <= threads
     assert proc.num_fds() <= fds
     assert proc.memory_info().rss - rss < 64 << 20  # bound: 64 MiB over 10 trials

@@ -15,7 +15,8 @@ counts what it drops in ``Source.drops`` (reason -> rows):
 * ``non-finite value``: NaN or infinity in any other column.
 
 Which reader opens a file is decided by its first bytes (``PAR1`` for Parquet, ``DBN`` or
-a zstd frame for DBN), so a misnamed file is still read or refused plainly.
+a zstd frame for DBN), so a misnamed file is still read or refused plainly. Files may be
+local paths or fsspec URLs (``s3://bucket/prefix/*.dbn.zst``), see :mod:`.files`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import SourceError
+from .files import find_urls, is_url, local_path, open_input, stat_input
 
 __all__ = ["Source", "open_source", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration"]
 
@@ -69,6 +71,7 @@ class Source:
     """One opened input file; subclasses read DBN (``kind="dbn"``) or Parquet (``"parquet"``)."""
 
     kind = ""
+    storage_options: dict | None = None
 
     def __init__(self, path: str, schema: str, columns: list[str], bar_ns: int | None) -> None:
         self.path = path
@@ -83,6 +86,9 @@ class Source:
 
     def describe(self) -> dict:
         """What the manifest records about this input, to tell later whether it changed."""
+        if is_url(self.path):
+            size, version = stat_input(self.path, self.storage_options)
+            return {"path": self.path, "size": size, "version": version, "kind": self.kind, "schema": self.schema}
         st = os.stat(self.path)
         return {
             "path": self.path,
@@ -161,11 +167,22 @@ def _walk(root: str) -> list[str]:
     return found
 
 
-def expand_inputs(specs: Sequence[str]) -> list[str]:
-    """Files named by ``specs`` (files, folders searched recursively, globs), sorted and unique."""
+def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> list[str]:
+    """Files named by ``specs`` (files, folders searched recursively, globs), sorted and unique.
+
+    A spec may be an fsspec URL (an object, a prefix or a glob such as ``s3://b/dbn/*.dbn.zst``),
+    listed with ``storage_options``; its files are returned as URLs.
+    """
     seen: dict[str, str] = {}
     for spec in specs:
         spec = os.fspath(spec)
+        if is_url(spec):
+            found = find_urls(spec, storage_options, _is_input)
+            if not found:
+                raise SourceError(spec, "matches no input files (looked for *.dbn, *.dbn.zst, *.parquet, *.pq)")
+            seen.update((url, url) for url in found)
+            continue
+        spec = local_path(spec)
         if os.path.isdir(spec):
             found = _walk(spec)
         elif os.path.isfile(spec):
@@ -186,8 +203,19 @@ def expand_inputs(specs: Sequence[str]) -> list[str]:
     return sorted(set(seen.values()))
 
 
-def _sniff(path: str) -> bytes:
+def _sniff(path: str, storage_options: dict | None = None) -> bytes:
     """The first bytes of ``path``, after the checks every input needs (exists, is a file, not empty)."""
+    if is_url(path):
+        try:
+            with open_input(path, storage_options) as fh:
+                head = fh.read(8)
+        except FileNotFoundError:
+            raise SourceError(path, "no such file or directory") from None
+        except (OSError, IsADirectoryError) as exc:
+            raise SourceError(path, f"cannot read: {exc}") from None
+        if not head:
+            raise SourceError(path, "empty file")
+        return head
     if not os.path.exists(path):
         raise SourceError(path, "no such file or directory")
     if os.path.isdir(path):
@@ -209,25 +237,28 @@ def open_source(
     ts_column: str | None = None,
     symbol_column: str | None = None,
     columns: list[str] | None = None,
+    storage_options: dict | None = None,
 ) -> Source:
-    """Open ``path`` as DBN or Parquet, checking only its header or footer metadata.
+    """Open ``path`` (a local path or an fsspec URL) as DBN or Parquet, checking only its header or footer metadata.
 
     ``bar`` sets the bar size DBN ticks are aggregated to (default ``1m``) or resamples DBN
     OHLCV bars to a multiple of their interval; Parquet bars are taken as they are.
     ``ts_column`` and ``symbol_column`` name Parquet columns. ``columns`` picks and orders
-    the value columns of either format.
+    the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
     """
     path = os.fspath(path)
-    head = _sniff(path)
+    path = path if is_url(path) else local_path(path)
+    head = _sniff(path, storage_options)
     if head.startswith(PARQUET_MAGIC):
         from .parquet import ParquetSource
 
-        return ParquetSource(path, ts_column=ts_column, symbol_column=symbol_column, columns=columns)
+        return ParquetSource(path, ts_column=ts_column, symbol_column=symbol_column, columns=columns,
+                             storage_options=storage_options)
     lower = path.lower()
     if head.startswith((DBN_MAGIC, ZSTD_MAGIC)):
         from .dbn import DbnSource
 
-        return DbnSource(path, bar=bar, columns=columns)
+        return DbnSource(path, bar=bar, columns=columns, storage_options=storage_options)
     if lower.endswith((".parquet", ".pq")):
         raise SourceError(path, "not a Parquet file (bad magic bytes)")
     if ".dbn" in lower:

@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 
 from ..errors import SourceError
 from . import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
+from .files import is_url, open_input
 
 __all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
 
@@ -138,12 +139,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 class _Stream:
-    """The decompressed bytes of a DBN file, read in bounded blocks (a plain file is memory-mapped)."""
+    """The decompressed bytes of a DBN file, read in bounded blocks (a plain file is memory-mapped,
+    a URL streamed through fsspec)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, storage_options: dict | None = None) -> None:
         self.path = path
         try:
-            self.file = pa.memory_map(path, "r")
+            if is_url(path):
+                self.file = pa.PythonFile(open_input(path, storage_options), mode="r")
+            else:
+                self.file = pa.memory_map(path, "r")
             self.zstd = self.file.read(4) == ZSTD_MAGIC
             self.file.seek(0)
         except OSError as exc:
@@ -414,8 +419,10 @@ class DbnSource(Source):
 
     kind = "dbn"
 
-    def __init__(self, path: str, *, bar: str | None = None, columns: list[str] | None = None) -> None:
-        with _Stream(path) as stream:
+    def __init__(self, path: str, *, bar: str | None = None, columns: list[str] | None = None,
+                 storage_options: dict | None = None) -> None:
+        self.storage_options = storage_options
+        with _Stream(path, storage_options) as stream:
             self.version, meta = _read_metadata(path, stream)
         self.dataset = meta.dataset
         self.mappings = meta.mappings
@@ -525,7 +532,7 @@ class DbnSource(Source):
         self.drops.clear()
         symbols = _Symbols(self.mappings)
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
-        with _Stream(self.path) as stream:
+        with _Stream(self.path, self.storage_options) as stream:
             _read_metadata(self.path, stream)
             for recs in self._blocks(stream, max_rows):
                 if bars is not None:

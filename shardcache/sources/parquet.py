@@ -10,7 +10,8 @@
   column but the timestamp and symbol; other columns are ignored. Integer, decimal and
   boolean columns become float64, float16 becomes float32, float32 and float64 stay.
 
-The file is read in record batches (``ParquetFile.iter_batches``), never whole. Rows with
+The file is read in record batches (``ParquetFile.iter_batches``), never whole; a URL is
+read through an fsspec file (``storage_options``). Rows with
 a null symbol are dropped (``missing symbol``); a null timestamp counts as out of range.
 """
 
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 
 from ..errors import SourceError
 from . import Source, clean_piece
+from .files import is_url, open_input, url_fs
 
 __all__ = ["ParquetSource", "TS_NAMES", "SYMBOL_NAMES"]
 
@@ -96,14 +98,16 @@ class ParquetSource(Source):
         ts_column: str | None = None,
         symbol_column: str | None = None,
         columns: list[str] | None = None,
+        storage_options: dict | None = None,
     ) -> None:
         self.path = path
+        self.storage_options = storage_options
         try:
-            pf = pq.ParquetFile(path)
+            pf = self._open()
         except (pa.ArrowException, OSError) as exc:
             msg = _one_line(exc)
             if "magic" in msg.lower():
-                with open(path, "rb") as fh:
+                with open_input(path, storage_options) as fh:
                     truncated = fh.read(4) == b"PAR1"
                 if truncated:
                     raise SourceError(path, "truncated Parquet file (no footer)") from None
@@ -152,6 +156,13 @@ class ParquetSource(Source):
             if not chosen:
                 raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
         super().__init__(path, "parquet", chosen, None)
+
+    def _open(self) -> pq.ParquetFile:
+        """The file's Parquet reader: Arrow's own file locally, an fsspec file for a URL (closed with it)."""
+        if not is_url(self.path):
+            return pq.ParquetFile(self.path)
+        fs, path = url_fs(self.path, self.storage_options)
+        return pq.ParquetFile(path, filesystem=fs)
 
     def _find(
         self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]
@@ -212,7 +223,7 @@ class ParquetSource(Source):
         wanted = [self.ts_column, *([self.symbol_column] if self.symbol_column else []), *self.columns]
         done = 0
         try:
-            with pq.ParquetFile(self.path) as pf:
+            with self._open() as pf:
                 for batch in pf.iter_batches(batch_size=max_rows, columns=wanted):
                     done += batch.num_rows
                     table = self._piece(batch)

@@ -1,0 +1,404 @@
+"""Never lose or corrupt data: killed builds resume to the same cache, readers never see a partial
+one, incomplete caches are refused, and bad inputs end in one clean line (see docs/bad-inputs.md)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import shardcache.builder as builder
+import shardcache.staging as staging
+from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
+from shardcache.builder import build_cache
+from shardcache.cli import build_cache_main, main
+from shardcache.sample import make_sample, write_dbn
+from shardcache.store import CacheWriter
+from shardcache.verify import compare_caches, verify_cache
+
+OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=4096, chunk_rows=512, workers=2, progress=False)
+SHARED = Path(os.environ.get("SHARDCACHE_SAMPLE_DBN", Path(__file__).resolve().parents[2] / "shared" / "data" / "dbn"))
+MIN = 60 * 10**9
+T0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> list[Path]:
+    return make_sample(tmp_path_factory.mktemp("dbn"), days=21, seed=3)
+
+
+@pytest.fixture(scope="module")
+def clean(files, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("clean") / "c.zarr"
+    build_cache(files, out, **OPTS)
+    return out
+
+
+def _in_child(target, *args, timeout: float = 120) -> int | None:
+    """Run ``target(*args)`` in a forked process (cheap: no second import of torch) and wait for it."""
+    proc = mp.get_context("fork").Process(target=_child, args=(target, *args))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    return proc.exitcode
+
+
+def _child(target, *args) -> None:
+    import dask.threaded
+
+    dask.threaded.default_pool = None  # the parent's worker threads do not survive the fork
+    dask.threaded.pools.clear()
+    target(*args)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _after(obj, name: str, when) -> None:
+    """Patch ``obj.name`` to be killed right after a call for which ``when(args)`` holds."""
+    orig = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        if when(args):
+            _die()
+        return result
+
+    setattr(obj, name, wrapped)
+
+
+def _before(obj, name: str, when) -> None:
+    """Patch ``obj.name`` to be killed right before a call for which ``when(args)`` holds."""
+    orig = getattr(obj, name)
+
+    def wrapped(*args, **kwargs):
+        if when(args):
+            _die()
+        return orig(*args, **kwargs)
+
+    setattr(obj, name, wrapped)
+
+
+def _drop_one_then_die(job) -> None:
+    if job[0] == 1:
+        os.remove(job[2][0].path)
+        _die()
+    _DROP(job)
+
+
+_DROP = builder._drop_runs
+KILL_POINTS = {
+    "scan: file 3 spilled, not recorded": lambda: _after(builder, "_scan", lambda a: a[0][0] == 3),
+    "merge: symbol 1 clustered, not recorded": lambda: _after(builder, "_merge", lambda a: a[0][0] == 1),
+    "merge: symbol 1 recorded, runs half deleted": lambda: setattr(builder, "_drop_runs", _drop_one_then_die),
+    "plan: cache created, not recorded": lambda: _before(staging.Staging, "save", lambda a: a[1] == "created"),
+    "stats: shard 3 done, not recorded": lambda: _after(builder, "_stats", lambda a: a[0][1] == 3),
+    "write: shard 4 written, not recorded": lambda: _after(builder, "_write", lambda a: a[0][1] == 4),
+    "finish: segments written, manifest not": lambda: _before(CacheWriter, "finish", lambda a: True),
+    "publish: complete, not renamed": lambda: _before(staging.Staging, "publish", lambda a: True),
+    "cleanup: renamed, done/ deleted": lambda: _after(staging.shutil, "rmtree", lambda a: str(a[0]).endswith("done")),
+    "cleanup: renamed, state.json deleted": lambda: _after(staging, "_unlink", lambda a: True),
+}
+
+
+def _killed_build(point: str, files: list[Path], out: Path, opts: dict) -> None:
+    KILL_POINTS[point]()
+    build_cache(files, out, **opts)
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_sigkill_anywhere_then_resume_gives_the_same_cache(point, files, clean, tmp_path):
+    out = tmp_path / "c.zarr"
+    assert _in_child(_killed_build, point, files, out, OPTS) == -signal.SIGKILL
+    published = point.startswith("cleanup")
+    assert out.exists() == published, "a cache appeared at --out before it was complete"
+    if not published:
+        with pytest.raises(ShardcacheError, match="--resume .*--overwrite"):
+            build_cache(files, out, **OPTS)
+    cache = build_cache(files, out, resume=True, **OPTS)
+    assert compare_caches(clean, cache) == []
+    assert not Path(f"{out}.staging").exists()
+    assert verify_cache(out).ok
+
+
+def test_resume_refuses_other_inputs_or_options(files, tmp_path):
+    out = tmp_path / "c.zarr"
+    assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, OPTS) == -signal.SIGKILL
+    with pytest.raises(ShardcacheError, match=r"other inputs or options \(normalize='zscore' -> 'none'\)"):
+        build_cache(files, out, resume=True, **{**OPTS, "normalize": "none"})
+    with pytest.raises(ShardcacheError, match=r"input .*20230102.ohlcv-1m.dbn.zst removed"):
+        build_cache(files[1:], out, resume=True, **OPTS)
+    copy = tmp_path / "inputs"
+    shutil.copytree(files[0].parent, copy)
+    moved = sorted(copy.iterdir())
+    os.utime(moved[2], ns=(0, 0))
+    with pytest.raises(ShardcacheError, match="other inputs"):
+        build_cache(moved, out, resume=True, **OPTS)
+    cache = build_cache(files, out, overwrite=True, **{**OPTS, "normalize": "none"})
+    assert cache.manifest["normalize"] == "none" and not Path(f"{out}.staging").exists()
+
+
+def test_resume_of_a_finished_build_does_nothing_and_resume_without_state_builds(files, clean, tmp_path):
+    out = tmp_path / "c.zarr"
+    build_cache(files, out, resume=True, **OPTS)  # nothing to resume: a plain build
+    stamp = (out / "zarr.json").stat().st_mtime_ns
+    assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []
+    assert (out / "zarr.json").stat().st_mtime_ns == stamp
+    with pytest.raises(ShardcacheError, match="already exists; pass --overwrite"):
+        build_cache(files, out, resume=True, **{**OPTS, "normalize": "none"})
+
+
+def test_a_second_build_of_the_same_output_is_refused_while_one_runs(files, tmp_path):
+    out = tmp_path / "c.zarr"
+    stage = staging.prepare(str(out), None, {"x": 1}, resume=False, overwrite=False)
+    try:
+        with pytest.raises(ShardcacheError, match="another build of this cache is running"):
+            build_cache(files, out, overwrite=True, **OPTS)
+    finally:
+        stage.release()
+
+
+# -- incomplete caches ----------------------------------------------------------------------
+def _incomplete(out: Path) -> None:
+    writer = CacheWriter(out, n_bars=100, feature_names=["a"], shard_rows=64, chunk_rows=32)
+    writer.write_shard(0, np.ones((64, 1)), np.arange(64))
+
+
+def test_incomplete_cache_is_refused_everywhere(files, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    _incomplete(out)
+    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4), lambda p: WindowDataset(p, seq_len=4),
+                   verify_cache):
+        with pytest.raises(CacheError, match="incomplete .*--resume .*--overwrite"):
+            opener(out)
+    assert main(["info", str(out)]) == 2 and main(["verify", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("incomplete" in line for line in err)
+    with pytest.raises(ShardcacheError, match="incomplete cache .*pass --overwrite"):
+        build_cache(files, out, **OPTS)
+    assert build_cache(files, out, overwrite=True, **OPTS).n_bars > 0
+
+
+# -- readers during builds ----------------------------------------------------------------
+def _poll(out: Path, stop: Path, log: Path) -> None:
+    """Open and fully verify ``out`` until ``stop`` exists; record what each attempt saw."""
+    seen = []
+    while not stop.exists():
+        try:
+            cache = open_cache(out)
+            report = verify_cache(cache)
+            seen.append({"none": "A", "zscore": "B"}[cache.manifest["normalize"]] if report.ok
+                        else f"BAD {report.problems}")
+        except CacheError as exc:
+            seen.append("replaced" if "replaced" in str(exc) else "absent" if "no cache found" in str(exc)
+                        else f"ERROR {exc}")
+    log.write_text(json.dumps(seen))
+
+
+def test_readers_see_only_complete_caches_during_build_and_overwrite(files, tmp_path):
+    out, stop, log = tmp_path / "c.zarr", tmp_path / "stop", tmp_path / "seen.json"
+    reader = mp.get_context("fork").Process(target=_poll, args=(out, stop, log))
+    reader.start()
+    try:
+        time.sleep(0.3)
+        build_cache(files, out, **{**OPTS, "normalize": "none"})  # A
+        time.sleep(0.3)
+        build_cache(files, out, overwrite=True, **OPTS)  # B replaces A
+        time.sleep(0.3)
+    finally:
+        stop.touch()
+        reader.join(60)
+    seen = json.loads(log.read_text())
+    first = next(i for i, s in enumerate(seen) if s != "absent")
+    assert first > 0, "the reader never ran during the first build"
+    rest = seen[first:]
+    assert set(rest) <= {"A", "B", "replaced"}, rest  # never absent again, never incomplete or damaged
+    states = [s for s in rest if s in ("A", "B")]
+    assert states[0] == "A" and states[-1] == "B" and states == sorted(states), states
+
+
+def test_a_cache_replaced_under_an_open_handle_is_refused(files, tmp_path):
+    out = tmp_path / "c.zarr"
+    old = build_cache(files, out, **{**OPTS, "normalize": "none"})
+    old.read_rows(0, 10)
+    pickled = __import__("pickle").dumps(old)
+    build_cache(files, out, overwrite=True, **OPTS)
+    with pytest.raises(CacheError, match="replaced .*open it again"):
+        old.read_rows(0, 10)
+    with pytest.raises(CacheError, match="replaced"):
+        __import__("pickle").loads(pickled).read_rows(0, 10)  # as a DataLoader worker would
+    assert open_cache(out).manifest["normalize"] == "zscore"
+
+
+# -- bad inputs: one line, exit 2, no complete-looking cache ---------------------------------
+def _cli(capsys, *argv: str) -> tuple[int, list[str], str]:
+    code = build_cache_main(list(argv))
+    cap = capsys.readouterr()
+    return code, cap.err.strip().splitlines(), cap.out
+
+
+def _looks_complete(out: Path) -> bool:
+    try:
+        open_cache(out)
+    except ShardcacheError:
+        return False
+    return True
+
+
+def _assert_refused(code: int, err: list[str], needle: str, out: Path) -> None:
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("build-cache: error: ") and needle in err[0], err
+    assert not _looks_complete(out)
+
+
+@pytest.mark.parametrize("schema", ["status", "statistics"])
+def test_unsupported_schemas(schema, tmp_path, capsys):
+    path = SHARED / f"test_data.{schema}.v3.dbn.zst"
+    if not path.exists():
+        pytest.skip("shared DBN samples not present")
+    code, err, _ = _cli(capsys, str(path), "--out", str(tmp_path / "c.zarr"), "-q")
+    _assert_refused(code, err, schema, tmp_path / "c.zarr")
+
+
+def test_bad_dbn_values_are_dropped_and_counted_in_the_summary(tmp_path, capsys):
+    n = 200
+    ts = T0 + MIN * np.arange(n)
+    ts[[5, 6]] = ts[[6, 5]]  # one pair out of order
+    ts[7] = ts[8]  # a duplicate timestamp (the later record wins)
+    ts[10] = 0  # 1970: out of range
+    ts[11] = np.datetime64("2150-01-01", "ns").astype(np.int64)
+    px = np.full(n, 100.0)
+    close = px.copy()
+    close[20], close[21], close[22] = 0.0, -5.0, np.nan  # NaN is written as UNDEF_PRICE
+    recs = {"ts_event": ts, "instrument_id": np.full(n, 7), "open": px, "high": px + 1, "low": px - 1,
+            "close": close, "volume": np.ones(n)}
+    path = write_dbn(tmp_path / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={7: "ESM4"})
+    out = tmp_path / "c.zarr"
+    code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--features", "close", "--normalize", "none")
+    assert code == 0, err
+    dropped = open_cache(out).manifest["counts"]["dropped"]
+    assert dropped == {"timestamp out of range": 2, "non-finite price": 1, "non-positive price": 2,
+                       "duplicate timestamp": 1}
+    line = next(s for s in stdout.splitlines() if s.startswith("records"))
+    assert line.endswith("read; dropped timestamp out of range: 2, non-finite price: 1, "
+                         "non-positive price: 2, duplicate timestamp: 1; 1 out of order (sorted)")
+    assert np.isfinite(open_cache(out).read_rows(0, open_cache(out).n_bars)).all()
+
+
+def test_bad_parquet_values_are_dropped_and_counted(tmp_path, capsys):
+    n = 100
+    close = np.full(n, 10.0)
+    close[[1, 2, 3, 4, 5]] = [np.nan, np.inf, -np.inf, 0.0, -1.0]
+    ts = T0 + MIN * np.arange(n)
+    ts[6] = -5
+    volume = np.ones(n)
+    volume[7] = np.nan
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"ts": ts, "symbol": ["A"] * n, "close": close, "volume": volume}), path)
+    out = tmp_path / "c.zarr"
+    code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--seq-len", "10", "-q")
+    assert code == 0, err
+    assert open_cache(out).manifest["counts"]["dropped"] == {
+        "non-finite price": 3, "non-positive price": 2, "timestamp out of range": 1, "non-finite value": 1}
+    assert "non-finite price: 3" in stdout and open_cache(out).n_bars == n - 7
+
+
+PARQUET_CASES = {
+    "no timestamp column": ({"when": [T0], "close": [1.0]}, [], "no timestamp column"),
+    "timestamps as strings": ({"ts": ["2024-03-04"], "close": [1.0]}, [], "has type string"),
+    "timestamps in seconds": ({"ts": [1_709_562_600], "close": [1.0]}, [], "expected nanoseconds"),
+    "named column missing": ({"ts": [T0], "close": [1.0]}, ["--columns", "close,vwap"], "no column 'vwap'"),
+    "non-numeric feature column": ({"ts": [T0], "venue": ["X"]}, ["--columns", "venue"], "must be numeric"),
+    "no numeric columns": ({"ts": [T0], "venue": ["X"]}, [], "no numeric feature columns"),
+    "symbol column of floats": ({"ts": [T0], "close": [1.0]}, ["--symbol-column", "close"], "has type double"),
+    "feature needs absent columns": ({"ts": [T0], "close": [1.0]}, ["--features", "log_range"], "needs source"),
+}
+
+
+@pytest.mark.parametrize("case", list(PARQUET_CASES))
+def test_bad_parquet_files(case, tmp_path, capsys):
+    cols, flags, needle = PARQUET_CASES[case]
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table(cols), path)
+    out = tmp_path / "c.zarr"
+    code, err, _ = _cli(capsys, str(path), "--out", str(out), "-q", *flags)
+    _assert_refused(code, err, needle, out)
+
+
+def test_output_under_a_regular_file(files, tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("x")
+    out = tmp_path / "file.txt" / "c.zarr"
+    code, err, _ = _cli(capsys, str(files[0]), "--out", str(out), "-q")
+    _assert_refused(code, err, "cannot write here (Not a directory)", out)
+
+
+def _mount(path: Path, options: str) -> None:
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the ENOSPC path is tested by a patched write")
+
+
+@pytest.fixture
+def mounts(tmp_path):
+    made: list[Path] = []
+    yield lambda name, options: (_mount(tmp_path / name, options), made.append(tmp_path / name), tmp_path / name)[2]
+    for path in made:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_read_only_filesystem(files, mounts, capsys):
+    out = mounts("ro", "size=1m,ro") / "c.zarr"
+    code, err, _ = _cli(capsys, str(files[0]), "--out", str(out), "-q")
+    _assert_refused(code, err, "cannot write here (Read-only file system)", out)
+
+
+def test_disk_full_during_a_build(files, mounts, capsys):
+    out = mounts("small", "size=2m") / "c.zarr"
+    code, err, _ = _cli(capsys, *map(str, files), "--out", str(out), "-q")
+    _assert_refused(code, err, "No space left on device", out)
+    assert "--resume" in err[0]
+
+
+def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, monkeypatch, capsys):
+    real = CacheWriter.write_shard
+
+    def full(self, shard, *args):
+        if shard == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c/5/0")
+        return real(self, shard, *args)
+
+    monkeypatch.setattr(CacheWriter, "write_shard", full)
+    out = tmp_path / "c.zarr"
+    with pytest.raises(ShardcacheError, match=r"c/5/0: No space left on device; .* --resume"):
+        build_cache(files, out, **OPTS)
+    assert not out.exists()
+    monkeypatch.setattr(CacheWriter, "write_shard", real)
+    assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []
+
+
+def test_newer_format_version_is_refused(clean, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    shutil.copytree(clean, out)
+    meta = json.loads((out / "zarr.json").read_text())
+    meta["attributes"]["shardcache"]["format_version"] = 99
+    (out / "zarr.json").write_text(json.dumps(meta))
+    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4), verify_cache):
+        with pytest.raises(CacheError, match="format version 99 is newer .*upgrade shardcache"):
+            opener(out)
+    assert main(["verify", str(out)]) == 2
+    assert "upgrade shardcache" in capsys.readouterr().err
