@@ -43,7 +43,7 @@ from .cluster import check_cluster
 from .errors import ShardcacheError
 from .features import compute_features, required_columns, resolve_features
 from .index import valid_ranges
-from .sources import Source, expand_inputs, open_source, parse_duration
+from .sources import Source, expand_inputs, open_sources, parse_duration
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, Cache, CacheWriter, default_chunking, open_cache
 
@@ -143,6 +143,7 @@ class _Layout:
     std: np.ndarray | None = None
     train_split: int | None = None
     read_columns: list[str] = field(default_factory=list)
+    symbols: list[str] = field(default_factory=list)
 
 
 def _write_arrow(path: str, table: pa.Table) -> None:
@@ -263,8 +264,25 @@ def _shard_features(layout: _Layout, shard: int) -> tuple[np.ndarray, np.ndarray
     starts = np.zeros(len(rows), dtype=bool)
     starts[0] = True
     starts[1:] = seg[1:] != seg[:-1]
-    feats = compute_features(layout.names, cols, ts, starts)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
+        feats = compute_features(layout.names, cols, ts, starts)
+    _check_finite(layout, shard, feats[lead:], ts[lead:], seg[lead:], "is not finite")
     return feats[lead:], ts[lead:], layout.segment_split[seg[lead:]]
+
+
+def _check_finite(layout: _Layout, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray,
+                  what: str) -> None:
+    """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
+    or from a derived feature of extreme inputs."""
+    bad = ~np.isfinite(feats)
+    if not bad.any():
+        return
+    rows, cols = np.nonzero(bad)
+    sym = layout.symbols[int(layout.segments[seg[rows[0]], 0])] if layout.symbols else "?"
+    raise ShardcacheError(
+        f"feature {layout.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
+        f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
+        "derived feature of extreme inputs; fix those bars or pick other --features")
 
 
 def _stats(job: tuple[_Layout, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -299,7 +317,11 @@ def _write(job: tuple[_Layout, int]) -> str:
     layout, shard = job
     feats, ts, _ = _shard_features(layout, shard)
     if layout.mean is not None:
-        feats = ((feats - layout.mean) / layout.std).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            feats = ((feats - layout.mean) / layout.std).astype(np.float32)
+        seg = np.searchsorted(layout.segments[:, 1], layout.writer.shard_bounds(shard)[0] + np.arange(len(ts)),
+                              side="right") - 1
+        _check_finite(layout, shard, feats, ts, seg, "overflows float32 after z-scoring")
     return layout.writer.write_shard(shard, feats, ts)
 
 
@@ -380,11 +402,8 @@ def build_cache(
             raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
     specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     paths = expand_inputs(specs, storage_options)
-    srcs = [
-        open_source(p, bar=bar, ts_column=ts_column, symbol_column=symbol_column,
-                    columns=list(columns) if columns else None, storage_options=storage_options)
-        for p in paths
-    ]
+    srcs = open_sources(paths, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column,
+                        columns=list(columns) if columns else None)
     first = srcs[0]
     for s in srcs[1:]:
         if s.columns != first.columns:
@@ -402,8 +421,8 @@ def build_cache(
         "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
         "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
     }
-    print_ = fingerprint(srcs, options, _version())
-    staging = prepare(out, storage_options, print_, resume=resume, overwrite=overwrite)
+    wanted = fingerprint(srcs, options, _version())
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
     if isinstance(staging, Cache):
         return staging
     written = False
@@ -470,7 +489,7 @@ def build_cache(
             },
             "sources": [s.describe() for s in srcs],
             "build": {
-                **options, "max_gap_ns": int(max_gap_ns), "fingerprint": digest(print_),
+                **options, "max_gap_ns": int(max_gap_ns), "fingerprint": digest(wanted),
                 "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
                 "workers": workers,
             },
@@ -497,7 +516,7 @@ def build_cache(
         staging.publish(staging.replace)
         staging.remove()
     except ShardcacheError:
-        if written:
+        if written or staging.resumed:  # a finished cache, or earlier progress, stays resumable
             staging.release()
         else:
             staging.remove()
@@ -553,18 +572,21 @@ def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: Spl
     auto_shard, auto_chunk = default_chunking(len(names))
     shard_rows = shard_rows or auto_shard
     chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
+    fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
     created = staging.load("created") is not None
-    if not created and not staging.local and staging.replace:
-        fs, fs_path = fsspec.core.url_to_fs(staging.out, **(storage_options or {}))
-        if fs.exists(fs_path):
-            fs.rm(fs_path, recursive=True)
+    if created and not fs.exists(fs_path.rstrip("/") + "/features/zarr.json"):
+        log.warning("%s: the cache being built was deleted; writing every shard again", staging.cache_path)
+        staging.forget("write")
+        created = False
+    if not created and not staging.local and staging.replace and fs.exists(fs_path):
+        fs.rm(fs_path, recursive=True)
     writer = CacheWriter(staging.cache_path, n_bars=n_bars, feature_names=names, shard_rows=shard_rows,
                          chunk_rows=chunk_rows, codec=codec, storage_options=storage_options, create=not created)
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
     return _Layout(paths, np.asarray(first_row, dtype=np.int64),
                    np.concatenate(segs).astype(np.int64), np.concatenate(seg_split).astype(np.int8),
-                   names, writer, train_split=train, read_columns=read_cols)
+                   names, writer, train_split=train, read_columns=read_cols, symbols=[m.symbol for m in kept])
 
 
 def _client(scheduler: Any) -> tuple[Any, bool]:

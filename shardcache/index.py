@@ -11,17 +11,20 @@ on their own.
   window sequence into equal contiguous parts, one per rank, and mixes each rank's windows
   within pools of ``mix`` consecutive shards. Batch ``i`` of a rank goes to DataLoader
   worker ``i % num_workers``, so the order does not depend on ``num_workers``.
+* A reader's schedule (``reader_batches``) groups each of its batches by shard and says
+  which rows each shard's block needs and after which batch it is no longer needed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Ranges", "EpochPlan", "valid_ranges", "make_plan"]
+__all__ = ["Ranges", "EpochPlan", "BatchGroups", "valid_ranges", "make_plan", "reader_batches"]
 
 
 @dataclass(frozen=True)
@@ -228,3 +231,76 @@ def make_plan(
         epoch=epoch,
         rank=rank,
     )
+
+
+@dataclass(frozen=True)
+class BatchGroups:
+    """One batch of a reader, grouped by shard: group ``k`` is ``starts[bounds[k]:bounds[k+1]]``.
+
+    ``rows[k]`` are the rows the reader decodes for shard ``shards[k]`` (its first to last
+    window start in that shard, plus the span) and ``last[k]`` says this batch is the
+    reader's last use of that shard. Inside a group the served order is kept.
+    """
+
+    batch: int
+    starts: np.ndarray
+    bounds: np.ndarray
+    shards: np.ndarray
+    rows: list[tuple[int, int]]
+    last: list[bool]
+
+
+def reader_batches(plan: EpochPlan, ranges: Ranges, shard_rows: int, batches: range) -> Iterator[BatchGroups]:
+    """A reader's schedule: batches ``batches`` of ``plan`` in order, each grouped by shard.
+
+    Pools are opened when a batch first reaches them and dropped once passed, so the
+    memory is a few pools of indices whatever the epoch's size.
+    """
+    pools: dict[int, np.ndarray] = {}
+    rows: dict[int, tuple[int, int]] = {}
+    last_use: dict[int, int] = {}
+    offsets = plan.pool_offsets
+    for i in batches:
+        a, b = plan.batch_span(i)
+        parts = []
+        for g in plan.pools_between(a, b):
+            if g not in pools:
+                pools[g] = _open_pool(plan, g, ranges, shard_rows, batches, rows, last_use)
+            off = int(offsets[g])
+            parts.append(pools[g][max(a - off, 0) : b - off])
+        for g in [g for g in pools if offsets[g + 1] <= a]:
+            del pools[g]
+        starts = np.concatenate(parts)
+        shard = starts // shard_rows
+        order = np.argsort(shard, kind="stable")
+        starts, shard = starts[order], shard[order]
+        bounds = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [len(shard)]]).astype(np.int64)
+        sids = shard[bounds[:-1]]
+        yield BatchGroups(
+            i, starts, bounds, sids, [rows[s] for s in sids.tolist()], [last_use[s] == i for s in sids.tolist()]
+        )
+
+
+def _open_pool(
+    plan: EpochPlan,
+    g: int,
+    ranges: Ranges,
+    shard_rows: int,
+    batches: range,
+    rows: dict[int, tuple[int, int]],
+    last_use: dict[int, int],
+) -> np.ndarray:
+    """Windows of pool ``g``; records the block rows and last batch of each of its shards in ``batches``."""
+    windows = plan.pool_windows(g, ranges, shard_rows)
+    pos = int(plan.pool_offsets[g]) + np.arange(len(windows), dtype=np.int64)
+    batch = pos // plan.batch_size
+    mine = (pos < plan.n_windows) & (batch >= batches.start) & ((batch - batches.start) % batches.step == 0)
+    shard = windows // shard_rows
+    for j in range(int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1])):
+        sid = int(plan.shards[j])
+        m = mine & (shard == sid)
+        if m.any():
+            w = windows[m]
+            rows[sid] = (int(w.min()), int(w.max()) + ranges.span)
+            last_use[sid] = int(batch[m].max())
+    return windows

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -48,7 +49,7 @@ from .errors import CacheError, ShardcacheError
 from .store import ATTR, FORMAT_VERSION, Cache, open_group
 from .tasks import run_tasks
 
-__all__ = ["Staging", "fingerprint", "prepare", "is_local", "local_path"]
+__all__ = ["Marked", "Staging", "digest", "fingerprint", "is_local", "local_path", "prepare"]
 
 log = logging.getLogger("shardcache")
 STATE = "state.json"
@@ -169,6 +170,11 @@ class Staging:
     def save(self, prefix: str, value: Any) -> None:
         """Record step ``prefix`` as finished with ``value``."""
         _write_atomic(_marker(self.root, prefix, None), pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def forget(self, prefix: str) -> None:
+        """Drop the markers of every task ``prefix``-N, so they run again."""
+        for path in glob.glob(os.path.join(self.root, "done", f"{glob.escape(prefix)}-*.pkl")):
+            _unlink(path)
 
     def run(self, fn: Callable[[Any], Any], jobs: Sequence[Any], prefix: str, *,
             then: Callable[[Any], None] | None = None, **kwargs: Any) -> list[Any]:
@@ -298,9 +304,9 @@ def _read_state(root: str) -> dict[str, Any] | None:
         return None
 
 
-def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
+def prepare(out: str, storage_options: dict | None, wanted: dict[str, Any], *,
             resume: bool, overwrite: bool) -> Staging | Cache:
-    """The staging folder for building ``out`` with fingerprint ``print_``, or the finished cache.
+    """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache.
 
     Decides from what is on disk: continue an interrupted build (``resume``), start again
     (``overwrite``), or refuse with a message that says which flag is needed. A ``resume``
@@ -310,7 +316,7 @@ def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
     try:
         staged = _read_state(root)
         status, manifest = _out_state(out, storage_options)
-        mine = manifest.get("build", {}).get("fingerprint") == digest(print_)
+        mine = manifest.get("build", {}).get("fingerprint") == digest(wanted)
         if resume and status == "complete" and mine:
             if os.path.isdir(root):  # killed while cleaning up after publishing
                 Staging(root, out, staged or {}, _lock(root, out)).remove()
@@ -321,14 +327,14 @@ def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
                 raise ShardcacheError(
                     f"{out}: an interrupted build is kept in {root}; pass --resume to continue it "
                     "or --overwrite to start again")
-            if staged.get("fingerprint") != print_:
+            if staged.get("fingerprint") != wanted:
                 raise ShardcacheError(
                     f"{out}: the interrupted build in {root} used other inputs or options "
-                    f"({_differences(staged.get('fingerprint', {}), print_)}); rerun with the same "
+                    f"({_differences(staged.get('fingerprint', {}), wanted)}); rerun with the same "
                     "ones, or pass --overwrite to start again")
-        if staged is not None and staged.get("fingerprint") == print_ and resume:
-            stage = Staging(root, out, {**staged, "overwrite": bool(staged.get("overwrite") or overwrite)},
-                            _lock(root, out))
+        if staged is not None and staged.get("fingerprint") == wanted and resume:
+            replace = bool(staged.get("overwrite") or overwrite or status == "incomplete")
+            stage = Staging(root, out, {**staged, "overwrite": replace}, _lock(root, out))
             stage.resumed = True
             if status != "missing" and not stage.replace:
                 stage.release()
@@ -341,6 +347,6 @@ def prepare(out: str, storage_options: dict | None, print_: dict[str, Any], *,
                 f"in {root}; pass --overwrite to build it again")
         if status != "missing" and not overwrite:
             raise ShardcacheError(f"{out}: already exists; pass --overwrite to replace it")
-        return _fresh(root, out, {"fingerprint": print_, "overwrite": overwrite})
+        return _fresh(root, out, {"fingerprint": wanted, "overwrite": overwrite})
     except OSError as exc:
         raise ShardcacheError(f"{out}: cannot write here ({exc.strerror or exc})") from None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -112,6 +112,7 @@ class _Handles:
     group: zarr.Group
     features: zarr.Array
     ts: zarr.Array
+    pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ class Cache:
 
     @property
     def handles(self) -> _Handles:
-        if self._handles is None:
+        if self._handles is None or self._handles.pid != os.getpid():  # a forked DataLoader worker reopens
             self._open()
             self._check_same()
             if self._handles is None:

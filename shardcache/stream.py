@@ -6,16 +6,14 @@
 
 How a batch is made
     The epoch's plan (``index.make_plan``) is computed before a byte is read. A reader
-    thread per iterator walks the iterator's batches in order and, for each shard piece a
-    batch needs, decodes one *block* with one zarr call: rows ``[first start, last start +
-    seq_len + horizon)`` of the piece, i.e. the shard plus the overhang its last windows
-    need. Blocks stay resident from their first to their last use and the reader runs ahead
-    until the resident bytes reach the budget (the open pool plus ``prefetch`` blocks, or
-    ``memory_budget``). The consumer then gathers each batch with one
-    ``torch.index_select(torch.as_strided(block, (n, seq_len, F), (F, F, 1)), 0, idx,
-    out=x[a:b])`` per block, so a window is copied once, from the decoded bars into the
-    batch. Inside a batch, windows are grouped by block (``return_index`` says which is
-    which); the batch's set of windows is the plan's.
+    thread per iterator walks its batches in order and decodes, with one zarr call, one
+    *block* per shard piece they need: rows ``[first start, last start + seq_len +
+    horizon)``, the shard plus the overhang its last windows need. A block stays resident
+    from its first to its last batch; the reader runs ahead until the blocks fill the
+    budget (the open pool plus ``prefetch`` blocks, or ``memory_budget``). The consumer
+    gathers a batch with ``torch.index_select(torch.as_strided(block, (n, seq_len, F),
+    (F, F, 1)), 0, idx, out=x[a:b])`` per block, so each window is copied once, from the
+    decoded bars into the batch; inside a batch, windows are grouped by block.
 
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
@@ -58,12 +56,12 @@ Position and resume
 
 Resources
     ``close()`` (or ``with``) stops every reader thread and DataLoader worker the stream
-    started. An iterator that is garbage collected stops its reader too (generator
-    ``finally``), so nothing outlives the stream and its loaders.
+    started; a garbage-collected iterator stops its reader (generator ``finally``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -74,9 +72,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from .index import EpochPlan, Ranges, make_plan, valid_ranges
+from .index import EpochPlan, Ranges, make_plan, reader_batches, valid_ranges
 from .store import Cache, open_cache
 
 __all__ = ["WindowStream", "WindowDataset"]
@@ -89,7 +88,6 @@ _LRU_BLOCKS = 4
 
 def _rank_world() -> tuple[int, int]:
     """Rank and world size: ``torch.distributed`` if initialized, else ``RANK``/``WORLD_SIZE``, else 0/1."""
-    dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -169,82 +167,41 @@ class _Reader:
 
     # -- reader thread -------------------------------------------------------------------
     def _run(self) -> None:
+        """Thread body: every task, then the end mark; an error goes to the consumer instead."""
         try:
             for task in self._tasks():
                 self._put(task)
             self._put(_END)
         except _Stopped:
-            return
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            try:
+            pass
+        except BaseException as exc:
+            with contextlib.suppress(_Stopped):
                 self._put(exc)
-            except _Stopped:
-                return
 
     def _put(self, item: object) -> None:
-        while True:
-            if self.stop.is_set():
-                raise _Stopped
-            try:
-                self.queue.put(item, timeout=_POLL)
-                return
-            except queue.Full:
-                continue
+        """Queue ``item`` for the consumer; give up once the iterator is closed."""
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Full):
+                return self.queue.put(item, timeout=_POLL)
+        raise _Stopped
 
     def _tasks(self) -> Iterator[_Task]:
+        """Each batch's windows grouped by block, decoding every block at its first use."""
         s = self.stream
-        plan, rows_per_shard, seq_len = self.plan, s.cache.shard_rows, s.seq_len
-        yoff = seq_len - 1 + s.horizon
-        pools: dict[int, np.ndarray] = {}
-        rows: dict[int, tuple[int, int]] = {}
-        last_use: dict[int, int] = {}
+        yoff = s.seq_len - 1 + s.horizon
         resident: dict[int, _Block] = {}
-        offsets = plan.pool_offsets
-        for i in self.batches:
-            a, b = plan.batch_span(i)
-            parts = []
-            for g in plan.pools_between(a, b):
-                if g not in pools:
-                    pools[g] = self._open_pool(g, rows, last_use)
-                off = int(offsets[g])
-                parts.append(pools[g][max(a - off, 0) : b - off])
-            for g in [g for g in pools if offsets[g + 1] <= a]:
-                del pools[g]
-            starts = np.concatenate(parts)
-            shard = starts // rows_per_shard
-            order = np.argsort(shard, kind="stable")
-            starts, shard = starts[order], shard[order]
-            cuts = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [len(shard)]])
+        for bg in reader_batches(self.plan, s._ranges, s.cache.shard_rows, self.batches):
             groups = []
-            for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-                sid = int(shard[lo])
+            for k, sid in enumerate(bg.shards.tolist()):
+                lo, hi = int(bg.bounds[k]), int(bg.bounds[k + 1])
                 block = resident.get(sid)
                 if block is None:
-                    block = resident[sid] = self._decode(*rows[sid])
-                local = starts[lo:hi] - block.row0
-                last = last_use[sid] == i
-                if last:
+                    block = resident[sid] = self._decode(*bg.rows[k])
+                if bg.last[k]:
                     del resident[sid]
-                groups.append(_Group(block, torch.from_numpy(local), torch.from_numpy(local + yoff), lo, hi, last))
-            yield _Task(i, len(starts), groups, torch.from_numpy(starts))
-
-    def _open_pool(self, g: int, rows: dict[int, tuple[int, int]], last_use: dict[int, int]) -> np.ndarray:
-        """Windows of pool ``g``; records, per shard, the rows and last batch this reader needs."""
-        s, plan = self.stream, self.plan
-        windows = plan.pool_windows(g, s._ranges, s.cache.shard_rows)
-        pos = int(plan.pool_offsets[g]) + np.arange(len(windows), dtype=np.int64)
-        batch = pos // plan.batch_size
-        first, step = self.batches.start, self.batches.step
-        mine = (pos < plan.n_windows) & (batch >= first) & ((batch - first) % step == 0)
-        shard = windows // s.cache.shard_rows
-        for j in range(int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1])):
-            sid = int(plan.shards[j])
-            m = mine & (shard == sid)
-            if m.any():
-                w = windows[m]
-                rows[sid] = (int(w.min()), int(w.max()) + s.span)
-                last_use[sid] = int(batch[m].max())
-        return windows
+                local = bg.starts[lo:hi] - block.row0
+                groups.append(_Group(block, torch.from_numpy(local), torch.from_numpy(local + yoff), lo, hi, bg.last[k]))
+            yield _Task(bg.batch, len(bg.starts), groups, torch.from_numpy(bg.starts))
 
     def _decode(self, lo: int, hi: int) -> _Block:
         """Read rows ``[lo, hi)`` in one zarr call, once room is free, and move them to the device."""
@@ -311,23 +268,24 @@ class _Reader:
             self.cond.notify_all()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
-        while True:
-            try:
+        with contextlib.suppress(queue.Empty):
+            while True:
                 self.queue.get_nowait()
-            except queue.Empty:
-                break
 
 
 class WindowStream(IterableDataset):
-    """Every valid window of a cache, shuffled by shard pools, as ready ``(x, y)`` batches.
+    """Every valid window of a cache (``split``, ``stride``), shuffled by shard pools, as ready batches.
 
-    ``x`` is float32 ``[B, seq_len, F]`` (the ``features`` columns, all by default) and
-    ``y`` the target row ``p + seq_len - 1 + horizon`` (the ``target`` columns, all by
-    default) ``[B, T]``; with ``return_index`` also ``index`` int64 ``[B]`` (CPU), each
-    window's start row in the cache's ``features`` array. Use with
+    Yields ``(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the ``features`` columns, all by
+    default), ``y`` the target row ``p + seq_len - 1 + horizon`` (the ``target`` columns, all
+    by default) ``[B, T]``; with ``return_index`` also ``index`` int64 ``[B]`` (on the CPU),
+    each window's start row in the cache's ``features`` array. Use it as
     ``DataLoader(stream, batch_size=None)`` or ``stream.loader(num_workers)``, which also
-    makes ``state_dict()`` exact with workers. ``prefetch`` counts blocks decoded ahead of
-    the open pool; ``memory_budget`` (bytes, split over DataLoader workers) replaces it.
+    makes ``state_dict()`` exact with workers. ``prefetch`` is the number of blocks decoded
+    ahead of the open pool; ``memory_budget`` (bytes of decoded blocks, shared by the
+    DataLoader workers) replaces it. ``mix`` shards are shuffled together; ``device`` is
+    where blocks live and batches are gathered (``"cuda"``: each block is copied once,
+    pinned and non-blocking).
     """
 
     def __init__(
@@ -357,7 +315,8 @@ class WindowStream(IterableDataset):
         self.cache = open_cache(cache)
         self.seq_len, self.horizon, self.stride, self.split = int(seq_len), int(horizon), int(stride), split
         self.span = self.seq_len + self.horizon
-        self.batch_size, self.shuffle, self.mix, self.drop_last = int(batch_size), bool(shuffle), int(mix), bool(drop_last)
+        self.batch_size, self.shuffle, self.mix = int(batch_size), bool(shuffle), int(mix)
+        self.drop_last = bool(drop_last)
         self.prefetch, self.memory_budget = int(prefetch), memory_budget
         self.return_index = bool(return_index)
         self.device = torch.device(device if device is not None else "cpu")
@@ -391,17 +350,9 @@ class WindowStream(IterableDataset):
             if len(self._plans) > 4:
                 self._plans.clear()
             self._plans[key] = make_plan(
-                self._ranges,
-                self.cache.n_bars,
-                self.cache.shard_rows,
-                batch_size=self.batch_size,
-                shuffle=self.shuffle,
-                seed=key[1],
-                epoch=key[0],
-                rank=self.rank,
-                world=self.world,
-                mix=self.mix,
-                drop_last=self.drop_last,
+                self._ranges, self.cache.n_bars, self.cache.shard_rows, batch_size=self.batch_size,
+                shuffle=self.shuffle, seed=key[1], epoch=key[0], rank=self.rank, world=self.world,
+                mix=self.mix, drop_last=self.drop_last,
             )
         return self._plans[key]
 
@@ -437,18 +388,9 @@ class WindowStream(IterableDataset):
         self._plans.clear()
 
     def _signature(self) -> dict[str, Any]:
-        return {
-            "seq_len": self.seq_len,
-            "horizon": self.horizon,
-            "stride": self.stride,
-            "split": self.split,
-            "batch_size": self.batch_size,
-            "world": self.world,
-            "n_windows": self._ranges.total(),
-            "shuffle": self.shuffle,
-            "mix": self.mix,
-            "drop_last": self.drop_last,
-        }
+        """The settings that fix the epoch's batches: a saved position means nothing without them."""
+        keys = ("seq_len", "horizon", "stride", "split", "batch_size", "world", "shuffle", "mix", "drop_last")
+        return {**{k: getattr(self, k) for k in keys}, "n_windows": self._ranges.total()}
 
     def _position(self, advance: bool) -> tuple[int, int]:
         """Epoch and first batch of a new iteration; after a finished epoch, the next epoch."""
@@ -549,6 +491,7 @@ class WindowStream(IterableDataset):
                 raise TypeError(f"loader() sets {key} itself; batching is the stream's")
         if dataloader_kwargs.get("in_order") is False:
             raise ValueError("loader() needs in_order=True: batch i comes from worker i % num_workers")
+        self._capacity(self.plan(), max(1, num_workers))  # a budget too small for the workers fails here
         return _StreamLoader(self, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
 
     # -- lifetime ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_starts, synthetic_bars
-from shardcache.index import Ranges, make_plan, valid_ranges
+from shardcache.index import Ranges, make_plan, reader_batches, valid_ranges
 
 SHARD = 256
 
@@ -57,7 +57,9 @@ def test_valid_ranges_rejects_bad_shape(bars):
         valid_ranges(_Table(bars), 5, horizon=-1)
 
 
-@pytest.mark.parametrize("world,batch,mix,drop_last", [(1, 64, 4, False), (2, 50, 2, False), (3, 33, 1, True), (4, 128, 3, False)])
+@pytest.mark.parametrize(
+    "world,batch,mix,drop_last", [(1, 64, 4, False), (2, 50, 2, False), (3, 33, 1, True), (4, 128, 3, False)]
+)
 def test_plan_shares_every_window_once(bars, world, batch, mix, drop_last):
     r = valid_ranges(_Table(bars), 20, 1, 1, None)
     total = r.total()
@@ -128,6 +130,34 @@ def test_max_open_pieces_bounds_every_readers_live_set(bars, batch, mix, workers
                 last[s] = i
         live = max(sum(first[s] <= i <= last[s] for s in first) for i in mine)
         assert live <= bound
+
+
+@pytest.mark.parametrize("batch,mix,workers,start", [(16, 1, 1, 0), (64, 2, 2, 3), (300, 4, 3, 1), (50, 3, 1, 20)])
+def test_reader_batches_schedule(bars, batch, mix, workers, start):
+    """Each reader's groups hold exactly its batches; block rows cover them; ``last`` is the last use."""
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    plan = make_plan(r, 5000, SHARD, batch_size=batch, seed=4, mix=mix)
+    seq = _rank_sequence(plan, r)
+    for w in range(workers):
+        batches = range(start + w, plan.n_batches, workers)
+        seen, done = [], set()
+        for bg in reader_batches(plan, r, SHARD, batches):
+            assert bg.batch == batches[len(seen)]
+            want = seq[bg.batch * batch : (bg.batch + 1) * batch]
+            assert sorted(bg.starts.tolist()) == sorted(want.tolist()) and len(bg.starts) == len(want)
+            for k, s in enumerate(bg.shards.tolist()):
+                part = bg.starts[bg.bounds[k] : bg.bounds[k + 1]]
+                assert s not in done and np.all(part // SHARD == s)
+                lo, hi = bg.rows[k]
+                assert lo <= part.min() and part.max() + r.span <= hi <= (s + 1) * SHARD + r.span - 1
+                in_order = want[want // SHARD == s]
+                assert np.array_equal(part, in_order)  # served order kept inside a group
+                if bg.last[k]:
+                    done.add(s)
+            seen.append(bg.batch)
+        assert seen == list(batches)
+        later = {int(s) for bg in reader_batches(plan, r, SHARD, batches) for s in bg.shards}
+        assert done == later  # every shard the reader uses has a last use
 
 
 def test_pools_between_and_empty_plan():

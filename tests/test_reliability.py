@@ -317,6 +317,22 @@ def test_bad_parquet_values_are_dropped_and_counted(tmp_path, capsys):
     assert "non-finite price: 3" in stdout and open_cache(out).n_bars == n - 7
 
 
+@pytest.mark.parametrize("column, value, features, needle", [
+    ("close", 1e39, "close", "feature 'close' is not finite at 1 bar(s) of shard 0, first A at 2024-03-04T14:35:00:"),
+    ("volume", -1e300, "close,volume", "feature 'volume' is not finite"),
+])
+def test_values_that_would_become_nan_or_inf_are_refused(column, value, features, needle, tmp_path, capsys):
+    n = 100
+    cols = {"ts": T0 + MIN * np.arange(n), "symbol": ["A"] * n, "close": np.full(n, 10.0), "volume": np.ones(n)}
+    cols[column][5] = value
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table(cols), path)
+    out = tmp_path / "c.zarr"
+    code, err, _ = _cli(capsys, str(path), "--out", str(out), "--features", features, "--seq-len", "10")
+    _assert_refused(code, err, needle, out)
+    assert not Path(f"{out}.staging").exists()
+
+
 PARQUET_CASES = {
     "no timestamp column": ({"when": [T0], "close": [1.0]}, [], "no timestamp column"),
     "timestamps as strings": ({"ts": ["2024-03-04"], "close": [1.0]}, [], "has type string"),
@@ -389,6 +405,25 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
     assert not out.exists()
     monkeypatch.setattr(CacheWriter, "write_shard", real)
     assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []
+
+
+def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_path, monkeypatch):
+    url = f"memory://{tmp_path.name}/c.zarr"  # fsspec's in-memory filesystem stands in for s3://
+    real = CacheWriter.write_shard
+
+    def full(self, shard, *args):
+        if shard == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c/5/0")
+        return real(self, shard, *args)
+
+    monkeypatch.setattr(CacheWriter, "write_shard", full)
+    with pytest.raises(ShardcacheError, match="No space left on device; the finished part is kept in .*--resume"):
+        build_cache(files, url, **OPTS)
+    with pytest.raises(CacheError, match="incomplete"):  # written in place, refused until complete
+        open_cache(url)
+    monkeypatch.setattr(CacheWriter, "write_shard", real)
+    assert compare_caches(clean, build_cache(files, url, resume=True, **OPTS)) == []
+    assert open_cache(url)._identity() is None
 
 
 def test_newer_format_version_is_refused(clean, tmp_path, capsys):

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from helpers import brute_starts, ddp_rank
 from shardcache import ShardcacheError, WindowStream, open_cache
 from shardcache.builder import build_cache
+from shardcache.cli import build_cache_main, main
 from shardcache.cluster import check_cluster
 from shardcache.sample import make_sample, make_sample_parquet
 from shardcache.sources import expand_inputs
@@ -117,16 +118,17 @@ def test_expand_inputs_on_s3(sample, s3_bucket):
         expand_inputs([f"{bucket}/nothing"], options)
 
 
-def test_cli_build_info_ls_verify_on_s3(sample, reference, s3_bucket):
+def test_cli_build_info_ls_verify_on_s3(sample, reference, s3_bucket, capsys):
     bucket, options = s3_bucket
     s3fs_for(options).put(f"{sample}/", f"{bucket}/dbn/", recursive=True)
-    url, opt = f"{bucket}/c.zarr", f"endpoint_url={options['endpoint_url']}"
-    r = run_cli(f"{bucket}/dbn", "--out", url, "--storage-option", opt, *CLI_OPTS)
-    assert r.returncode == 0, r.stderr
+    url = f"{bucket}/c.zarr"
+    opts = ["--storage-option", f"endpoint_url={options['endpoint_url']}", "--storage-option", "key=testing",
+            "--storage-option", "secret=testing"]
+    assert build_cache_main([f"{bucket}/dbn", "--out", url, *opts, *CLI_OPTS]) == 0
     for command in ("info", "ls", "verify"):
-        r = run_cli(command, url, "--storage-option", opt, "--json", prog="shardcache")
-        assert r.returncode == 0, (command, r.stderr)
-    assert json.loads(r.stdout)["ok"] is True
+        capsys.readouterr()
+        assert main([command, url, *opts, "--json"]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)["path" if command != "verify" else "ok"]
     cache = open_cache(url, options)
     assert_same_cache(cache, reference)
     assert verify_cache(url, options).ok

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import threading
 import time
 
@@ -46,7 +45,8 @@ def test_order_is_the_same_for_any_number_of_workers(stream_bars, stream_cache, 
         got = indices(ds.loader(workers))
         assert same(got, epoch0[0]), workers
         assert ds.state_dict()["consumed"] == ds.n_batches
-        plain = indices(DataLoader(WindowStream(stream_cache, return_index=True, **KW), batch_size=None, num_workers=workers))
+        plain_ds = WindowStream(stream_cache, return_index=True, **KW)
+        plain = indices(DataLoader(plain_ds, batch_size=None, num_workers=workers))
         assert same(plain, epoch0[0]), workers
         ds.close()
 
@@ -100,7 +100,8 @@ def test_resume_in_a_new_process(tmp_path, stream_cache, epoch0, stop_workers, r
 
 def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache):
     kwargs = {"seq_len": 9, "horizon": 1, "batch_size": 50, "split": "train"}
-    mp.spawn(ddp_rank, args=(2, stream_cache.url, str(tmp_path / "init"), str(tmp_path), kwargs), nprocs=2, join=True)
+    args = (2, stream_cache.url, str(tmp_path / "init"), str(tmp_path), kwargs)
+    mp.start_processes(ddp_rank, args=args, nprocs=2, join=True, start_method="fork")  # fork: no re-import
     got = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
     meta = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     ref = brute_starts(stream_bars, 9, 1, 1, "train")
@@ -183,5 +184,4 @@ def test_streaming_rss_does_not_grow_with_bars(tmp_path, rss_caches):
     allowance = 48 << 20  # zarr's decode buffers and allocator arenas, independent of the cache size
     for p in (small, big):
         assert p["peak"] <= p["capacity"] + 4 * p["batch_bytes"] + allowance, p
-    print({n: {k: v // 2**20 if k != "windows" else v for k, v in p.items()} for n, p in peaks.items()})
     assert abs(big["peak"] - small["peak"]) < 16 << 20, peaks

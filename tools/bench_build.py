@@ -68,7 +68,7 @@ def ensure_dbn_sample(work: Path, days: int) -> Path:
     from shardcache.sample import make_sample
 
     out = work / f"dbn-{days}d"
-    done = out / ".complete"
+    done = work / f"dbn-{days}d.complete"
     if not done.exists():
         t0 = time.perf_counter()
         files = make_sample(out, days=days)

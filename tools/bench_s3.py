@@ -1,0 +1,169 @@
+"""Read and stream throughput of one cache from S3 (a moto server on loopback) vs local disk.
+
+Starts ``python -m moto.server`` on a free 127.0.0.1 port (fake credentials; nothing leaves
+the machine), uploads the cache with s3fs and measures, for the local copy and the S3 copy:
+
+* **open**: ``open_cache`` (manifest and segment table);
+* **shard by shard**: ``Cache.read_rows`` of each shard in turn, as a stream's reader thread
+  decodes its blocks (one zarr call per block, one block at a time);
+* **one call**: ``read_rows(0, n_bars)``, where zarr fetches the shards concurrently, up to
+  ``zarr.config["async.concurrency"]`` (default 10) at a time;
+* **stream**: one epoch of ``WindowStream`` (``--seq-len``, ``--batch-size``) with 0 and 2
+  DataLoader workers (each worker has its own reader thread), in windows/s.
+
+GET requests are counted from the moto server's log. Loopback has no network latency, so
+the S3 column measures the request path (s3fs, aiohttp, moto's Python server sharing the
+CPUs) rather than a real network: on real S3, first-byte latency (10-50 ms per GET) adds to
+each sequential block read. Prints a markdown table.
+
+Usage::
+
+    python tools/bench_s3.py [--cache PATH] [--days 360] [--seq-len 60] [--batch-size 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zarr
+
+from shardcache.builder import build_cache
+from shardcache.sample import make_sample
+from shardcache.store import Cache, open_cache
+from shardcache.stream import WindowStream
+
+MIB = 1 << 20
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Moto:
+    """``python -m moto.server`` in a subprocess, its request log in a file."""
+
+    def __init__(self, log: str) -> None:
+        self.port = _free_port()
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=open(log, "w"), env={**os.environ, **ENV})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("moto server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def gets(self, prefix: str) -> int:
+        """GET requests so far for keys under ``prefix``."""
+        time.sleep(0.2)  # let the server log the last response
+        with open(self.log) as fh:
+            return sum('"GET /' + prefix in line for line in fh)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _stream(cache: Cache, workers: int, seq_len: int, batch_size: int) -> tuple[float, float, int]:
+    """Seconds for one epoch, seconds to the first batch, windows."""
+    with WindowStream(cache, seq_len, batch_size=batch_size) as ds:
+        t0 = time.perf_counter()
+        first, n = None, 0
+        for x, _y in ds.loader(workers):
+            n += len(x)
+            first = first if first is not None else time.perf_counter() - t0
+        return time.perf_counter() - t0, first or 0.0, n
+
+
+def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto | None) -> dict[str, str]:
+    """One column of the table: every measurement for the cache at ``url``."""
+    prefix = url.split("://", 1)[-1] + "/features/"
+    gets = (lambda: moto.gets(prefix)) if moto else (lambda: 0)
+    t_open, cache = _timed(lambda: open_cache(url, options))
+    raw = cache.n_bars * cache.n_features * 4
+    g0 = gets()
+    t_shards, _ = _timed(lambda: [cache.read_rows(a, min(a + cache.shard_rows, cache.n_bars))
+                                  for a in range(0, cache.n_bars, cache.shard_rows)])
+    g1 = gets()
+    t_bulk, _ = _timed(lambda: cache.read_rows(0, cache.n_bars))
+    g2 = gets()
+    row = {
+        "open (ms)": f"{t_open * 1000:.0f}",
+        "shard by shard (MiB/s)": f"{raw / MIB / t_shards:.0f}",
+        f"one call, async.concurrency={zarr.config.get('async.concurrency')} (MiB/s)": f"{raw / MIB / t_bulk:.0f}",
+    }
+    for workers in (0, 2):
+        g = gets()
+        secs, first, n = _stream(cache, workers, args.seq_len, args.batch_size)
+        row[f"stream, {workers} workers (windows/s)"] = f"{n / secs:,.0f}"
+        row[f"stream, {workers} workers: first batch (ms)"] = f"{first * 1000:.0f}"
+        if moto:
+            row[f"stream, {workers} workers: GETs per shard"] = f"{(gets() - g) / cache.n_shards:.1f}"
+    if moto:
+        row["GETs per shard (shard by shard / one call)"] = (
+            f"{(g1 - g0) / cache.n_shards:.1f} / {(g2 - g1) / cache.n_shards:.1f}")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build or take a cache, copy it to a loopback S3 server, and print both columns."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cache", default=None, help="a local cache (default: build the generated sample)")
+    p.add_argument("--days", type=int, default=360)
+    p.add_argument("--seq-len", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=256)
+    args = p.parse_args(argv)
+    import s3fs
+
+    with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
+        local = args.cache
+        if local is None:
+            local = os.path.join(tmp, "c.zarr")
+            build_cache(make_sample(os.path.join(tmp, "dbn"), days=args.days), local, progress=False)
+        moto = Moto(os.path.join(tmp, "moto.log"))
+        try:
+            options = {"endpoint_url": moto.url, "key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"]}
+            fs = s3fs.S3FileSystem(**options)
+            fs.mkdir("bench")
+            fs.put(local.rstrip("/") + "/", "bench/c.zarr/", recursive=True)
+            cols = {"local disk": measure(local, None, args, None),
+                    "S3 (moto, loopback)": measure("s3://bench/c.zarr", options, args, moto)}
+        finally:
+            moto.stop()
+    cache = open_cache(args.cache) if args.cache else None
+    what = f"{cache.n_bars:,} bars, {cache.n_shards} shards" if cache else f"{args.days}-day sample"
+    print(f"{what}; seq_len {args.seq_len}, batch {args.batch_size}\n")
+    names = list(cols)
+    print("| measurement | " + " | ".join(names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for key in cols[names[-1]]:
+        print(f"| {key} | " + " | ".join(cols[n].get(key, "-") for n in names) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
