@@ -513,7 +513,7 @@ def build_cache(
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
         layout.writer.finish(layout.segments, layout.segment_split, manifest)
-        staging.publish(staging.replace)
+        staging.publish()
         staging.remove()
     except ShardcacheError:
         if written or staging.resumed:  # a finished cache, or earlier progress, stays resumable

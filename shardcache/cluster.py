@@ -47,10 +47,11 @@ def check_cluster(client: Any, staging_root: str, urls: Sequence[str]) -> None:
         raise ShardcacheError(f"--scheduler {client.scheduler.address}: the cluster has no workers")
     blind = sorted(w for w, ok in seen.items() if not ok)
     if blind:
+        hint = "" if os.path.isabs(staging_root) else "; a relative --out is relative to each worker's own folder"
         raise ShardcacheError(
             f"staging folder {staging_root} is not visible on worker(s) {', '.join(blind[:3])}"
             f"{' ...' if len(blind) > 3 else ''}: it must be on a filesystem every worker mounts at the same "
-            "path (put --out there, or for an object-store --out point TMPDIR there)")
+            f"path (put --out there, or for an object-store --out point TMPDIR there){hint}")
     threads = sum(w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     log.info("building on %s: %d workers, %d threads (one input piece or shard per thread at a time)",
              client.scheduler.address, len(seen), threads)

@@ -148,14 +148,6 @@ class Staging:
         """Whether the build may replace an existing ``out`` (it was started with ``--overwrite``)."""
         return bool(self.state.get("overwrite"))
 
-    @property
-    def runs(self) -> str:
-        return os.path.join(self.root, "runs")
-
-    @property
-    def clusters(self) -> str:
-        return os.path.join(self.root, "clusters")
-
     # -- markers -------------------------------------------------------------------------
     def load(self, prefix: str, i: int | None = None) -> Any:
         """The saved result of task ``prefix``-``i`` (or of step ``prefix``), or None if unfinished."""
@@ -189,13 +181,13 @@ class Staging:
         return results
 
     # -- end of a build ------------------------------------------------------------------
-    def publish(self, replace: bool) -> None:
+    def publish(self) -> None:
         """Move the complete cache to ``out`` (local outputs; object stores were written in place)."""
         if not self.local:
             return
         out = local_path(self.out).rstrip("/")
         if os.path.lexists(out):
-            if not replace:
+            if not self.replace:
                 raise ShardcacheError(f"{self.out}: appeared during the build; pass --overwrite to replace it")
             if not _exchange(self.cache_path, out):
                 aside = os.path.join(self.root, "replaced.zarr")

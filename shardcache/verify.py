@@ -144,7 +144,8 @@ def _check_segments(cache: Cache, problems: list[Problem]) -> None:
         problems.append(Problem("segments", f"{len(gaps)} gap(s) or overlap(s), first after row {s[i, 2]}"))
     empty = np.flatnonzero(s[:, 2] <= s[:, 1])
     if len(empty):
-        problems.append(Problem("segments", f"{len(empty)} empty or reversed segment(s), first at row {s[empty[0], 1]}"))
+        first = s[empty[0], 1]
+        problems.append(Problem("segments", f"{len(empty)} empty or reversed segment(s), first at row {first}"))
     ids = s[:, 0]
     if ids.min() < 0 or ids.max() >= len(cache.symbols):
         problems.append(Problem("segments", f"symbol ids outside 0-{len(cache.symbols) - 1}"))

@@ -7,6 +7,7 @@ import errno
 import json
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -135,6 +136,23 @@ def test_sigkill_anywhere_then_resume_gives_the_same_cache(point, files, clean, 
     assert verify_cache(out).ok
 
 
+def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> None:
+    KILL_POINTS[point]()
+    build_cache(files, out, overwrite=True, **opts)
+
+
+@pytest.mark.parametrize("point", ["write: shard 4 written, not recorded", "publish: complete, not renamed",
+                                   "cleanup: renamed, done/ deleted"])
+def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, clean, tmp_path):
+    out = tmp_path / "c.zarr"
+    build_cache(files, out, **{**OPTS, "normalize": "none"})
+    assert _in_child(_killed_overwrite, point, files, out, OPTS) == -signal.SIGKILL
+    assert verify_cache(out).ok  # still a complete cache: the old one, or the new one once swapped
+    assert open_cache(out).manifest["normalize"] == ("zscore" if point.startswith("cleanup") else "none")
+    cache = build_cache(files, out, resume=True, **OPTS)  # the interrupted build was an --overwrite
+    assert compare_caches(clean, cache) == [] and not Path(f"{out}.staging").exists()
+
+
 def test_resume_refuses_other_inputs_or_options(files, tmp_path):
     out = tmp_path / "c.zarr"
     assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, OPTS) == -signal.SIGKILL
@@ -150,6 +168,17 @@ def test_resume_refuses_other_inputs_or_options(files, tmp_path):
         build_cache(moved, out, resume=True, **OPTS)
     cache = build_cache(files, out, overwrite=True, **{**OPTS, "normalize": "none"})
     assert cache.manifest["normalize"] == "none" and not Path(f"{out}.staging").exists()
+
+
+def test_cli_resume(files, clean, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    opts = {**OPTS, "split": "none"}
+    assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, opts) == -signal.SIGKILL
+    argv = [*map(str, files), "--out", str(out), "--shard-rows", "4096", "--chunk-rows", "512", "-q"]
+    code, err, _ = _cli(capsys, *argv)
+    assert code == 2 and len(err) == 1 and "pass --resume to continue it or --overwrite to start again" in err[0]
+    code, err, stdout = _cli(capsys, *argv, "--resume")
+    assert code == 0 and err == [] and "bars" in stdout and verify_cache(out).ok
 
 
 def test_resume_of_a_finished_build_does_nothing_and_resume_without_state_builds(files, clean, tmp_path):
@@ -235,12 +264,12 @@ def test_a_cache_replaced_under_an_open_handle_is_refused(files, tmp_path):
     out = tmp_path / "c.zarr"
     old = build_cache(files, out, **{**OPTS, "normalize": "none"})
     old.read_rows(0, 10)
-    pickled = __import__("pickle").dumps(old)
+    pickled = pickle.dumps(old)
     build_cache(files, out, overwrite=True, **OPTS)
     with pytest.raises(CacheError, match="replaced .*open it again"):
         old.read_rows(0, 10)
     with pytest.raises(CacheError, match="replaced"):
-        __import__("pickle").loads(pickled).read_rows(0, 10)  # as a DataLoader worker would
+        pickle.loads(pickled).read_rows(0, 10)  # as a DataLoader worker would
     assert open_cache(out).manifest["normalize"] == "zscore"
 
 

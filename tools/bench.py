@@ -14,26 +14,30 @@ C  memmap, batched: one numpy fancy index per batch of 256 random starts into a 
 D  in-RAM gather ceiling: the whole array in RAM, preallocated outputs, one thread,
    ``torch.index_select(torch.as_strided(t, (n, 60, F), (F, F, 1)), 0, idx, out=buf)``.
 E  shardcache: ``WindowStream`` over the compressed cache, ``DataLoader(ds, batch_size=None,
-   num_workers=0 | 2)``, full epochs.
+   num_workers=0 | 2)``: a full epoch with no workers, ``--worker-batches`` batches with two.
+   ``E*`` and ``E**`` are the same stream with the read-path changes proposed for
+   ``stream.py`` (``ProposedStream``, ``ArenaStream``; see docs/performance.md).
 
 Every scenario serves the cache's valid windows (60 bars inside one segment, target row
 ``p + 60``), shuffled, in batches of 256; B-D shuffle globally, E by shard pools (its
-design). Each runs in its own process under ``tools/profile_memory.py``'s ``profile()``, so
+design). Each run is its own process under ``tools/profile_memory.py``'s ``profile()``, so
 its peak RSS is clean and covers DataLoader workers (RSS summed over the process tree; PSS,
-which counts shared pages once, alongside).
+which counts shared pages once, alongside). The machine is shared, so the scenarios run in
+``--rounds`` interleaved rounds: windows/s is the best round's (windows after the first
+batch over the time after it), first batch the worst round's (from opening the data,
+imports done, to the first batch in hand), memory the highest peak. The consumer only
+counts windows.
 
 Threads: every scenario process runs with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and
 ``torch.set_num_threads(1)`` (DataLoader workers run one torch thread anyway); blosc and
-zarr keep their default decode threads, which only E uses. windows/s is the best of up to
-``--repeats`` passes, each counting the windows after its first batch over the time after
-it; first batch is the first pass's time from opening the data (imports done) to the first
-batch in hand. The consumer only counts windows.
+zarr keep their default decode threads, which only E uses.
 
 Also measured: each build (bars/s, peak RSS, cache size against raw float32), streaming
-memory at 1x and 10x the bars (F=256), and where zarr's read path spends its time (per-shard
-``Cache.read_rows`` against a raw numcodecs decode of the same chunks, inner chunk size,
-``zarr.config`` and blosc thread settings). ``tools/bench_build.py`` covers build memory at
-1x and 10x.
+memory at 1x and ``--scale``x the bars (F=256, the larger cache built once and reused), and
+where zarr's read path spends its time (per-shard ``Cache.read_rows`` against a raw
+numcodecs decode of the same chunks, inner chunk sizes, ``zarr.config`` settings) and what
+a batch costs to hand over from a DataLoader worker. ``tools/bench_build.py`` covers build
+memory at 1x and 10x.
 
 Usage (from the repository root; about 8 minutes on 2 cores, more on the first run)::
 
@@ -43,11 +47,14 @@ Usage (from the repository root; about 8 minutes on 2 cores, more on the first r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import platform
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -89,28 +96,22 @@ class MemmapWindows(Dataset):
         return torch.from_numpy(self.rows[p : p + SEQ_LEN]), torch.from_numpy(self.rows[p + SEQ_LEN])
 
 
-def _timed(spec: dict, open_data: Callable[[], Callable[[int], Iterator[tuple]]]) -> dict[str, Any]:
-    """Open the data, run passes; time to first batch (first pass) and windows/s per pass."""
+def _timed(open_data: Callable[[], Iterator[tuple]]) -> dict[str, Any]:
+    """Open the data and make one pass: time to the first batch, then windows/s after it."""
     t0 = time.perf_counter()
-    passes = open_data()
-    rates, first_s, windows = [], 0.0, 0
-    for k in range(spec["repeats"]):
-        n, t_first, n_first = 0, 0.0, 0
-        for x, _y in passes(k):
-            if not n:
-                t_first, n_first = time.perf_counter(), len(x)
-                first_s = first_s or t_first - t0
-            n += len(x)
-        rates.append((n - n_first) / (time.perf_counter() - t_first))
-        windows = n
-        if time.perf_counter() - t0 > spec["max_s"]:
-            break
-    return {"first_batch_s": first_s, "rates": rates, "windows_per_s": max(rates), "windows": windows}
+    n, t_first, n_first = 0, 0.0, 0
+    for x, _y in open_data():
+        if not n:
+            t_first, n_first = time.perf_counter(), len(x)
+        n += len(x)
+    rate = (n - n_first) / (time.perf_counter() - t_first)
+    return {"first_batch_s": t_first - t0, "windows_per_s": rate, "windows": n}
 
 
-def _permuted(starts: np.ndarray, k: int, limit: int | None) -> np.ndarray:
-    perm = starts[np.random.default_rng([7, k]).permutation(len(starts))]
-    return perm if limit is None else perm[:limit]
+def _permuted(spec: dict) -> np.ndarray:
+    """This round's random order of the valid starts, cut to ``batches`` batches."""
+    starts = np.load(spec["starts"])
+    return starts[np.random.default_rng([7, spec["round"]]).permutation(len(starts))][: spec["batches"] * BATCH]
 
 
 def _naive(spec: dict) -> dict[str, Any]:
@@ -123,11 +124,7 @@ def _naive(spec: dict) -> dict[str, Any]:
     windows = [(torch.tensor(bars[p : p + SEQ_LEN]), torch.tensor(bars[p + SEQ_LEN])) for p in starts]
     t2, rss1 = time.perf_counter(), proc.memory_info().rss
 
-    def open_data() -> Callable[[int], Iterator[tuple]]:
-        loader = DataLoader(windows, batch_size=BATCH, shuffle=True)
-        return lambda k: iter(loader)
-
-    out = _timed(spec, open_data)
+    out = _timed(lambda: iter(DataLoader(windows, batch_size=BATCH, shuffle=True)))
     out.update(load_s=t1 - t0, list_s=t2 - t1, list_bytes=rss1 - rss0, rss_before_list=rss0, n_windows=len(starts))
     out["first_batch_s"] += t2 - t0
     return out
@@ -137,72 +134,56 @@ def _memmap(spec: dict) -> dict[str, Any]:
     """B: map-style Dataset over a memmap with DataLoader's shuffling and collation."""
     starts = np.load(spec["starts"])
 
-    def open_data() -> Callable[[int], Iterator[tuple]]:
+    def open_data() -> Iterator[tuple]:
         rows = np.memmap(spec["raw"], np.float32, "c", shape=(spec["n_bars"], spec["F"]))
-        loader = DataLoader(MemmapWindows(rows, starts), batch_size=BATCH, shuffle=True)
-        return lambda k: itertools.islice(loader, spec["batches"])
+        return itertools.islice(DataLoader(MemmapWindows(rows, starts), batch_size=BATCH, shuffle=True), spec["batches"])
 
-    return _timed(spec, open_data)
+    return _timed(open_data)
 
 
 def _batched(spec: dict) -> dict[str, Any]:
     """C: the memmap gathered with one numpy fancy index per batch."""
-    starts, n, f = np.load(spec["starts"]), spec["n_bars"], spec["F"]
+    perm, n, f = _permuted(spec), spec["n_bars"], spec["F"]
 
-    def open_data() -> Callable[[int], Iterator[tuple]]:
+    def open_data() -> Iterator[tuple]:
         rows = np.asarray(np.memmap(spec["raw"], np.float32, "r", shape=(n, f)))
         view = np.lib.stride_tricks.as_strided(rows, (n - SEQ_LEN + 1, SEQ_LEN, f), (4 * f, 4 * f, 4), writeable=False)
+        for b in range(0, len(perm), BATCH):
+            idx = perm[b : b + BATCH]
+            yield torch.from_numpy(view[idx]), torch.from_numpy(rows[idx + SEQ_LEN])
 
-        def one(k: int) -> Iterator[tuple]:
-            perm = _permuted(starts, k, spec["batches"] * BATCH)
-            for b in range(0, len(perm), BATCH):
-                idx = perm[b : b + BATCH]
-                yield torch.from_numpy(view[idx]), torch.from_numpy(rows[idx + SEQ_LEN])
-
-        return one
-
-    return _timed(spec, open_data)
+    return _timed(open_data)
 
 
 def _ram(spec: dict) -> dict[str, Any]:
     """D: the gather ceiling, whole array in RAM, preallocated outputs, one thread."""
-    starts, n, f = np.load(spec["starts"]), spec["n_bars"], spec["F"]
+    perm, n, f = torch.from_numpy(_permuted(spec)), spec["n_bars"], spec["F"]
 
-    def open_data() -> Callable[[int], Iterator[tuple]]:
+    def open_data() -> Iterator[tuple]:
         t = torch.from_numpy(np.fromfile(spec["raw"], np.float32).reshape(n, f))
         win = torch.as_strided(t, (n - SEQ_LEN + 1, SEQ_LEN, f), (f, f, 1))
         buf, ybuf = torch.empty(BATCH, SEQ_LEN, f), torch.empty(BATCH, f)
+        for b in range(0, len(perm), BATCH):
+            idx = perm[b : b + BATCH]
+            m = len(idx)
+            torch.index_select(win, 0, idx, out=buf[:m])
+            torch.index_select(t, 0, idx + SEQ_LEN, out=ybuf[:m])
+            yield buf[:m], ybuf[:m]
 
-        def one(k: int) -> Iterator[tuple]:
-            perm = torch.from_numpy(_permuted(starts, k, spec["batches"] * BATCH))
-            for b in range(0, len(perm), BATCH):
-                idx = perm[b : b + BATCH]
-                m = len(idx)
-                torch.index_select(win, 0, idx, out=buf[:m])
-                torch.index_select(t, 0, idx + SEQ_LEN, out=ybuf[:m])
-                yield buf[:m], ybuf[:m]
-
-        return one
-
-    return _timed(spec, open_data)
+    return _timed(open_data)
 
 
 def _stream(spec: dict) -> dict[str, Any]:
-    """E: WindowStream through a DataLoader (``batch_size=None``), full epochs unless ``batches``."""
+    """E: WindowStream through a DataLoader (``batch_size=None``): a full epoch, or ``batches``."""
     holder: dict[str, Any] = {}
 
-    def open_data() -> Callable[[int], Iterator[tuple]]:
-        cls = ProposedStream if spec["proposed"] else WindowStream
-        ds = holder["ds"] = cls(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=0)
+    def open_data() -> Iterator[tuple]:
+        cls = {"": WindowStream, "gather": ProposedStream, "arena": ArenaStream}[spec["proposed"]]
+        ds = holder["ds"] = cls(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
         loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"])
+        return itertools.islice(loader, spec["batches"]) if spec["batches"] else iter(loader)
 
-        def one(k: int) -> Iterator[tuple]:
-            ds.set_epoch(k)
-            return itertools.islice(loader, spec["batches"]) if spec["batches"] else iter(loader)
-
-        return one
-
-    out = _timed(spec, open_data)
+    out = _timed(open_data)
     holder["ds"].close()
     return out
 
@@ -223,6 +204,97 @@ class ProposedStream(WindowStream):
             torch.index_select(g.block.windows, 0, g.xidx, out=x[g.a : g.b])
             torch.index_select(g.block.y, 0, g.yidx, out=y[g.a : g.b])
         return (x, y, task.index) if self.return_index else (x, y)
+
+
+class ArenaStream(WindowStream):
+    """E**: the reader proposed for ``stream.py``: one arena per pool, one gather per run of batches.
+
+    A thread decodes each pool's blocks (one zarr call each) into one tensor, the pool's
+    *arena*, and maps every window of the pool to its row there, a pool ahead of the
+    consumer. The consumer copies a run of consecutive batches (up to ``RUN_BYTES``; one
+    batch in a DataLoader worker) with one ``index_select`` per pool and yields views of
+    it, so its Python work per batch no longer grows with the blocks a batch draws from.
+    A prototype: CPU, every column, one pool ahead instead of ``prefetch``/``memory_budget``.
+    """
+
+    RUN_BYTES = 4 << 20
+
+    def _iterate(self, epoch: int, consumed: int, worker: int, workers: int, in_worker: bool) -> Iterator[tuple]:
+        plan, f, span = self.plan(epoch), self.cache.n_features, self.seq_len
+        mine = np.arange(consumed + worker, plan.n_batches, workers)
+        if not len(mine):
+            return
+        off = plan.pool_offsets
+        a = mine * plan.batch_size
+        b = np.minimum(a + plan.batch_size, plan.n_windows)
+        g0, g1 = np.searchsorted(off, a, "right") - 1, np.searchsorted(off, b - 1, "right") - 1
+        cover = np.zeros(len(off) + 1, np.int64)
+        np.add.at(cover, g0, 1)
+        np.add.at(cover, g1 + 1, -1)
+        pools, stop, q = np.flatnonzero(np.cumsum(cover) > 0), threading.Event(), queue.Queue(1)
+        thread = threading.Thread(target=self._fill, args=(plan, pools, q, stop), daemon=True)
+        thread.start()
+        run = 1 if workers > 1 else max(1, self.RUN_BYTES // (plan.batch_size * span * f * 4))
+        held: dict[int, tuple] = {}
+        shared = in_worker
+        try:
+            for c in range(0, len(mine), run):
+                last = min(c + run, len(mine)) - 1
+                lo, hi, gs = int(a[c]), int(b[last]), range(int(g0[c]), int(g1[last]) + 1)
+                for g in gs:
+                    while g not in held:
+                        item = q.get()
+                        if isinstance(item, BaseException):
+                            raise item
+                        held[item[0]] = item
+                for g in [g for g in held if off[g + 1] <= lo]:
+                    del held[g]
+                x, y = self._empty((hi - lo, span, f), shared), self._empty((hi - lo, f), shared)
+                index = torch.empty(hi - lo, dtype=torch.int64)
+                for g in gs:
+                    _, arena, win, idx, starts = held[g]
+                    s0, s1 = max(lo - int(off[g]), 0), min(hi - int(off[g]), len(idx))
+                    o = int(off[g]) + s0 - lo
+                    torch.index_select(win, 0, idx[s0:s1], out=x[o : o + s1 - s0])
+                    torch.index_select(arena, 0, idx[s0:s1] + (span - 1 + self.horizon), out=y[o : o + s1 - s0])
+                    index[o : o + s1 - s0] = starts[s0:s1]
+                for k in range(c, last + 1):
+                    if not in_worker:
+                        self._state[2] = int(mine[k]) + 1
+                    p, r = int(a[k]) - lo, int(b[k]) - lo
+                    yield (x[p:r], y[p:r], index[p:r]) if self.return_index else (x[p:r], y[p:r])
+        finally:
+            stop.set()
+            with contextlib.suppress(queue.Empty):
+                q.get_nowait()
+            thread.join()
+
+    def _fill(self, plan: Any, pools: np.ndarray, q: queue.Queue, stop: threading.Event) -> None:
+        """Decoder thread: each pool's arena, its windows' arena rows and start rows, in pool order."""
+        rows, n_bars = self.cache.shard_rows, self.cache.n_bars
+        try:
+            for g in pools.tolist():
+                w = plan.pool_windows(g, self._ranges, rows)
+                shard = w // rows
+                sids = np.unique(shard)
+                bounds = [(int(w[shard == s].min()), min(int(w[shard == s].max()) + self.span, n_bars)) for s in sids]
+                sizes = np.array([hi - lo for lo, hi in bounds])
+                arena = torch.empty(int(sizes.sum()), self.cache.n_features)
+                at = np.concatenate([[0], np.cumsum(sizes)])
+                for (lo, hi), o in zip(bounds, at[:-1].tolist()):
+                    arena[o : o + hi - lo] = torch.from_numpy(self.cache.read_rows(lo, hi))
+                delta = at[:-1] - np.array([lo for lo, _ in bounds])
+                idx = torch.from_numpy(w + delta[np.searchsorted(sids, shard)])
+                n, f = arena.shape
+                win = torch.as_strided(arena, (n - self.seq_len + 1, self.seq_len, f), (f, f, 1))
+                item: object = (g, arena, win, idx, torch.from_numpy(w))
+                while not stop.is_set():
+                    with contextlib.suppress(queue.Full):
+                        q.put(item, timeout=0.1)
+                        break
+        except BaseException as exc:  # handed to the consumer
+            with contextlib.suppress(queue.Full):
+                q.put(exc, timeout=1)
 
 
 def _median_ms(fn: Callable[[int], Any], shards: list[int]) -> float:
@@ -273,6 +345,10 @@ def read_probe(spec: dict) -> dict[str, Any]:
         res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
                "read_rows_ms": _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows), shards)}
         if spec["full"]:
+            batch = torch.randn(BATCH, SEQ_LEN, f)
+            res["batch_plain_ms"] = _median_ms(lambda s: torch.empty(batch.shape).copy_(batch), shards)
+            res["batch_shared_ms"] = _median_ms(lambda s: torch.empty(0).set_(
+                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), shards)
             span = SEQ_LEN + HORIZON - 1
             res["block_ms"] = _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows + span), shards)
             res["raw_ms"] = _median_ms(lambda s: _raw_shard(cache, s), shards)
@@ -303,19 +379,45 @@ def run_scenario(spec: dict) -> None:
 
 # -- parent: data, runs, tables --------------------------------------------------------------
 class Row:
-    """One scenario's measurement: its result JSON plus the profile of its process tree."""
+    """One scenario over the rounds: each round's result and process-tree profile.
 
-    def __init__(self, key: str, label: str, spec: dict, result: dict, prof: Profile, disk: int) -> None:
-        self.key, self.label, self.spec, self.result, self.prof, self.disk = key, label, spec, result, prof, disk
+    Throughput is the best round's, first batch the worst round's, memory the highest peak.
+    """
+
+    def __init__(self, key: str, label: str, spec: dict, disk: int) -> None:
+        self.key, self.label, self.spec, self.disk = key, label, spec, disk
+        self.results: list[dict] = []
+        self.profs: list[Profile] = []
+
+    def add(self, result: dict, prof: Profile) -> None:
+        self.results.append(result)
+        self.profs.append(prof)
+
+    @property
+    def result(self) -> dict:
+        return max(self.results, key=lambda r: r["windows_per_s"])
 
     @property
     def rate(self) -> float:
         return float(self.result["windows_per_s"])
 
+    @property
+    def first_s(self) -> float:
+        return max(r["first_batch_s"] for r in self.results)
+
+    @property
+    def prof(self) -> Profile:
+        return max(self.profs, key=lambda p: p.peak_rss_tree)
+
+    @property
+    def peak_pss(self) -> int | None:
+        return max((p.peak_pss_tree for p in self.profs if p.peak_pss_tree is not None), default=None)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the spec, the scenario's own numbers and the profile summary."""
-        return {"key": self.key, "label": self.label, "spec": self.spec, "result": self.result,
-                "profile": self.prof.summary(), "disk_bytes": self.disk}
+        """JSON-ready: the spec, every round's numbers and profile summary."""
+        return {"key": self.key, "label": self.label, "spec": self.spec, "disk_bytes": self.disk,
+                "windows_per_s": self.rate, "first_batch_s": self.first_s, "peak_rss_tree_bytes": self.prof.peak_rss_tree,
+                "peak_pss_tree_bytes": self.peak_pss, "rounds": self.results, "profiles": [p.summary() for p in self.profs]}
 
 
 def _run(kind: str, label: str, spec: dict, work: Path, env: dict[str, str] | None = None) -> tuple[dict, Profile]:
@@ -394,25 +496,25 @@ def _ensure_scaled(work: Path, f: int, scale: int) -> Path:
 def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, dict, int]]:
     """(key, kind, label, spec, bytes on disk) of every throughput scenario at one F."""
     base = {k: d[k] for k in ("F", "raw", "starts", "cache", "n_bars")}
-    base.update(repeats=args.repeats, max_s=args.max_seconds, batches=args.batches, naive_windows=args.naive_windows,
-                workers=0, proposed=False)
+    base.update(batches=args.batches, naive_windows=args.naive_windows, workers=0, proposed="")
     f, raw, cache = d["F"], d["raw_bytes"], d["cache_bytes"]
-    epoch = {"batches": 0, "max_s": 2 * args.max_seconds}
+    epoch, w2 = {"batches": 0}, {"batches": args.worker_batches, "workers": 2}
     return [
         ("A", "naive", f"A naive list F={f}", base, raw),
         ("B", "memmap", f"B memmap map-style F={f}", base, raw),
         ("C", "batched", f"C memmap batched F={f}", base, raw),
         ("D", "ram", f"D in-RAM gather F={f}", base, raw),
         ("E0", "stream", f"E WindowStream w=0 F={f}", {**base, **epoch}, cache),
-        ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **epoch, "repeats": 1}, cache),
-        ("E0*", "stream", f"E* proposed gather w=0 F={f}", {**base, **epoch, "proposed": True}, cache),
+        ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **w2}, cache),
+        ("E0*", "stream", f"E* one copy per block w=0 F={f}", {**base, **epoch, "proposed": "gather"}, cache),
+        ("E0**", "stream", f"E** pool arena w=0 F={f}", {**base, **epoch, "proposed": "arena"}, cache),
+        ("E2**", "stream", f"E** pool arena w=2 F={f}", {**base, **w2, "proposed": "arena"}, cache),
     ]
 
 
 def _fmt_rss(row: Row) -> tuple[str, str]:
-    p = row.prof
-    rss, pss = f"{p.peak_rss_tree / MIB:,.0f}", "n/a" if p.peak_pss_tree is None else f"{p.peak_pss_tree / MIB:,.0f}"
-    return rss, pss
+    pss = row.peak_pss
+    return f"{row.prof.peak_rss_tree / MIB:,.0f}", "n/a" if pss is None else f"{pss / MIB:,.0f}"
 
 
 def _main_table(rows: list[Row], data: dict[int, dict]) -> str:
@@ -423,11 +525,11 @@ def _main_table(rows: list[Row], data: dict[int, dict]) -> str:
         f, res = r.spec["F"], r.result
         c = next(x for x in rows if x.key == "C" and x.spec["F"] == f)
         rss, pss = _fmt_rss(r)
-        first = f"{res['first_batch_s']:.3f}"
+        first = f"{r.first_s:.3f}"
         if r.key == "A":
             n_all = data[f]["n_windows"]
             full_rss = res["rss_before_list"] + res["list_bytes"] / res["n_windows"] * n_all
-            full_first = res["first_batch_s"] + res["list_s"] * (n_all / res["n_windows"] - 1)
+            full_first = r.first_s + res["list_s"] * (n_all / res["n_windows"] - 1)
             rss += f" (~{full_rss / GIB:,.1f} GiB for {n_all:,})"
             first += f" (~{full_first:,.0f} for all)"
         lines.append(f"| {r.label[:-len(f' F={f}')]} | {f} | {res['windows']:,} | {r.rate:,.0f} | {r.rate / c.rate:.2f}x | "
@@ -448,13 +550,13 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
         for name, other, bound in TARGETS:
             base = next(x for x in rows if x.key == other and x.spec["F"] == f)
             out.append((name, where, f"{r.rate / base.rate:.2f}x", r.rate / base.rate >= bound))
-        first = r.result["first_batch_s"]
+        first = r.first_s
         out.append((f"first batch <= {FIRST_BATCH_BOUND} s", where, f"{first:.3f} s", first <= FIRST_BATCH_BOUND))
         if f == 256:
             peak = r.prof.peak_rss_tree
             out.append(("peak RSS <= 0.5 GiB (665K x 256)", where, f"{peak / GIB:.3f} GiB RSS", peak <= RSS_BOUND))
-            if r.key == "E2" and r.prof.peak_pss_tree is not None:
-                pss = r.prof.peak_pss_tree
+            if r.spec["workers"] and r.peak_pss is not None:
+                pss = r.peak_pss
                 out.append(("peak PSS <= 0.5 GiB (665K x 256)", where, f"{pss / GIB:.3f} GiB PSS", pss <= RSS_BOUND))
     for one, big in zip(scaling[::2], scaling[1::2]):
         growth = big.prof.peak_rss_tree / one.prof.peak_rss_tree - 1
@@ -476,7 +578,7 @@ def _read_table(probes: dict[str, dict], rows: list[Row]) -> str:
     """Zarr's read path: ms per shard under each setting, and decode's share of an E epoch."""
     base = probes["default"]["caches"]
     fs = sorted(base, key=int)
-    lines = ["| read path (ms per whole shard, median) | " + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, "
+    lines = ["| read path and batch hand-off (ms, median) | " + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, "
              f"{base[f]['shard_mib']:.1f} MiB)" for f in fs) + " |", "|---|" + "---:|" * len(fs)]
 
     def add(name: str, values: list[float]) -> None:
@@ -492,6 +594,8 @@ def _read_table(probes: dict[str, dict], rows: list[Row]) -> str:
     for k in range(3):
         add("`read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
             [list(base[f]["chunk_ms"].values())[k] for f in fs])
+    add("one batch (256 x 60 x F) into new memory: plain (w=0)", [base[f]["batch_plain_ms"] for f in fs])
+    add("one batch into new shared memory (what a DataLoader worker sends)", [base[f]["batch_shared_ms"] for f in fs])
     shares = []
     for f in fs:
         e0 = next(r for r in rows if r.key == "E0" and r.spec["F"] == int(f))
@@ -509,8 +613,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--features", default="9,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--naive-windows", type=int, default=20_000, help="windows A builds (default: %(default)s)")
     p.add_argument("--batches", type=int, default=600, help="batches per pass of B, C, D (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="passes per scenario, best one kept (default: %(default)s)")
-    p.add_argument("--max-seconds", type=float, default=15.0, help="no new pass after this long (E: twice) (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)")
+    p.add_argument("--worker-batches", type=int, default=800, help="batches per E run with 2 workers (default: %(default)s)")
     p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
     p.add_argument("--scale-batches", type=int, default=1000, help="batches streamed per scaling run (default: %(default)s)")
     p.add_argument("--scenario", help=argparse.SUPPRESS)
@@ -527,19 +631,23 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     builds: list[BuildResult] = []
     data = {f: _prepare(args.work, f, builds) for f in sorted(int(x) for x in args.features.split(","))}
-    rows = []
-    for d in data.values():
-        for key, kind, label, spec, disk in _scenarios(d, args):
-            rows.append(Row(key, label, spec, *_run(kind, label, spec, args.work), disk))
+    table: dict[tuple[int, str], Row] = {}
+    for rnd in range(args.rounds):
+        for d in data.values():
+            for key, kind, label, spec, disk in _scenarios(d, args):
+                row = table.setdefault((d["F"], key), Row(key, label, spec, disk))
+                row.add(*_run(kind, f"{label} #{rnd + 1}", {**spec, "round": rnd}, args.work))
+    rows = list(table.values())
     scaling: list[Row] = []
     if args.scale > 1 and 256 in data:
         big = _ensure_scaled(args.work, 256, args.scale)
         for workers in (0, 2):
             for path, scale in ((data[256]["cache"], 1), (str(big), args.scale)):
                 spec = {"F": 256, "cache": path, "bars": 665_000 * scale, "scale": scale, "workers": workers,
-                        "batches": args.scale_batches, "repeats": 1, "max_s": 0, "proposed": False}
+                        "batches": args.scale_batches, "proposed": "", "round": 0}
                 label = f"E scaling w={workers} {scale}x"
-                scaling.append(Row("S", label, spec, *_run("stream", label, spec, args.work), _dir_bytes(Path(path))))
+                scaling.append(Row("S", label, spec, _dir_bytes(Path(path))))
+                scaling[-1].add(*_run("stream", label, spec, args.work))
     probes = {}
     caches = [d["cache"] for d in data.values()]
     variants = {"default": {}, "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},

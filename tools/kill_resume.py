@@ -22,7 +22,6 @@ Prints a table and ``N/N identical``; exits 1 unless every trial is identical an
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import signal
@@ -112,7 +111,8 @@ def trial(i: int, n: int, rng: random.Random, data: Path, clean: Path, work: Pat
     else:
         diffs = compare_caches(clean, out)
         report = verify_cache(out)
-        result = "identical" if not diffs and report.ok else f"DIFFERS: {(diffs + [str(p) for p in report.problems])[:3]}"
+        problems = diffs + [str(p) for p in report.problems]
+        result = "identical" if not problems else f"DIFFERS: {problems[:3]}"
     shutil.rmtree(out, ignore_errors=True)
     return {"trial": i, "kill_s": delay, "stage": stage, "done": state, "resume_s": resume_s, "result": result}
 
