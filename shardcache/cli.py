@@ -314,6 +314,9 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `shardcache ls CACHE | head`: stop quietly, like other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,10 +10,12 @@ outputs)::
       done/          one pickle per finished task (scan-000003.pkl, merge-..., stats-..., write-...)
       cache.zarr/    the cache being written (local outputs only)
 
-Every file in it is written to a temporary name and renamed, and a task's marker is written
-after its outputs, so a build killed at any moment (SIGKILL included) leaves only finished
-markers. ``--resume`` with the same inputs and options loads them and runs only the
-missing tasks; the result is the same, array for array, as an uninterrupted build.
+``state.json``, the markers and every zarr object are written to a temporary name and
+renamed, and a task's marker is written after its outputs (a merge deletes its input runs
+only after its marker), so a build killed at any moment (SIGKILL included) leaves only
+markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
+same inputs and options loads the markers and runs only the missing tasks; the result is
+the same, array for array, as an uninterrupted build.
 
 Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
 an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``
