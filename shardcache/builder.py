@@ -44,58 +44,14 @@ from .errors import ShardcacheError
 from .features import compute_features, required_columns, resolve_features
 from .index import valid_ranges
 from .sources import Source, expand_inputs, open_sources, parse_duration
+from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, Cache, CacheWriter, default_chunking, open_cache
 
-__all__ = ["build_cache", "parse_split", "SplitSpec"]
+__all__ = ["build_cache"]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
-
-
-# -- options -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SplitSpec:
-    """Split names in time order and the timestamps where each later split starts."""
-
-    names: list[str]
-    fractions: list[float] | None = None
-    dates_ns: list[int] | None = None
-    text: str = "none"
-
-
-def parse_split(text: str | None) -> SplitSpec:
-    """Parse ``none``, ``train=0.8,val=0.1,test=0.1`` or ``val=2024-06-01,test=2024-09-01``."""
-    if text is None or text.strip() in ("", "none"):
-        return SplitSpec(["all"])
-    pairs = []
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip() or not value.strip():
-            raise ShardcacheError(f"--split {text!r}: expected NAME=FRACTION or NAME=DATE pairs")
-        pairs.append((name.strip(), value.strip()))
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ShardcacheError(f"--split {text!r}: a split name appears twice")
-    try:
-        fractions = [float(v) for _, v in pairs]
-    except ValueError:
-        fractions = None
-    if fractions is not None:
-        if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-            raise ShardcacheError(f"--split {text!r}: fractions must be positive and sum to 1")
-        return SplitSpec(names, fractions=fractions, text=text)
-    if "train" in names:
-        raise ShardcacheError(
-            f"--split {text!r}: with dates, name only the later splits (train is everything before the first date)"
-        )
-    try:
-        dates = [int(np.datetime64(v, "ns").astype(np.int64)) for _, v in pairs]
-    except ValueError:
-        raise ShardcacheError(f"--split {text!r}: values must be all fractions or all dates (YYYY-MM-DD)") from None
-    if dates != sorted(dates) or len(set(dates)) != len(dates):
-        raise ShardcacheError(f"--split {text!r}: dates must increase")
-    return SplitSpec(["train", *names], dates_ns=dates, text=text)
 
 
 # -- stage results -------------------------------------------------------------------------
@@ -185,7 +141,8 @@ def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
             if len(part_ts) > 1:
                 dts.append(int(np.median(np.diff(part_ts))))
             runs.append(_Run(sym, path, len(rows), int(part_ts[0]), int(part_ts[-1]), (i, k), part_ts[idx]))
-    return _Scan(runs, Counter(src.drops), reordered, records, int(np.median(dts)) if dts else None)
+    drops = Counter(src.drops)
+    return _Scan(runs, drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None)
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
@@ -326,21 +283,6 @@ def _write(job: tuple[_Layout, int]) -> str:
 
 
 # -- the build -------------------------------------------------------------------------------
-def _fraction_cuts(spec: SplitSpec, runs: list[_Run]) -> list[int]:
-    """Cut timestamps placing ``spec.fractions`` of all bars before each later split."""
-    if not runs:
-        return []
-    pts = np.concatenate([r.sketch for r in runs])
-    weights = np.concatenate([np.full(len(r.sketch), r.n / len(r.sketch)) for r in runs])
-    order = np.argsort(pts, kind="stable")
-    cum = np.cumsum(weights[order])
-    cuts = []
-    for f in np.cumsum(spec.fractions[:-1]):
-        j = min(int(np.searchsorted(cum, f * cum[-1], side="left")) + 1, len(order) - 1)
-        cuts.append(int(pts[order][j]))
-    return cuts
-
-
 def _stored_bytes(url: str, storage_options: dict | None) -> int:
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return int(fs.du(path.rstrip("/") + "/features"))
@@ -438,7 +380,9 @@ def build_cache(
         dts = [s.median_dt for s in scans if s.median_dt]
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
         cuts = spec.dates_ns if spec.dates_ns is not None else (
-            _fraction_cuts(spec, runs) if spec.fractions else [])
+            spec.fraction_cuts(np.concatenate([r.sketch for r in runs]),
+                               np.concatenate([np.full(len(r.sketch), r.n / len(r.sketch)) for r in runs]))
+            if spec.fractions and runs else [])
         by_symbol: dict[str, list[_Run]] = {}
         for r in runs:
             by_symbol.setdefault(r.symbol, []).append(r)

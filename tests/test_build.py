@@ -14,8 +14,8 @@ import pytest
 import zarr
 
 from shardcache import ShardcacheError, open_cache
-from shardcache.builder import build_cache, parse_split
-from shardcache.features import compute_features
+from shardcache.builder import build_cache
+from shardcache.splits import parse_split
 from shardcache.sample import make_sample, write_dbn
 
 OHLCV = ["open", "high", "low", "close", "volume"]

@@ -10,34 +10,29 @@ A  naive: the team's loader, a Python list of ``(torch.tensor(bars[p:p+60]), tar
 B  memmap, map-style: ``np.memmap`` of the raw float32 rows, ``__getitem__`` returns
    ``torch.from_numpy(mm[p:p+60])`` and the target row, ``DataLoader(shuffle=True, batch_size=256)``.
 C  memmap, batched: one numpy fancy index per batch of 256 random starts into a strided
-   ``(n, 60, F)`` view of the same memmap.
+   ``(n, 60, F)`` view of the same memmap (no DataLoader: batches are made whole).
 D  in-RAM gather ceiling: the whole array in RAM, preallocated outputs, one thread,
    ``torch.index_select(torch.as_strided(t, (n, 60, F), (F, F, 1)), 0, idx, out=buf)``.
-E  shardcache: ``WindowStream`` over the compressed cache, ``DataLoader(ds, batch_size=None,
-   num_workers=0 | 2)``: a full epoch with no workers, ``--worker-batches`` batches with two.
+E  shardcache: ``WindowStream`` over the compressed cache: a full epoch iterated in-process
+   (``for x, y in ds``, the stream's own reader thread decodes ahead), and ``--worker-batches``
+   batches of ``DataLoader(ds, batch_size=None, num_workers=2)``.
    ``E*`` and ``E**`` are the same stream with the read-path changes proposed for
    ``stream.py`` (``ProposedStream``, ``ArenaStream``; see docs/performance.md).
 
 Every scenario serves the cache's valid windows (60 bars inside one segment, target row
-``p + 60``), shuffled, in batches of 256; B-D shuffle globally, E by shard pools (its
-design). Each run is its own process under ``tools/profile_memory.py``'s ``profile()``, so
-its peak RSS is clean and covers DataLoader workers (RSS summed over the process tree; PSS,
-which counts shared pages once, alongside). The machine is shared, so the scenarios run in
-``--rounds`` interleaved rounds: windows/s is the best round's (windows after the first
-batch over the time after it), first batch the worst round's (from opening the data,
-imports done, to the first batch in hand), memory the highest peak. The consumer only
-counts windows.
+``p + 60``), shuffled (B-D globally, E by shard pools, its design), in batches of 256. Each
+run is its own process under ``tools/profile_memory.py``'s ``profile()``: RSS summed over
+the process tree (DataLoader workers included), PSS alongside. The machine is shared, so
+the scenarios run in ``--rounds`` interleaved rounds; windows/s is the best round's
+(windows after the first batch over the time after it), first batch the worst round's
+(from opening the data to the first batch in hand), memory the highest peak. Every process
+runs with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and ``torch.set_num_threads(1)``; blosc and
+zarr keep their default decode threads (only E decodes). The consumer only counts windows.
 
-Threads: every scenario process runs with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and
-``torch.set_num_threads(1)`` (DataLoader workers run one torch thread anyway); blosc and
-zarr keep their default decode threads, which only E uses.
-
-Also measured: each build (bars/s, peak RSS, cache size against raw float32), streaming
-memory at 1x and ``--scale``x the bars (F=256, the larger cache built once and reused), and
-where zarr's read path spends its time (per-shard ``Cache.read_rows`` against a raw
-numcodecs decode of the same chunks, inner chunk sizes, ``zarr.config`` settings) and what
-a batch costs to hand over from a DataLoader worker. ``tools/bench_build.py`` covers build
-memory at 1x and 10x.
+Also measured: the builds (bars/s, peak RSS, size against raw float32), streaming memory at
+1x and ``--scale``x the bars (F=256; that cache is built once and reused), zarr's read path
+(per-shard ``Cache.read_rows`` against a raw numcodecs decode, inner chunk sizes,
+``zarr.config`` settings) and the cost of handing a batch over from a DataLoader worker.
 
 Usage (from the repository root; about 8 minutes on 2 cores, more on the first run)::
 
@@ -53,6 +48,7 @@ import json
 import os
 import platform
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -68,10 +64,10 @@ from torch.utils.data import DataLoader, Dataset
 from shardcache import WindowStream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_build import BuildResult, build_table, ensure_dbn_sample, measure_build  # noqa: E402
+from bench_build import BuildResult, build_table, dir_bytes, ensure_scaled_cache, prepare_data, read_probe, read_table  # noqa: E402
 from profile_memory import MIB, Profile, plot, profile  # noqa: E402
 
-__all__ = ["MemmapWindows", "ProposedStream", "Row", "read_probe", "run_scenario", "main"]
+__all__ = ["ArenaStream", "MemmapWindows", "ProposedStream", "Row", "run_scenario", "main"]
 
 SEQ_LEN, HORIZON, BATCH = 60, 1, 256
 GIB = 2**30
@@ -109,9 +105,9 @@ def _timed(open_data: Callable[[], Iterator[tuple]]) -> dict[str, Any]:
 
 
 def _permuted(spec: dict) -> np.ndarray:
-    """This round's random order of the valid starts, cut to ``batches`` batches."""
+    """This round's random order of the valid starts (a full epoch)."""
     starts = np.load(spec["starts"])
-    return starts[np.random.default_rng([7, spec["round"]]).permutation(len(starts))][: spec["batches"] * BATCH]
+    return starts[np.random.default_rng([7, spec["round"]]).permutation(len(starts))]
 
 
 def _naive(spec: dict) -> dict[str, Any]:
@@ -136,7 +132,7 @@ def _memmap(spec: dict) -> dict[str, Any]:
 
     def open_data() -> Iterator[tuple]:
         rows = np.memmap(spec["raw"], np.float32, "c", shape=(spec["n_bars"], spec["F"]))
-        return itertools.islice(DataLoader(MemmapWindows(rows, starts), batch_size=BATCH, shuffle=True), spec["batches"])
+        return iter(DataLoader(MemmapWindows(rows, starts), batch_size=BATCH, shuffle=True))
 
     return _timed(open_data)
 
@@ -174,18 +170,16 @@ def _ram(spec: dict) -> dict[str, Any]:
 
 
 def _stream(spec: dict) -> dict[str, Any]:
-    """E: WindowStream through a DataLoader (``batch_size=None``): a full epoch, or ``batches``."""
-    holder: dict[str, Any] = {}
+    """E: the stream in-process, or through ``DataLoader(batch_size=None)`` workers; a full epoch or ``batches``."""
+    cls = {"": WindowStream, "gather": ProposedStream, "arena": ArenaStream}[spec["proposed"]]
 
     def open_data() -> Iterator[tuple]:
-        cls = {"": WindowStream, "gather": ProposedStream, "arena": ArenaStream}[spec["proposed"]]
-        ds = holder["ds"] = cls(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
-        loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"])
-        return itertools.islice(loader, spec["batches"]) if spec["batches"] else iter(loader)
+        ds = cls(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
+        loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"]) if spec["workers"] else ds
+        with ds:
+            yield from itertools.islice(loader, spec["batches"] or None)
 
-    out = _timed(open_data)
-    holder["ds"].close()
-    return out
+    return _timed(open_data)
 
 
 class ProposedStream(WindowStream):
@@ -297,74 +291,6 @@ class ArenaStream(WindowStream):
                 q.put(exc, timeout=1)
 
 
-def _median_ms(fn: Callable[[int], Any], shards: list[int]) -> float:
-    """Median milliseconds of ``fn(shard)`` over two rounds of ``shards``, after one warm-up call."""
-    fn(shards[0])
-    times = []
-    for s in shards * 2:
-        t = time.perf_counter()
-        fn(s)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
-
-
-def _raw_shard(cache: Any, s: int) -> np.ndarray:
-    """Shard ``s`` without zarr: read the object, check the crc32c, blosc-decode each inner chunk."""
-    import crc32c
-    import numcodecs
-
-    n, rows = cache.shard_rows // cache.chunk_rows, cache.chunk_rows
-    data = memoryview(Path(cache.url, "features", *cache.features.metadata.encode_chunk_key((s, 0)).split("/")).read_bytes())
-    out = np.empty((cache.shard_rows, cache.n_features), np.float32)
-    codec = numcodecs.Blosc()
-    for k, (off, size) in enumerate(np.frombuffer(data[-(16 * n + 4) : -4], "<u8").reshape(n, 2).tolist()):
-        chunk = data[off : off + size]
-        if crc32c.crc32c(chunk[:-4]) != int.from_bytes(chunk[-4:], "little"):
-            raise ValueError(f"shard {s} chunk {k}: crc32c mismatch")
-        codec.decode(chunk[:-4], out=out[k * rows : (k + 1) * rows])
-    return out
-
-
-def read_probe(spec: dict) -> dict[str, Any]:
-    """Zarr's read path per cache: ms per whole shard via ``read_rows``; with ``full`` also the
-    stream's block (shard + overhang), a raw numcodecs decode and other inner chunk sizes."""
-    import shutil
-
-    import zarr
-    from numcodecs import blosc
-
-    from shardcache import open_cache
-    from shardcache.store import CacheWriter
-
-    blosc.use_threads = False  # as inside zarr, which decodes in worker threads
-    out: dict[str, Any] = {}
-    for path in spec["caches"]:
-        cache = open_cache(path)
-        rows, f = cache.shard_rows, cache.n_features
-        shards = list(range(min(spec["shards"], cache.n_shards - 1)))
-        res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
-               "read_rows_ms": _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows), shards)}
-        if spec["full"]:
-            batch = torch.randn(BATCH, SEQ_LEN, f)
-            res["batch_plain_ms"] = _median_ms(lambda s: torch.empty(batch.shape).copy_(batch), shards)
-            res["batch_shared_ms"] = _median_ms(lambda s: torch.empty(0).set_(
-                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), shards)
-            span = SEQ_LEN + HORIZON - 1
-            res["block_ms"] = _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows + span), shards)
-            res["raw_ms"] = _median_ms(lambda s: _raw_shard(cache, s), shards)
-            data, res["chunk_ms"] = cache.read_rows(0, len(shards) * rows), {}
-            for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
-                tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
-                w = CacheWriter(tmp, n_bars=len(data), feature_names=cache.feature_names, shard_rows=rows, chunk_rows=chunk)
-                for s in shards:
-                    w.write_shard(s, data[s * rows : (s + 1) * rows], np.zeros(rows, np.int64))
-                arr = zarr.open_group(str(tmp), mode="r")["features"]
-                res["chunk_ms"][chunk] = _median_ms(lambda s: np.asarray(arr[s * rows : (s + 1) * rows]), shards)
-                shutil.rmtree(tmp)
-        out[str(f)] = res
-    return {"caches": out, "windows_per_s": 0.0}
-
-
 SCENARIOS: dict[str, Callable[[dict], dict[str, Any]]] = {
     "naive": _naive, "memmap": _memmap, "batched": _batched, "ram": _ram, "stream": _stream, "read": read_probe,
 }
@@ -438,67 +364,12 @@ def _run(kind: str, label: str, spec: dict, work: Path, env: dict[str, str] | No
     return json.loads(out.read_text()), prof
 
 
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _prepare(work: Path, f: int, builds: list[BuildResult]) -> dict[str, Any]:
-    """Source data (reused), a fresh profiled build, the raw float32 export and the valid starts."""
-    from shardcache import open_cache
-    from shardcache.index import valid_ranges
-    from shardcache.sample import make_sample_parquet
-
-    if f == 9:
-        src, label, extra = ensure_dbn_sample(work, 360), "DBN sample, default features", ()
-    else:
-        src = work / f"parquet-{f}"
-        if not (work / f"parquet-{f}.complete").exists():
-            make_sample_parquet(src, n_bars=665_000, n_features=f)
-            (work / f"parquet-{f}.complete").write_text("ok\n")
-        label, extra = f"Parquet, {f} raw columns", ("--features", "raw")
-    cache_path = work / f"cache-{f}.zarr"
-    print(f"bench: build-cache F={f} ...", file=sys.stderr, flush=True)
-    builds.append(measure_build(label, src, cache_path, *extra)[0])
-    cache = open_cache(cache_path)
-    raw = work / f"rows-{f}.f32"
-    with open(raw, "wb") as fh:
-        for s in range(cache.n_shards):
-            fh.write(cache.read_rows(s * cache.shard_rows, min((s + 1) * cache.shard_rows, cache.n_bars)).tobytes())
-    starts = work / f"starts-{f}.npy"
-    np.save(starts, valid_ranges(cache, SEQ_LEN, HORIZON).starts())
-    return {"F": f, "cache": str(cache_path), "raw": str(raw), "starts": str(starts), "n_bars": cache.n_bars,
-            "n_windows": cache.n_windows(SEQ_LEN, HORIZON), "cache_bytes": _dir_bytes(cache_path),
-            "raw_bytes": raw.stat().st_size}
-
-
-def _ensure_scaled(work: Path, f: int, scale: int) -> Path:
-    """The ``scale``x F=``f`` cache, built once from a generated Parquet table by build-cache, then reused."""
-    from shardcache import open_cache
-    from shardcache.errors import CacheError
-    from shardcache.sample import make_sample_parquet
-
-    path = work / f"cache-{f}-x{scale}.zarr"
-    try:
-        open_cache(path)
-        return path
-    except CacheError:
-        pass
-    src = work / f"parquet-{f}-x{scale}"
-    print(f"bench: generating and building the {scale}x F={f} cache once (minutes) ...", file=sys.stderr, flush=True)
-    make_sample_parquet(src, n_bars=665_000 * scale, n_features=f, rows_per_file=665_000)
-    measure_build(f"Parquet {scale}x", src, path, "--features", "raw")
-    for p in src.iterdir():
-        p.unlink()
-    src.rmdir()
-    return path
-
-
 def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, dict, int]]:
     """(key, kind, label, spec, bytes on disk) of every throughput scenario at one F."""
     base = {k: d[k] for k in ("F", "raw", "starts", "cache", "n_bars")}
-    base.update(batches=args.batches, naive_windows=args.naive_windows, workers=0, proposed="")
+    base.update(batches=0, naive_windows=args.naive_windows, workers=0, proposed="")
     f, raw, cache = d["F"], d["raw_bytes"], d["cache_bytes"]
-    epoch, w2 = {"batches": 0}, {"batches": args.worker_batches, "workers": 2}
+    epoch, w2 = {}, {"batches": args.worker_batches, "workers": 2}
     return [
         ("A", "naive", f"A naive list F={f}", base, raw),
         ("B", "memmap", f"B memmap map-style F={f}", base, raw),
@@ -508,7 +379,6 @@ def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, d
         ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **w2}, cache),
         ("E0*", "stream", f"E* one copy per block w=0 F={f}", {**base, **epoch, "proposed": "gather"}, cache),
         ("E0**", "stream", f"E** pool arena w=0 F={f}", {**base, **epoch, "proposed": "arena"}, cache),
-        ("E2**", "stream", f"E** pool arena w=2 F={f}", {**base, **w2, "proposed": "arena"}, cache),
     ]
 
 
@@ -537,10 +407,6 @@ def _main_table(rows: list[Row], data: dict[int, dict]) -> str:
     return "\n".join(lines)
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
 def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, bool]]:
     """(target, where, measured, passed) for every target and E variant."""
     out = []
@@ -560,49 +426,29 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
                 out.append(("peak PSS <= 0.5 GiB (665K x 256)", where, f"{pss / GIB:.3f} GiB PSS", pss <= RSS_BOUND))
     for one, big in zip(scaling[::2], scaling[1::2]):
         growth = big.prof.peak_rss_tree / one.prof.peak_rss_tree - 1
-        where = f"F=256, w={one.spec['workers']}, 1x vs {big.spec['scale']}x bars"
+        where = f"F=256, w={one.spec['workers']}, {one.spec['env'] or 'default zarr'}, 1x vs {big.spec['scale']}x bars"
         out.append(("peak RSS within 10% at 10x bars", where, f"{growth:+.1%}", abs(growth) <= SCALE_TOLERANCE))
     return out
 
 
-def _scaling_table(scaling: list[Row]) -> str:
-    lines = ["| cache | bars | workers | batches | windows/s | peak RSS MiB | peak PSS MiB |", "|---|---:|---:|---:|---:|---:|---:|"]
+def _scaling_table(scaling: list[Row], imports: dict[str, int]) -> str:
+    """Streaming memory per cache size, and the RSS a process has before it streams anything."""
+    lines = ["| cache | bars | workers | zarr setting | batches | windows/s | peak RSS MiB | peak PSS MiB |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in scaling:
         rss, pss = _fmt_rss(r)
-        lines.append(f"| {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | {r.spec['batches']} | "
-                     f"{r.rate:,.0f} | {rss} | {pss} |")
+        lines.append(f"| {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | {r.spec['env'] or 'default'} | "
+                     f"{r.spec['batches']} | {r.rate:,.0f} | {rss} | {pss} |")
+    lines += ["", "RSS after imports alone: " + ", ".join(f"`{k}` {v / MIB:.0f} MiB" for k, v in imports.items()) + "."]
     return "\n".join(lines)
 
 
-def _read_table(probes: dict[str, dict], rows: list[Row]) -> str:
-    """Zarr's read path: ms per shard under each setting, and decode's share of an E epoch."""
-    base = probes["default"]["caches"]
-    fs = sorted(base, key=int)
-    lines = ["| read path and batch hand-off (ms, median) | " + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, "
-             f"{base[f]['shard_mib']:.1f} MiB)" for f in fs) + " |", "|---|" + "---:|" * len(fs)]
-
-    def add(name: str, values: list[float]) -> None:
-        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
-
-    add(f"`Cache.read_rows`, default zarr config (inner chunks {'/'.join(str(base[f]['chunk_rows']) for f in fs)} rows)",
-        [base[f]["read_rows_ms"] for f in fs])
-    add("stream block: shard + 60-row overhang (reads 2 shards)", [base[f]["block_ms"] for f in fs])
-    add("raw numcodecs: read object, crc32c, blosc-decode chunks (no zarr)", [base[f]["raw_ms"] for f in fs])
-    for name, probe in probes.items():
-        if name != "default":
-            add(f"`read_rows` with {name}", [probe["caches"][f]["read_rows_ms"] for f in fs])
-    for k in range(3):
-        add("`read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
-            [list(base[f]["chunk_ms"].values())[k] for f in fs])
-    add("one batch (256 x 60 x F) into new memory: plain (w=0)", [base[f]["batch_plain_ms"] for f in fs])
-    add("one batch into new shared memory (what a DataLoader worker sends)", [base[f]["batch_shared_ms"] for f in fs])
-    shares = []
-    for f in fs:
-        e0 = next(r for r in rows if r.key == "E0" and r.spec["F"] == int(f))
-        n_blocks = -(-e0.spec["n_bars"] // base[f]["shard_rows"])
-        shares.append(100 * n_blocks * base[f]["block_ms"] / 1e3 / (e0.result["windows"] / e0.rate))
-    add("decode time of one epoch's blocks, % of an E w=0 epoch (in the reader thread)", shares)
-    return "\n".join(lines)
+def _import_rss() -> dict[str, int]:
+    """RSS of a fresh interpreter after importing torch alone, and torch with shardcache's stream."""
+    code = "import psutil, {}; print(psutil.Process().memory_info().rss)"
+    mods = ("torch", "torch, shardcache.stream")
+    return {m: int(subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
+                                  check=True).stdout) for m in mods}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -612,7 +458,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, default=PLOT_PATH, help="RSS-over-time PNG, A vs E at F=256 (default: %(default)s)")
     p.add_argument("--features", default="9,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--naive-windows", type=int, default=20_000, help="windows A builds (default: %(default)s)")
-    p.add_argument("--batches", type=int, default=600, help="batches per pass of B, C, D (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)")
     p.add_argument("--worker-batches", type=int, default=800, help="batches per E run with 2 workers (default: %(default)s)")
     p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
@@ -630,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     builds: list[BuildResult] = []
-    data = {f: _prepare(args.work, f, builds) for f in sorted(int(x) for x in args.features.split(","))}
+    data = {f: prepare_data(args.work, f, builds, SEQ_LEN, HORIZON) for f in sorted(int(x) for x in args.features.split(","))}
     table: dict[tuple[int, str], Row] = {}
     for rnd in range(args.rounds):
         for d in data.values():
@@ -640,14 +485,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(table.values())
     scaling: list[Row] = []
     if args.scale > 1 and 256 in data:
-        big = _ensure_scaled(args.work, 256, args.scale)
-        for workers in (0, 2):
+        big = ensure_scaled_cache(args.work, 256, args.scale)
+        for workers, zarr_env in ((0, ""), (2, ""), (0, "ZARR_THREADING__MAX_WORKERS=1")):
             for path, scale in ((data[256]["cache"], 1), (str(big), args.scale)):
                 spec = {"F": 256, "cache": path, "bars": 665_000 * scale, "scale": scale, "workers": workers,
-                        "batches": args.scale_batches, "proposed": "", "round": 0}
-                label = f"E scaling w={workers} {scale}x"
-                scaling.append(Row("S", label, spec, _dir_bytes(Path(path))))
-                scaling[-1].add(*_run("stream", label, spec, args.work))
+                        "batches": args.scale_batches, "proposed": "", "round": 0, "env": zarr_env}
+                label = f"E scaling w={workers} {scale}x {zarr_env}".strip()
+                scaling.append(Row("S", label, spec, dir_bytes(Path(path))))
+                env = dict([zarr_env.split("=")]) if zarr_env else None
+                scaling[-1].add(*_run("stream", label, spec, args.work, env))
     probes = {}
     caches = [d["cache"] for d in data.values()]
     variants = {"default": {}, "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},
@@ -655,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 "threading.max_workers=1": {"ZARR_THREADING__MAX_WORKERS": "1"},
                 "codec_pipeline.batch_size=8": {"ZARR_CODEC_PIPELINE__BATCH_SIZE": "8"}}
     for name, env in variants.items():
-        spec = {"caches": caches, "shards": 10, "full": name == "default", "tmp": str(args.work)}
+        spec = {"caches": caches, "shards": 10, "full": name == "default", "tmp": str(args.work), "seq_len": SEQ_LEN}
         probes[name] = _run("read", f"read path {name}", spec, args.work, env)[0]
 
     targets = _targets(rows, scaling)
@@ -667,14 +513,15 @@ def main(argv: list[str] | None = None) -> int:
         "", "### Builds", "", build_table(builds),
         "", "### Loaders (same bars, same run)", "", _main_table(rows, data),
         "", f"A ran on {args.naive_windows:,} windows; `~` extrapolates its memory and first batch linearly to every "
-        "window. B-D: best of the passes over the batches shown; E: full epochs. RSS: process tree (workers included); "
-        "PSS counts shared pages once. B and C map the raw file: their RSS includes the page-cache pages they touched.",
+        f"window. {args.rounds} interleaved rounds: windows/s is the best round's, first batch the worst, memory the "
+        "highest peak. RSS: process tree (workers included); PSS counts shared pages once. B and C map the raw file: "
+        "their RSS includes the page-cache pages they touched. Every process starts with torch and shardcache imported.",
     ]
     if scaling:
-        report += ["", "### Streaming memory at 1x and 10x the bars (F=256)", "", _scaling_table(scaling)]
-    report += ["", "### Zarr read path", "", _read_table(probes, rows),
+        report += ["", f"### Streaming memory at 1x and {args.scale}x the bars (F=256)", "", _scaling_table(scaling, _import_rss())]
+    report += ["", "### Zarr read path", "", read_table(probes, {r.spec["F"]: (r.result["windows"] / r.rate, r.spec["n_bars"]) for r in rows if r.key == "E0"}),
                "", "### Targets", "", "| target | where | measured | result |", "|---|---|---:|---|"]
-    report += [f"| {name} | {where} | {value} | {_verdict(ok)} |" for name, where, value, ok in targets]
+    report += [f"| {name} | {where} | {value} | {'PASS' if ok else 'FAIL'} |" for name, where, value, ok in targets]
     print("\n".join(report))
     pick = [r for r in rows if r.spec["F"] == max(data) and r.key in ("A", "E0", "E2")]
     if pick and args.plot:

@@ -1,4 +1,4 @@
-"""Build speed and memory: ``build-cache`` on the DBN sample at 1x and 10x the bars.
+"""The cache side of the benchmark: build speed and memory, the benchmark's data, zarr's read path.
 
 Each build runs in its own process under ``tools/profile_memory.py``'s ``profile()``, so its
 peak RSS is the whole process tree's (dask's local threads included), sampled while it runs.
@@ -12,8 +12,9 @@ Usage (from the repository root)::
     .venv/bin/python tools/bench_build.py --scales 1 --json build.json
 
 The samples (``make_sample(days=360 * scale)``) are generated once under ``--work`` and
-reused; the caches are rebuilt every run. ``tools/bench.py`` uses ``measure_build`` for its
-own build rows.
+reused; the caches are rebuilt every run. ``tools/bench.py`` prepares its data here
+(``prepare_data``, ``ensure_scaled_cache``), reports its builds with ``build_table`` and
+probes the read path with ``read_probe`` (one fresh process per zarr setting) and ``read_table``.
 """
 
 from __future__ import annotations
@@ -21,16 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_memory import MIB, Profile, profile  # noqa: E402
 
-__all__ = ["FLAT_TOLERANCE", "BuildResult", "ensure_dbn_sample", "measure_build", "build_table", "flat_verdict", "main"]
+__all__ = [
+    "FLAT_TOLERANCE", "BuildResult", "build_table", "dir_bytes", "ensure_dbn_sample", "ensure_scaled_cache",
+    "flat_verdict", "main", "measure_build", "prepare_data", "read_probe", "read_table",
+]
 
 FLAT_TOLERANCE = 0.10  # largest-scale peak RSS at most 10 % above the smallest scale's
 _QUIET_CLI = (
@@ -87,7 +95,7 @@ def measure_build(label: str, sources: Path, out: Path, *args: str, interval: fl
         raise SystemExit(f"bench: {label}: build-cache failed with exit code {prof.exit_code}")
     cache = open_cache(out)
     size = cache.manifest.get("bytes", {})
-    inputs = len(list(sources.iterdir())) if sources.is_dir() else 1
+    inputs = len([p for p in sources.iterdir() if not p.name.startswith(".")]) if sources.is_dir() else 1
     result = BuildResult(
         label=label, inputs=inputs, bars=cache.n_bars, features=cache.n_features, wall_s=prof.wall_s,
         peak_rss=prof.peak_rss_tree, peak_pss=prof.peak_pss_tree,
@@ -95,6 +103,64 @@ def measure_build(label: str, sources: Path, out: Path, *args: str, interval: fl
         exit_code=prof.exit_code,
     )
     return result, prof
+
+
+def dir_bytes(path: Path) -> int:
+    """Bytes of every file under ``path``."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
+    """Bars at F=``f`` for the loaders: the source (generated once), a fresh profiled build
+    (appended to ``builds``), the cache's rows as a raw float32 file and its valid window starts.
+
+    F=9 is the 360-file DBN sample with the default features; any other F a 665K-bar
+    Parquet table of ``f`` random columns built with ``--features raw``.
+    """
+    from shardcache import open_cache
+    from shardcache.index import valid_ranges
+    from shardcache.sample import make_sample_parquet
+
+    if f == 9:
+        src, label, extra = ensure_dbn_sample(work, 360), "DBN sample, default features", ()
+    else:
+        src, label, extra = work / f"parquet-{f}", f"Parquet, {f} raw columns", ("--features", "raw")
+        if not (work / f"parquet-{f}.complete").exists():
+            make_sample_parquet(src, n_bars=665_000, n_features=f)
+            (work / f"parquet-{f}.complete").write_text("ok\n")
+    cache_path = work / f"cache-{f}.zarr"
+    print(f"bench: build-cache F={f} ...", file=sys.stderr, flush=True)
+    builds.append(measure_build(label, src, cache_path, *extra)[0])
+    cache = open_cache(cache_path)
+    raw = work / f"rows-{f}.f32"
+    with open(raw, "wb") as fh:
+        for s in range(cache.n_shards):
+            fh.write(cache.read_rows(s * cache.shard_rows, min((s + 1) * cache.shard_rows, cache.n_bars)).tobytes())
+    starts = work / f"starts-{f}.npy"
+    np.save(starts, valid_ranges(cache, seq_len, horizon).starts())
+    return {"F": f, "cache": str(cache_path), "raw": str(raw), "starts": str(starts), "n_bars": cache.n_bars,
+            "n_windows": cache.n_windows(seq_len, horizon), "cache_bytes": dir_bytes(cache_path),
+            "raw_bytes": raw.stat().st_size}
+
+
+def ensure_scaled_cache(work: Path, f: int, scale: int) -> Path:
+    """The ``scale`` x 665K-bar cache at F=``f``, built once by build-cache from generated Parquet, then reused."""
+    from shardcache import open_cache
+    from shardcache.errors import CacheError
+    from shardcache.sample import make_sample_parquet
+
+    path = work / f"cache-{f}-x{scale}.zarr"
+    try:
+        open_cache(path)
+        return path
+    except CacheError:
+        pass
+    src = work / f"parquet-{f}-x{scale}"
+    print(f"bench: generating and building the {scale}x F={f} cache once (minutes) ...", file=sys.stderr, flush=True)
+    make_sample_parquet(src, n_bars=665_000 * scale, n_features=f, rows_per_file=665_000)
+    measure_build(f"Parquet {scale}x", src, path, "--features", "raw")
+    shutil.rmtree(src)
+    return path
 
 
 def build_table(results: list[BuildResult]) -> str:
@@ -124,6 +190,104 @@ def flat_verdict(results: list[BuildResult]) -> tuple[bool, str]:
         f"{growth:+.1%}; bound +{FLAT_TOLERANCE:.0%}): {'PASS' if ok else 'FAIL'}"
     )
     return ok, text
+
+
+def _median_ms(fn: Callable[[int], Any], shards: list[int]) -> float:
+    """Median milliseconds of ``fn(shard)`` over two rounds of ``shards``, after one warm-up call."""
+    fn(shards[0])
+    times = []
+    for s in shards * 2:
+        t = time.perf_counter()
+        fn(s)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
+def _raw_shard(cache: Any, s: int) -> np.ndarray:
+    """Shard ``s`` without zarr: read the object, check the crc32c, blosc-decode each inner chunk."""
+    import crc32c
+    import numcodecs
+
+    n, rows = cache.shard_rows // cache.chunk_rows, cache.chunk_rows
+    data = memoryview(Path(cache.url, "features", *cache.features.metadata.encode_chunk_key((s, 0)).split("/")).read_bytes())
+    out = np.empty((cache.shard_rows, cache.n_features), np.float32)
+    codec = numcodecs.Blosc()
+    for k, (off, size) in enumerate(np.frombuffer(data[-(16 * n + 4) : -4], "<u8").reshape(n, 2).tolist()):
+        chunk = data[off : off + size]
+        if crc32c.crc32c(chunk[:-4]) != int.from_bytes(chunk[-4:], "little"):
+            raise ValueError(f"shard {s} chunk {k}: crc32c mismatch")
+        codec.decode(chunk[:-4], out=out[k * rows : (k + 1) * rows])
+    return out
+
+
+def read_probe(spec: dict) -> dict[str, Any]:
+    """Zarr's read path per cache (run in a fresh process): ms per whole shard via ``read_rows``;
+    with ``full`` also the stream's block (shard + overhang), a raw numcodecs decode, other
+    inner chunk sizes and a batch written into new plain and new shared memory."""
+    import torch
+    import zarr
+    from numcodecs import blosc
+
+    from shardcache import open_cache
+    from shardcache.store import CacheWriter
+
+    blosc.use_threads = False  # as inside zarr, which decodes in worker threads
+    out: dict[str, Any] = {}
+    for path in spec["caches"]:
+        cache = open_cache(path)
+        rows, f = cache.shard_rows, cache.n_features
+        shards, seq_len = list(range(min(spec["shards"], cache.n_shards - 1))), spec["seq_len"]
+        res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
+               "read_rows_ms": _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows), shards)}
+        if spec["full"]:
+            batch = torch.randn(256, seq_len, f)
+            res["batch_plain_ms"] = _median_ms(lambda s: torch.empty(batch.shape).copy_(batch), shards)
+            res["batch_shared_ms"] = _median_ms(lambda s: torch.empty(0).set_(
+                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), shards)
+            res["block_ms"] = _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows + seq_len), shards)
+            res["raw_ms"] = _median_ms(lambda s: _raw_shard(cache, s), shards)
+            data, res["chunk_ms"] = cache.read_rows(0, len(shards) * rows), {}
+            for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
+                tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
+                w = CacheWriter(tmp, n_bars=len(data), feature_names=cache.feature_names, shard_rows=rows, chunk_rows=chunk)
+                for s in shards:
+                    w.write_shard(s, data[s * rows : (s + 1) * rows], np.zeros(rows, np.int64))
+                arr = zarr.open_group(str(tmp), mode="r")["features"]
+                res["chunk_ms"][chunk] = _median_ms(lambda s: np.asarray(arr[s * rows : (s + 1) * rows]), shards)
+                shutil.rmtree(tmp)
+        out[str(f)] = res
+    return {"caches": out, "windows_per_s": 0.0}
+
+
+def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) -> str:
+    """Zarr's read path: ms per shard under each setting (``probes``: name -> ``read_probe``
+    result), and decode's share of an in-process epoch (``epochs``: F -> (seconds, bars))."""
+    base = probes["default"]["caches"]
+    fs = sorted(base, key=int)
+    lines = ["| read path and batch hand-off (ms, median) | " + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, "
+             f"{base[f]['shard_mib']:.1f} MiB)" for f in fs) + " |", "|---|" + "---:|" * len(fs)]
+
+    def add(name: str, values: list[float]) -> None:
+        lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+
+    add(f"`Cache.read_rows`, default zarr config (inner chunks {'/'.join(str(base[f]['chunk_rows']) for f in fs)} rows)",
+        [base[f]["read_rows_ms"] for f in fs])
+    add("stream block: shard + 60-row overhang (reads into the next shard)", [base[f]["block_ms"] for f in fs])
+    add("raw numcodecs: read object, crc32c, blosc-decode chunks (no zarr)", [base[f]["raw_ms"] for f in fs])
+    for name, probe in probes.items():
+        if name != "default":
+            add(f"`read_rows` with {name}", [probe["caches"][f]["read_rows_ms"] for f in fs])
+    for k in range(3):
+        add("`read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
+            [list(base[f]["chunk_ms"].values())[k] for f in fs])
+    add("one batch (256 x 60 x F) into new memory: plain (w=0)", [base[f]["batch_plain_ms"] for f in fs])
+    add("one batch into new shared memory (what a DataLoader worker sends)", [base[f]["batch_shared_ms"] for f in fs])
+    shares = []
+    for f in fs:
+        seconds, bars = epochs[int(f)]
+        shares.append(100 * -(-bars // base[f]["shard_rows"]) * base[f]["block_ms"] / 1e3 / seconds)
+    add("decoding one epoch's blocks, % of an in-process E epoch (done by the reader thread)", shares)
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
