@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .builder import build_cache
 from .errors import CacheError, ShardcacheError, SourceError
 from .store import Cache, open_cache
 
@@ -27,9 +26,14 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    """``WindowStream`` and ``WindowDataset`` on first use: build workers never import torch (~150 MiB)."""
+    """Load on first use: build workers never import torch (~150 MiB), training processes
+    never import the builder's dask and pyarrow stack (~40 MiB)."""
     if name in ("WindowStream", "WindowDataset"):
         from . import stream
 
         return getattr(stream, name)
+    if name == "build_cache":
+        from .builder import build_cache
+
+        return build_cache
     raise AttributeError(f"module 'shardcache' has no attribute {name!r}")
