@@ -31,8 +31,8 @@ from helpers import make_cache, synthetic_bars
 MIB = 2**20
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 SHARD_ROWS, CHUNK_ROWS, F = 16384, 2048, 32
-TREE_BOUND = 24 * MIB  # peak PSS (and RSS) of the 3-process tree: 1M rows minus 100K rows
-TRIALS_BOUND = 24 * MIB  # RSS growth from the end of trial 2 to the end of trial 10
+TREE_BOUND = 32 * MIB  # peak RSS (and PSS) of the 3-process tree: 1M rows minus 100K rows (~5 %)
+TRIALS_BOUND = 32 * MIB  # RSS growth from the end of trial 2 to the end of trial 10
 LRU_ALLOWANCE = 48 * MIB  # zarr's decode buffers and allocator arenas on top of the LRU's blocks
 RANDOM_BOUND = 16 * MIB  # WindowDataset peak growth: 1M rows minus 100K rows
 
@@ -79,7 +79,7 @@ def test_worker_tree_memory_does_not_grow_with_bars(caches):
 
 
 def test_ten_trials_in_one_process_leave_nothing_behind(caches):
-    """Trials with other window shapes each open, stream and close; the last eight add < 24 MiB."""
+    """Trials with other window shapes each open, stream and close; the last eight add < 32 MiB."""
     out = _child("trials", caches[1_000_000])
     assert out["alive"] == 0, out  # no stream or cache of a closed trial is still reachable
     rss = out["rss"]
@@ -98,7 +98,7 @@ def test_window_dataset_random_access_is_bounded_by_its_lru(caches):
 # ---- the measured processes (run as ``python tests/test_memory.py COMMAND ARGS``) -----------------
 
 
-def _tree(path: str, workers: int, batches: int) -> dict:
+def _tree(path: str, workers: int, batches: int) -> None:
     """Stream ``batches`` batches through ``workers`` DataLoader workers; the parent samples the tree."""
     from shardcache import WindowStream
 
@@ -106,7 +106,6 @@ def _tree(path: str, workers: int, batches: int) -> dict:
         for i, _ in enumerate(ds.loader(workers)):
             if i + 1 == batches:
                 break
-    return {"batches": batches}
 
 
 def _trials(path: str) -> dict:
@@ -152,11 +151,10 @@ def _random(path: str, n: int) -> dict:
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
     if command == "tree":
-        result = _tree(rest[0], int(rest[1]), int(rest[2]))
+        _tree(rest[0], int(rest[1]), int(rest[2]))
     elif command == "trials":
-        result = _trials(rest[0])
+        print(json.dumps(_trials(rest[0])))
     elif command == "random":
-        result = _random(rest[0], int(rest[1]))
+        print(json.dumps(_random(rest[0], int(rest[1]))))
     else:
         raise SystemExit(f"unknown command {command}")
-    print(json.dumps(result))

@@ -20,7 +20,8 @@ E  shardcache: ``WindowStream`` over the compressed cache: a full epoch iterated
    ``stream.py`` (``ProposedStream``, ``ArenaStream``; see docs/performance.md).
 
 Every scenario serves the cache's valid windows (60 bars inside one segment, target row
-``p + 60``), shuffled (B-D globally, E by shard pools, its design), in batches of 256. Each
+``p + 60``), shuffled (B-D globally, E by shard pools, its design), in batches of 256, for a
+full epoch (A: its list; E with workers: ``--worker-batches`` batches). Each
 run is its own process under ``tools/profile_memory.py``'s ``profile()``: RSS summed over
 the process tree (DataLoader workers included), PSS alongside. The machine is shared, so
 the scenarios run in ``--rounds`` interleaved rounds; windows/s is the best round's
@@ -42,7 +43,6 @@ Usage (from the repository root; about 8 minutes on 2 cores, more on the first r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -203,12 +203,13 @@ class ProposedStream(WindowStream):
 class ArenaStream(WindowStream):
     """E**: the reader proposed for ``stream.py``: one arena per pool, one gather per run of batches.
 
-    A thread decodes each pool's blocks (one zarr call each) into one tensor, the pool's
-    *arena*, and maps every window of the pool to its row there, a pool ahead of the
-    consumer. The consumer copies a run of consecutive batches (up to ``RUN_BYTES``; one
-    batch in a DataLoader worker) with one ``index_select`` per pool and yields views of
-    it, so its Python work per batch no longer grows with the blocks a batch draws from.
-    A prototype: CPU, every column, one pool ahead instead of ``prefetch``/``memory_budget``.
+    A thread decodes each pool's blocks (one zarr call each, straight into place) into one
+    tensor, the pool's *arena*, and maps every window of the pool to its row there; at most
+    two pools are resident (the one being served and the next). The consumer copies a run
+    of consecutive batches (up to ``RUN_BYTES``; one batch in a DataLoader worker) with one
+    ``index_select`` per pool and yields views of it, so its Python work per batch no longer
+    grows with the blocks a batch draws from. A prototype: CPU, every column, two pools
+    instead of ``prefetch``/``memory_budget``.
     """
 
     RUN_BYTES = 4 << 20
@@ -225,8 +226,8 @@ class ArenaStream(WindowStream):
         cover = np.zeros(len(off) + 1, np.int64)
         np.add.at(cover, g0, 1)
         np.add.at(cover, g1 + 1, -1)
-        pools, stop, q = np.flatnonzero(np.cumsum(cover) > 0), threading.Event(), queue.Queue(1)
-        thread = threading.Thread(target=self._fill, args=(plan, pools, q, stop), daemon=True)
+        pools, stop, q, slots = np.flatnonzero(np.cumsum(cover) > 0), threading.Event(), queue.Queue(), threading.Semaphore(2)
+        thread = threading.Thread(target=self._fill, args=(plan, pools, q, stop, slots), daemon=True)
         thread.start()
         run = 1 if workers > 1 else max(1, self.RUN_BYTES // (plan.batch_size * span * f * 4))
         held: dict[int, tuple] = {}
@@ -243,6 +244,7 @@ class ArenaStream(WindowStream):
                         held[item[0]] = item
                 for g in [g for g in held if off[g + 1] <= lo]:
                     del held[g]
+                    slots.release()
                 x, y = self._empty((hi - lo, span, f), shared), self._empty((hi - lo, f), shared)
                 index = torch.empty(hi - lo, dtype=torch.int64)
                 for g in gs:
@@ -259,15 +261,18 @@ class ArenaStream(WindowStream):
                     yield (x[p:r], y[p:r], index[p:r]) if self.return_index else (x[p:r], y[p:r])
         finally:
             stop.set()
-            with contextlib.suppress(queue.Empty):
-                q.get_nowait()
             thread.join()
 
-    def _fill(self, plan: Any, pools: np.ndarray, q: queue.Queue, stop: threading.Event) -> None:
+    def _fill(self, plan: Any, pools: np.ndarray, q: queue.Queue, stop: threading.Event, slots: threading.Semaphore) -> None:
         """Decoder thread: each pool's arena, its windows' arena rows and start rows, in pool order."""
+        from zarr.core.buffer.cpu import NDBuffer
+
         rows, n_bars = self.cache.shard_rows, self.cache.n_bars
         try:
             for g in pools.tolist():
+                while not slots.acquire(timeout=0.1):
+                    if stop.is_set():
+                        return
                 w = plan.pool_windows(g, self._ranges, rows)
                 shard = w // rows
                 sids = np.unique(shard)
@@ -275,20 +280,16 @@ class ArenaStream(WindowStream):
                 sizes = np.array([hi - lo for lo, hi in bounds])
                 arena = torch.empty(int(sizes.sum()), self.cache.n_features)
                 at = np.concatenate([[0], np.cumsum(sizes)])
-                for (lo, hi), o in zip(bounds, at[:-1].tolist()):
-                    arena[o : o + hi - lo] = torch.from_numpy(self.cache.read_rows(lo, hi))
+                for (lo, hi), o in zip(bounds, at[:-1].tolist()):  # the proposed ``read_rows(lo, hi, out=)``
+                    out = NDBuffer.from_numpy_array(arena[o : o + hi - lo].numpy())
+                    self.cache.features.get_basic_selection((slice(lo, hi), slice(None)), out=out)
                 delta = at[:-1] - np.array([lo for lo, _ in bounds])
                 idx = torch.from_numpy(w + delta[np.searchsorted(sids, shard)])
                 n, f = arena.shape
                 win = torch.as_strided(arena, (n - self.seq_len + 1, self.seq_len, f), (f, f, 1))
-                item: object = (g, arena, win, idx, torch.from_numpy(w))
-                while not stop.is_set():
-                    with contextlib.suppress(queue.Full):
-                        q.put(item, timeout=0.1)
-                        break
+                q.put((g, arena, win, idx, torch.from_numpy(w)))
         except BaseException as exc:  # handed to the consumer
-            with contextlib.suppress(queue.Full):
-                q.put(exc, timeout=1)
+            q.put(exc)
 
 
 SCENARIOS: dict[str, Callable[[dict], dict[str, Any]]] = {
@@ -369,16 +370,16 @@ def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, d
     base = {k: d[k] for k in ("F", "raw", "starts", "cache", "n_bars")}
     base.update(batches=0, naive_windows=args.naive_windows, workers=0, proposed="")
     f, raw, cache = d["F"], d["raw_bytes"], d["cache_bytes"]
-    epoch, w2 = {}, {"batches": args.worker_batches, "workers": 2}
+    w2 = {"batches": args.worker_batches, "workers": 2}
     return [
         ("A", "naive", f"A naive list F={f}", base, raw),
         ("B", "memmap", f"B memmap map-style F={f}", base, raw),
         ("C", "batched", f"C memmap batched F={f}", base, raw),
         ("D", "ram", f"D in-RAM gather F={f}", base, raw),
-        ("E0", "stream", f"E WindowStream w=0 F={f}", {**base, **epoch}, cache),
+        ("E0", "stream", f"E WindowStream w=0 F={f}", base, cache),
         ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **w2}, cache),
-        ("E0*", "stream", f"E* one copy per block w=0 F={f}", {**base, **epoch, "proposed": "gather"}, cache),
-        ("E0**", "stream", f"E** pool arena w=0 F={f}", {**base, **epoch, "proposed": "arena"}, cache),
+        ("E0*", "stream", f"E* one copy per block w=0 F={f}", {**base, "proposed": "gather"}, cache),
+        ("E0**", "stream", f"E** pool arena w=0 F={f}", {**base, "proposed": "arena"}, cache),
     ]
 
 
@@ -426,29 +427,46 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
                 out.append(("peak PSS <= 0.5 GiB (665K x 256)", where, f"{pss / GIB:.3f} GiB PSS", pss <= RSS_BOUND))
     for one, big in zip(scaling[::2], scaling[1::2]):
         growth = big.prof.peak_rss_tree / one.prof.peak_rss_tree - 1
-        where = f"F=256, w={one.spec['workers']}, {one.spec['env'] or 'default zarr'}, 1x vs {big.spec['scale']}x bars"
+        where = f"F=256, {one.label.split(' 1x')[0]}{', ' + one.spec['env'] if one.spec['env'] else ''}, 1x vs {big.spec['scale']}x"
         out.append(("peak RSS within 10% at 10x bars", where, f"{growth:+.1%}", abs(growth) <= SCALE_TOLERANCE))
     return out
 
 
 def _scaling_table(scaling: list[Row], imports: dict[str, int]) -> str:
     """Streaming memory per cache size, and the RSS a process has before it streams anything."""
-    lines = ["| cache | bars | workers | zarr setting | batches | windows/s | peak RSS MiB | peak PSS MiB |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = ["| stream | cache | bars | workers | zarr setting | batches | windows/s | peak RSS MiB | peak PSS MiB |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in scaling:
         rss, pss = _fmt_rss(r)
-        lines.append(f"| {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | {r.spec['env'] or 'default'} | "
-                     f"{r.spec['batches']} | {r.rate:,.0f} | {rss} | {pss} |")
+        lines.append(f"| {'E** pool arena' if r.spec['proposed'] else 'E WindowStream'} | {Path(r.spec['cache']).name} | "
+                     f"{r.spec['bars']:,} | {r.spec['workers']} | {r.spec['env'] or 'default'} | {r.spec['batches']} | "
+                     f"{r.rate:,.0f} | {rss} | {pss} |")
     lines += ["", "RSS after imports alone: " + ", ".join(f"`{k}` {v / MIB:.0f} MiB" for k, v in imports.items()) + "."]
     return "\n".join(lines)
 
 
 def _import_rss() -> dict[str, int]:
-    """RSS of a fresh interpreter after importing torch alone, and torch with shardcache's stream."""
+    """RSS of a fresh interpreter after importing torch, torch with zarr, and torch with shardcache's stream."""
     code = "import psutil, {}; print(psutil.Process().memory_info().rss)"
-    mods = ("torch", "torch, shardcache.stream")
+    mods = ("torch", "torch, zarr, fsspec", "torch, shardcache.stream")
     return {m: int(subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
                                   check=True).stdout) for m in mods}
+
+
+def _plot(naive: Row, stream: Row, n_all: int, path: Path) -> None:
+    """RSS over time of the naive list and of WindowStream (their highest-peak rounds), < 150 KB."""
+    res = naive.result
+    full = (res["rss_before_list"] + res["list_bytes"] / res["n_windows"] * n_all) / GIB
+    naive.prof.label = f"A naive list, {res['n_windows']:,} windows"
+    stream.prof.label = f"E WindowStream, one epoch of {stream.result['windows']:,} windows"
+    fig = plot([naive.prof, stream.prof])
+    fig.set_size_inches(8, 4.5)
+    ax = fig.axes[0]
+    ax.set_title(f"Process RSS over time, F={stream.spec['F']}, seq_len {SEQ_LEN} (tools/bench.py)")
+    ax.annotate(f"naive, all {n_all:,} windows: ~{full:.1f} GiB (extrapolated)", xy=(0.5, 0.9),
+                xycoords="axes fraction", fontsize="small", color="C0")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -459,9 +477,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--features", default="9,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--naive-windows", type=int, default=20_000, help="windows A builds (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)")
-    p.add_argument("--worker-batches", type=int, default=800, help="batches per E run with 2 workers (default: %(default)s)")
+    p.add_argument("--worker-batches", type=int, default=500, help="batches per E run with 2 workers (default: %(default)s)")
     p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
-    p.add_argument("--scale-batches", type=int, default=1000, help="batches streamed per scaling run (default: %(default)s)")
+    p.add_argument("--scale-batches", type=int, default=600, help="batches streamed per scaling run (default: %(default)s)")
     p.add_argument("--scenario", help=argparse.SUPPRESS)
     return p
 
@@ -486,14 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     scaling: list[Row] = []
     if args.scale > 1 and 256 in data:
         big = ensure_scaled_cache(args.work, 256, args.scale)
-        for workers, zarr_env in ((0, ""), (2, ""), (0, "ZARR_THREADING__MAX_WORKERS=1")):
+        configs = [(0, "", ""), (2, "", ""), (0, "ZARR_THREADING__MAX_WORKERS=1", ""), (0, "", "arena")]
+        for workers, zarr_env, proposed in configs:  # one round: memory varies less than speed
             for path, scale in ((data[256]["cache"], 1), (str(big), args.scale)):
                 spec = {"F": 256, "cache": path, "bars": 665_000 * scale, "scale": scale, "workers": workers,
-                        "batches": args.scale_batches, "proposed": "", "round": 0, "env": zarr_env}
-                label = f"E scaling w={workers} {scale}x {zarr_env}".strip()
+                        "batches": args.scale_batches, "proposed": proposed, "round": 0, "env": zarr_env}
+                label = f"{'E**' if proposed else 'E'} w={workers} {scale}x {zarr_env}".strip()
                 scaling.append(Row("S", label, spec, dir_bytes(Path(path))))
-                env = dict([zarr_env.split("=")]) if zarr_env else None
-                scaling[-1].add(*_run("stream", label, spec, args.work, env))
+                scaling[-1].add(*_run("stream", label, spec, args.work, dict([zarr_env.split("=")]) if zarr_env else None))
     probes = {}
     caches = [d["cache"] for d in data.values()]
     variants = {"default": {}, "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},
@@ -523,14 +541,9 @@ def main(argv: list[str] | None = None) -> int:
                "", "### Targets", "", "| target | where | measured | result |", "|---|---|---:|---|"]
     report += [f"| {name} | {where} | {value} | {'PASS' if ok else 'FAIL'} |" for name, where, value, ok in targets]
     print("\n".join(report))
-    pick = [r for r in rows if r.spec["F"] == max(data) and r.key in ("A", "E0", "E2")]
-    if pick and args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        for r in pick:
-            r.prof.label = r.label
-        fig = plot([r.prof for r in pick])
-        fig.set_size_inches(8, 4.5)
-        fig.savefig(args.plot, dpi=80)
+    pick = {r.key: r for r in rows if r.spec["F"] == max(data) and r.key in ("A", "E0")}
+    if len(pick) == 2 and args.plot:
+        _plot(pick["A"], pick["E0"], data[max(data)]["n_windows"], args.plot)
         print(f"\nwrote {args.plot} ({args.plot.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
