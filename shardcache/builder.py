@@ -55,24 +55,38 @@ _SKETCH = 65  # timestamps kept per run to place fraction splits
 
 
 # -- stage results -------------------------------------------------------------------------
+# One row per run file: which input file, piece and per-piece symbol code it came from (its
+# path, see ``_run_path``), the global symbol id (filled in by the driver), rows and time range.
+# Runs travel as rows of one array per file, never as Python objects: a build holds every run
+# of every input between the scan and the merge, so their size is what grows with the data.
+_RUN = np.dtype([("file", "<i4"), ("piece", "<i4"), ("code", "<i4"), ("sym", "<i4"),
+                 ("n", "<i8"), ("ts_min", "<i8"), ("ts_max", "<i8")])
+
+
 @dataclass
+class _Scan:
+    symbols: list[str]  # names of ``runs["sym"]`` (file-local ids until the driver renumbers them)
+    runs: np.ndarray  # _RUN rows, in the order written
+    sketch: np.ndarray  # (len(runs), _SKETCH) int64: timestamps placing fraction splits
+    drops: Counter
+    reordered: int
+    records: int
+    median_dt: int | None
+
+
+@dataclass(slots=True)
 class _Run:
-    symbol: str
+    """One run file, as a merge job gets it (built per symbol from the ``_RUN`` rows)."""
+
     path: str
     n: int
     ts_min: int
     ts_max: int
     key: tuple[int, int]
-    sketch: np.ndarray
 
 
-@dataclass
-class _Scan:
-    runs: list[_Run]
-    drops: Counter
-    reordered: int
-    records: int
-    median_dt: int | None
+def _run_path(staging: str, run: np.void) -> str:
+    return os.path.join(staging, "runs", f"{int(run['file']):06d}-{int(run['piece']):05d}-{int(run['code']):05d}.arrow")
 
 
 @dataclass
@@ -114,7 +128,7 @@ def _read_arrow(path: str) -> pa.Table:
 # -- stage 1: scan ---------------------------------------------------------------------------
 def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
     i, src, staging, columns = job
-    runs, reordered, records, dts = [], 0, 0, []
+    runs, sketches, names, reordered, records, dts = [], [], {}, 0, 0, []
     max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
     for k, piece in enumerate(src.pieces(max_rows)):
         records += piece.num_rows
@@ -132,17 +146,23 @@ def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
         body = piece.select(["ts", *columns])
         for rows in np.split(order, bounds):
-            sym = symbols[codes[rows[0]]]
+            code = int(codes[rows[0]])
+            sym = names.setdefault(symbols[code], len(names))
             part = body.take(pa.array(rows))
             part_ts = ts[rows]
-            path = os.path.join(staging, "runs", f"{i:06d}-{k:05d}-{codes[rows[0]]:05d}.arrow")
-            _write_arrow(path, part)
+            run = np.array((i, k, code, sym, len(rows), part_ts[0], part_ts[-1]), dtype=_RUN)
+            _write_arrow(_run_path(staging, run), part)
+            del part
             idx = np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)
             if len(part_ts) > 1:
                 dts.append(int(np.median(np.diff(part_ts))))
-            runs.append(_Run(sym, path, len(rows), int(part_ts[0]), int(part_ts[-1]), (i, k), part_ts[idx]))
+            runs.append(run)
+            sketches.append(part_ts[idx])
+        del piece, body
     drops = Counter(src.drops)
-    return _Scan(runs, drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None)
+    return _Scan(list(names), np.array(runs, dtype=_RUN),
+                 np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
+                 drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None)
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
@@ -347,12 +367,12 @@ def build_cache(
     srcs = open_sources(paths, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column,
                         columns=list(columns) if columns else None)
     first = srcs[0]
-    for s in srcs[1:]:
-        if s.columns != first.columns:
-            raise ShardcacheError(
-                f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
-                f"{first.path}: {first.schema} ({', '.join(first.columns)})"
-            )
+    s = next((s for s in srcs[1:] if s.columns != first.columns), None)
+    if s is not None:
+        raise ShardcacheError(
+            f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
+            f"{first.path}: {first.schema} ({', '.join(first.columns)})"
+        )
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
     bar_ns = first.bar_ns
@@ -374,31 +394,36 @@ def build_cache(
         if client is not None:
             check_cluster(client, staging.root, [out, *paths])
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
         scans = run(_scan, [(i, s, staging.root, read_cols) for i, s in enumerate(srcs)], "scan",
                     desc="read files", unit="file")
-        runs = [r for s in scans for r in s.runs]
+        del srcs, first, s
+        runs, sketch, symbols_all = _gather_runs(scans)
         dts = [s.median_dt for s in scans if s.median_dt]
+        records_read = sum(s.records for s in scans)
+        reordered = sum(s.reordered for s in scans)
+        drops = sum((s.drops for s in scans), Counter())
+        del scans
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
         cuts = spec.dates_ns if spec.dates_ns is not None else (
-            spec.fraction_cuts(np.concatenate([r.sketch for r in runs]),
-                               np.concatenate([np.full(len(r.sketch), r.n / len(r.sketch)) for r in runs]))
-            if spec.fractions and runs else [])
-        by_symbol: dict[str, list[_Run]] = {}
-        for r in runs:
-            by_symbol.setdefault(r.symbol, []).append(r)
-        symbols_all = sorted(by_symbol)
+            spec.fraction_cuts(sketch.ravel(), np.repeat(runs["n"] / _SKETCH, _SKETCH))
+            if spec.fractions and len(runs) else [])
+        del sketch
+        by_sym = np.argsort(runs["sym"], kind="stable")
+        bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(symbols_all) + 1))
         merged = run(
             _merge,
-            [(j, sym, by_symbol[sym], staging.root, max_gap_ns, np.asarray(cuts, dtype=np.int64))
+            [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging.root), staging.root, max_gap_ns,
+              np.asarray(cuts, dtype=np.int64))
              for j, sym in enumerate(symbols_all)],
             "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
+        del runs, by_sym
         span = seq_len + horizon
         kept = [m for m in merged if m.n >= span]
         skipped = {m.symbol: m.n for m in merged if m.n < span}
         for sym, n in skipped.items():
             log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", sym, n, span)
         n_bars = sum(m.n for m in kept)
-        drops = sum((s.drops for s in scans), Counter())
         if n_bars == 0:
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
             raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped}; "
@@ -431,7 +456,7 @@ def build_cache(
                 "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
                          for i, name in enumerate(spec.names)},
             },
-            "sources": [s.describe() for s in srcs],
+            "sources": sources_described,
             "build": {
                 **options, "max_gap_ns": int(max_gap_ns), "fingerprint": digest(wanted),
                 "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
@@ -439,13 +464,13 @@ def build_cache(
             },
             "counts": {
                 "bars": n_bars,
-                "records_read": sum(s.records for s in scans),
+                "records_read": records_read,
                 "symbols": len(kept),
                 "segments": int(len(layout.segments)),
                 "dropped": {**{k: int(v) for k, v in drops.items()},
                             **({"duplicate timestamp": sum(m.duplicates for m in merged)}
                                if any(m.duplicates for m in merged) else {})},
-                "reordered": sum(s.reordered for s in scans),
+                "reordered": reordered,
                 "skipped_symbols": skipped,
                 "windows": {
                     "seq_len": seq_len, "horizon": horizon,
@@ -495,6 +520,26 @@ class _SegmentsView:
 
     def split_id(self, split: str | None) -> int | None:
         return None if split is None else self.names.index(split)
+
+
+def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
+    return [_Run(_run_path(staging, r), int(r["n"]), int(r["ts_min"]), int(r["ts_max"]),
+                 (int(r["file"]), int(r["piece"]))) for r in rows]
+
+
+def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Every run of every file (global symbol ids, sorted names) and their sketches, in scan order."""
+    names = sorted({name for s in scans for name in s.symbols})
+    ids = {name: j for j, name in enumerate(names)}
+    runs, sketches = [], []
+    for s in scans:
+        r = s.runs.copy()
+        if len(r):
+            r["sym"] = np.array([ids[name] for name in s.symbols], dtype=np.int32)[r["sym"]]
+        runs.append(r)
+        sketches.append(s.sketch)
+    return (np.concatenate(runs) if runs else np.empty(0, _RUN),
+            np.concatenate(sketches) if sketches else np.empty((0, _SKETCH), np.int64), names)
 
 
 def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,

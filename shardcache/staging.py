@@ -129,7 +129,16 @@ class Marked:
         _write_atomic(_marker(self.root, self.prefix, i), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         if self.then is not None:
             self.then(job)
+        _release_pool()
         return result
+
+
+def _release_pool() -> None:
+    """Hand the memory Arrow's pool (mimalloc/jemalloc) keeps after a task back to the system:
+    otherwise each worker thread's heap stays at its largest piece for the rest of the build."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _marker(root: str, prefix: str, i: int | None) -> str:

@@ -294,8 +294,24 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_build.py", description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="samples and caches (default: %(default)s)")
     p.add_argument("--scales", default="1,10", help="multiples of the 360-file sample (default: %(default)s)")
+    p.add_argument("--parquet-scales", default="1",
+                   help="multiples of the 665K-row Parquet F=256 table (--features raw), '' for none "
+                        "(default: %(default)s; 10x is a 6.8 GB file)")
+    p.add_argument("--parquet-features", type=int, default=256, help="Parquet columns (default: %(default)s)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     return p
+
+
+def ensure_parquet_sample(work: Path, f: int, scale: int) -> Path:
+    """The ``scale`` x 665K-row, ``f``-column Parquet table under ``work`` (one file, generated once)."""
+    from shardcache.sample import make_sample_parquet
+
+    src = work / (f"parquet-{f}" if scale == 1 else f"parquet-{f}-x{scale}-single")
+    done = src.with_name(src.name + ".complete")
+    if not done.exists():
+        make_sample_parquet(src, n_bars=665_000 * scale, n_features=f)
+        done.write_text("ok\n")
+    return src
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,13 +325,23 @@ def main(argv: list[str] | None = None) -> int:
         out = args.work / f"build-{scale}x.zarr"
         print(f"bench: build-cache at {scale}x ({src}) ...", file=sys.stderr, flush=True)
         results.append(measure_build(f"DBN sample {scale}x", src, out)[0])
-    print(build_table(results))
+    pq_results = []
+    for scale in sorted({int(s) for s in args.parquet_scales.split(",") if s.strip()}):
+        f = args.parquet_features
+        src = ensure_parquet_sample(args.work, f, scale)
+        out = args.work / f"build-parquet-{f}-{scale}x.zarr"
+        print(f"bench: build-cache Parquet F={f} at {scale}x ({src}) ...", file=sys.stderr, flush=True)
+        pq_results.append(measure_build(f"Parquet F={f} {scale}x", src, out, "--features", "raw")[0])
+    print(build_table(results + pq_results))
     ok = True
-    if len(results) > 1:
-        ok, text = flat_verdict(results)
-        print("\n" + text)
+    for group in (results, pq_results):
+        if len(group) > 1:
+            group_ok, text = flat_verdict(group)
+            ok = ok and group_ok
+            print("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps({"builds": [r.to_dict() for r in results], "flat": ok}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"builds": [r.to_dict() for r in results + pq_results], "flat": ok},
+                                        indent=1) + "\n")
     return 0 if ok else 1
 
 

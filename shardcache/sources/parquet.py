@@ -160,9 +160,10 @@ class ParquetSource(Source):
     def _open(self) -> pq.ParquetFile:
         """The file's Parquet reader: Arrow's own file locally, an fsspec file for a URL (closed with it)."""
         if not is_url(self.path):
-            return pq.ParquetFile(self.path)
+            # pre_buffer would hold every row group in memory at once: read them one at a time
+            return pq.ParquetFile(self.path, pre_buffer=False)
         fs, path = url_fs(self.path, self.storage_options)
-        return pq.ParquetFile(path, filesystem=fs)
+        return pq.ParquetFile(path, filesystem=fs, pre_buffer=False)
 
     def _find(
         self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]
