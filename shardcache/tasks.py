@@ -22,6 +22,7 @@ __all__ = ["Progress", "run_tasks"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
+_BATCH = 256
 
 
 class Progress:
@@ -95,6 +96,11 @@ def run_tasks(
                 progress.update()
             return client.gather(futures)
         prefix = f"shardcache-{desc.replace(' ', '-')}-"
-        tasks = [dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{i}") for i, item in enumerate(items)]
+        results: list[T] = []
         with _Count(prefix, progress):
-            return list(dask.compute(*tasks, scheduler="threads", num_workers=workers or None))
+            # graphs of at most _BATCH tasks: the scheduler's state stays bounded with 10,000s of files
+            for lo in range(0, len(items), _BATCH):
+                tasks = [dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{lo + i}")
+                         for i, item in enumerate(items[lo : lo + _BATCH])]
+                results += dask.compute(*tasks, scheduler="threads", num_workers=workers or None)
+        return results
