@@ -6,11 +6,13 @@
 
 How a batch is made
     The epoch's plan (``index.make_plan``) is computed before a byte is read. A reader
-    thread per iterator walks its batches in order and decodes, with one zarr call, one
-    *block* per shard piece they need: rows ``[first start, last start + seq_len +
+    thread per iterator walks its batches in order; they need, each decoded with one zarr
+    call, one *block* per shard piece: rows ``[first start, last start + seq_len +
     horizon)``, the shard plus the overhang its last windows need. A block stays resident
-    from its first to its last batch; the reader runs ahead until the blocks fill the
-    budget (the open pool plus ``prefetch`` blocks, or ``memory_budget``). The consumer
+    from its first to its last batch. Blocks are decoded in the order of their first use,
+    up to ``prefetch`` at once (a small thread pool per reader: from object storage a block
+    is a few requests one after the other), as far ahead as the budget allows (the open
+    pool plus ``prefetch`` blocks, or ``memory_budget``). The consumer
     gathers a batch with ``torch.index_select(torch.as_strided(block, (n, seq_len, F),
     (F, F, 1)), 0, idx, out=x[a:b])`` per block, so each window is copied once, from the
     decoded bars into the batch; inside a batch, windows are grouped by block.
@@ -52,7 +54,11 @@ Position and resume
     epoch begins the next epoch. In-process iteration counts batches itself; with
     ``num_workers > 0`` only ``stream.loader(...)`` can count them (a plain DataLoader
     keeps the main-process position unchanged). Workers read the position from a small
-    shared-memory tensor, so persistent workers follow ``set_epoch`` too.
+    shared-memory tensor, so persistent workers follow ``set_epoch`` too. A ``loader()``
+    fixes each pass's starting position in a tensor of its own before any worker starts (or
+    resumes), and its workers read that one: the main process counts batches while the
+    workers start, and a worker that reads ``consumed`` after the first batches were counted
+    would start at the wrong batch.
 
 Resources
     ``close()`` (or ``with``) stops every reader thread and DataLoader worker the stream
@@ -62,12 +68,15 @@ Resources
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
 import weakref
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -75,7 +84,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from .index import EpochPlan, Ranges, make_plan, reader_batches, valid_ranges
+from .index import BatchGroups, EpochPlan, Ranges, make_plan, reader_batches, valid_ranges
 from .store import Cache, open_cache
 
 __all__ = ["WindowStream", "WindowDataset"]
@@ -152,16 +161,28 @@ class _Reader:
     """One iterator's background thread: decodes blocks ahead of use and prepares gather indices.
 
     Holds at most ``capacity`` bytes of blocks (more only for a single block larger than
-    that); a block is released by the consumer after the last batch that uses it.
+    that); a block is released by the consumer after the last batch that uses it. With
+    ``decoders > 0``, up to that many blocks are decoded at once by a thread pool of the
+    reader's own (from a remote store, each block is a few requests one after the other):
+    blocks are reserved and submitted in the order of their first use, as far ahead as the
+    capacity allows, and taken in that order. With ``decoders == 0`` the reader thread
+    decodes each block itself when a batch first needs it.
     """
 
-    def __init__(self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int) -> None:
+    def __init__(
+        self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int, decoders: int = 0
+    ) -> None:
         self.stream, self.plan, self.batches, self.capacity = stream, plan, batches, capacity
         self.used = 0
         self.cond = threading.Condition()
         self.stop = threading.Event()
         self.queue: queue.Queue = queue.Queue(_QUEUE_TASKS)
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
+        self.decoders = decoders
+        self.pool = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
+        self.decoding: deque[tuple[tuple[int, int], Future]] = deque()  # submitted blocks, in first-use order
+        self.upcoming: tuple[int, int] | None = None  # the next block's rows, not yet submitted
+        self.schedule: Iterator[tuple[int, int]] = iter(())
         dev = stream.device
         self.copy_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
@@ -185,34 +206,90 @@ class _Reader:
                 return self.queue.put(item, timeout=_POLL)
         raise _Stopped
 
+    def _batches(self) -> Iterator[BatchGroups]:
+        return reader_batches(self.plan, self.stream._ranges, self.stream.cache.shard_rows, self.batches)
+
+    def _blocks(self) -> Iterator[tuple[int, int]]:
+        """Rows of every block in the order ``_tasks`` first needs them (a schedule run ahead)."""
+        resident: set[int] = set()
+        for bg in self._batches():
+            for k, sid in enumerate(bg.shards.tolist()):
+                if sid not in resident:
+                    resident.add(sid)
+                    yield bg.rows[k]
+                if bg.last[k]:
+                    resident.discard(sid)
+
     def _tasks(self) -> Iterator[_Task]:
-        """Each batch's windows grouped by block, decoding every block at its first use."""
+        """Each batch's windows grouped by block, each block taken (decoded) at its first use."""
         s = self.stream
         yoff = s.seq_len - 1 + s.horizon
         resident: dict[int, _Block] = {}
-        for bg in reader_batches(self.plan, s._ranges, s.cache.shard_rows, self.batches):
+        self.schedule = self._blocks() if self.pool is not None else iter(())
+        for bg in self._batches():
+            sids = bg.shards.tolist()
+            if self.pool is not None:  # the blocks this batch needs first, decoded at once
+                need = sum(sid not in resident for sid in sids)
+                while len(self.decoding) < need:
+                    if not self._submit(wait=True):
+                        raise RuntimeError("shardcache reader: the block schedule ended early")
             groups = []
-            for k, sid in enumerate(bg.shards.tolist()):
+            for k, sid in enumerate(sids):
                 lo, hi = int(bg.bounds[k]), int(bg.bounds[k + 1])
                 block = resident.get(sid)
                 if block is None:
-                    block = resident[sid] = self._decode(*bg.rows[k])
+                    block = resident[sid] = self._take(bg.rows[k])
                 if bg.last[k]:
                     del resident[sid]
                 local = bg.starts[lo:hi] - block.row0
                 groups.append(_Group(block, torch.from_numpy(local), torch.from_numpy(local + yoff), lo, hi, bg.last[k]))
+            while self.pool is not None and len(self.decoding) < self.decoders and self._submit(wait=False):
+                pass  # and up to ``decoders`` blocks ahead, while they fit
             yield _Task(bg.batch, len(bg.starts), groups, torch.from_numpy(bg.starts))
 
-    def _decode(self, lo: int, hi: int) -> _Block:
-        """Read rows ``[lo, hi)`` in one zarr call, once room is free, and move them to the device."""
-        s = self.stream
-        nbytes = (hi - lo) * s._row_bytes
+    def _reserve(self, rows: tuple[int, int], wait: bool) -> bool:
+        """Count the block's bytes as held once they fit (or nothing else is held); without
+        ``wait``, only if they fit now."""
+        nbytes = (rows[1] - rows[0]) * self.stream._row_bytes
         with self.cond:
             while self.used and self.used + nbytes > self.capacity:
+                if not wait:
+                    return False
                 if self.stop.is_set():
                     raise _Stopped
                 self.cond.wait(_POLL)
             self.used += nbytes
+        return True
+
+    def _submit(self, wait: bool) -> bool:
+        """Reserve room for the next block of the schedule and hand it to the pool; without
+        ``wait``, only if it fits now. False if it was not submitted (or there is none left)."""
+        if self.upcoming is None:
+            self.upcoming = next(self.schedule, None)
+        rows = self.upcoming
+        if rows is None or not self._reserve(rows, wait):
+            return False
+        self.upcoming = None
+        self.decoding.append((rows, self.pool.submit(self._decode, *rows)))  # type: ignore[union-attr]
+        return True
+
+    def _take(self, rows: tuple[int, int]) -> _Block:
+        """The next block in first-use order (rows ``rows``): decoded here once there is room
+        (no pool), or the oldest submitted decode once it is done."""
+        if self.pool is None:
+            self._reserve(rows, wait=True)
+            return self._decode(*rows)
+        submitted, future = self.decoding.popleft()
+        assert submitted == rows, (submitted, rows)  # the schedule and the batches agree
+        while not wait_futures([future], timeout=_POLL).done:
+            if self.stop.is_set():
+                raise _Stopped
+        return future.result()
+
+    def _decode(self, lo: int, hi: int) -> _Block:
+        """Read rows ``[lo, hi)`` (already counted in ``used``) in one zarr call and move them to the device."""
+        s = self.stream
+        nbytes = (hi - lo) * s._row_bytes
         if self.stop.is_set():
             raise _Stopped
         arr = s.cache.read_rows(lo, hi)
@@ -262,12 +339,15 @@ class _Reader:
                 self.cond.notify_all()
 
     def close(self) -> None:
-        """Stop the thread and drop every block and prepared batch."""
+        """Stop the threads (the reader's and its decoders) and drop every block and prepared batch."""
         self.stop.set()
         with self.cond:
             self.cond.notify_all()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
+        if self.pool is not None:  # a decode under way finishes its read, the queued ones are dropped
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.decoding.clear()
         with contextlib.suppress(queue.Empty):
             while True:
                 self.queue.get_nowait()
@@ -281,9 +361,10 @@ class WindowStream(IterableDataset):
     by default) ``[B, T]``; with ``return_index`` also ``index`` int64 ``[B]`` (on the CPU),
     each window's start row in the cache's ``features`` array. Use it as
     ``DataLoader(stream, batch_size=None)`` or ``stream.loader(num_workers)``, which also
-    makes ``state_dict()`` exact with workers. ``prefetch`` is the number of blocks decoded
-    ahead of the open pool; ``memory_budget`` (bytes of decoded blocks, shared by the
-    DataLoader workers) replaces it. ``mix`` shards are shuffled together; ``device`` is
+    makes ``state_dict()`` exact with workers. ``prefetch`` is the number of blocks held
+    ahead of the open pool and the number decoded at once (0: one at a time, on the reader
+    thread); ``memory_budget`` (bytes of decoded blocks, shared by the DataLoader workers)
+    replaces the former. ``mix`` shards are shuffled together; ``device`` is
     where blocks live and batches are gathered (``"cuda"``: each block is copied once,
     pinned and non-blocking).
     """
@@ -328,6 +409,7 @@ class WindowStream(IterableDataset):
         self._row_bytes = 4 * (nx if self._xcols is None and self._ycols is None else nx + ny)
         self.rank, self.world = _rank_world()
         self._state = torch.tensor([0, int(seed), 0], dtype=torch.int64).share_memory_()  # epoch, seed, consumed
+        self._pass_start: torch.Tensor | None = None  # in a loader()'s worker: that loader's pass start
         self._plans: dict[tuple[int, int], EpochPlan] = {}
         self._readers: weakref.WeakSet[_Reader] = weakref.WeakSet()
         self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -422,7 +504,12 @@ class WindowStream(IterableDataset):
         if self._closed:
             raise RuntimeError("WindowStream is closed")
         info = get_worker_info()
-        epoch, consumed = self._position(advance=info is None)
+        if info is not None and self._pass_start is not None:
+            # a loader()'s worker: the position the main process fixed when this pass began, not
+            # the live count, which the main process advances while workers are still starting
+            epoch, consumed = int(self._pass_start[0]), int(self._pass_start[1])
+        else:  # in-process, or a plain DataLoader's worker (nothing counts, the position is still)
+            epoch, consumed = self._position(advance=info is None)
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return self._iterate(epoch, consumed, worker, workers, in_worker=info is not None)
 
@@ -435,7 +522,7 @@ class WindowStream(IterableDataset):
         batches = range(consumed + worker, plan.n_batches, workers)
         if not batches:
             return
-        reader = _Reader(self, plan, batches, self._capacity(plan, workers))
+        reader = _Reader(self, plan, batches, self._capacity(plan, workers), decoders=self.prefetch)
         shared = in_worker and self.device.type == "cpu"
         self._readers.add(reader)
         try:
@@ -526,8 +613,26 @@ class WindowStream(IterableDataset):
         )
 
 
+def _loader_worker_init(start: torch.Tensor, user_init: Callable[[int], None] | None, worker_id: int) -> None:
+    """``worker_init_fn`` of a ``loader()``: the worker's stream reads its pass position from ``start``."""
+    info = get_worker_info()
+    assert info is not None
+    info.dataset._pass_start = start  # type: ignore[union-attr]
+    if user_init is not None:
+        user_init(worker_id)
+
+
 class _StreamLoader(DataLoader):
-    """A DataLoader over a ``WindowStream`` that counts each batch it delivers into the stream."""
+    """A DataLoader over a ``WindowStream`` that counts each batch it delivers into the stream.
+
+    Each pass's first batch is written to ``_start`` (shared memory) before the workers start
+    or resume; they read it there, while the stream's own count moves as batches arrive.
+    """
+
+    def __init__(self, stream: WindowStream, **kwargs: Any) -> None:
+        self._start = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, first batch of the pass
+        init = functools.partial(_loader_worker_init, self._start, kwargs.pop("worker_init_fn", None))
+        super().__init__(stream, worker_init_fn=init, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         stream: WindowStream = self.dataset  # type: ignore[assignment]
@@ -535,7 +640,7 @@ class _StreamLoader(DataLoader):
             raise RuntimeError("WindowStream is closed")
         if self.num_workers == 0:
             return super().__iter__()  # the stream's own iterator counts in this process
-        stream._position(advance=True)
+        self._start[0], self._start[1] = stream._position(advance=True)  # before any worker reads it
         it = super().__iter__()
         stream._loader_iters.add(it)
         return self._counted(stream, it)

@@ -12,9 +12,10 @@ import psutil
 import pytest
 import torch
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from helpers import brute_starts, ddp_rank, make_cache, run_helper, synthetic_bars
+from shardcache.store import Cache
 from shardcache.stream import WindowStream
 
 KW = {"seq_len": 10, "horizon": 2, "batch_size": 64}
@@ -65,6 +66,31 @@ def test_persistent_workers_follow_epochs_and_positions(stream_cache, epoch0):
         assert same(indices(dl), epoch0[1])
 
 
+class _LateSecondWorker(WindowStream):
+    """Worker 1 starts each pass late, after the main process has counted worker 0's first batch."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is not None and info.id == 1:
+            time.sleep(0.5)
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_late_worker_starts_at_the_first_batch_of_the_pass(stream_cache, epoch0, persistent):
+    """A worker takes its position from the pass start, not from the count that moves as batches
+    arrive (it once read consumed=1 after a slow start and served batches 2, 4, ... as 1, 3, ...)."""
+    with _LateSecondWorker(stream_cache, return_index=True, **KW) as ds:
+        dl = ds.loader(2, persistent_workers=persistent)
+        head = []
+        for b in dl:  # first pass: the workers start
+            head.append(b[2])
+            if len(head) == 3:
+                break
+        assert same(head, epoch0[0][:3])
+        assert same(head + indices(dl), epoch0[0])  # persistent: the same workers resume at batch 3
+
+
 def test_spawned_workers_share_the_position(stream_cache, epoch0):
     """With the spawn start method the pickled stream still sees the main process's state."""
     with WindowStream(stream_cache, return_index=True, **KW) as ds:
@@ -111,6 +137,38 @@ def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache)
     assert np.isin(union, ref).all() and meta[0]["dropped"] == len(ref) % 2
 
 
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_reader_decodes_up_to_prefetch_blocks_at_once(monkeypatch, stream_cache, epoch0, prefetch):
+    """Slow reads (as from object storage) overlap, at most ``prefetch`` at once, in the same order;
+    closing the stream mid-epoch joins every decoder."""
+    lock, active, peak = threading.Lock(), [0], [0]
+    real = Cache.read_rows
+
+    def slow(self, a, b):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.05)
+            return real(self, a, b)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(Cache, "read_rows", slow)
+    with WindowStream(stream_cache, return_index=True, prefetch=prefetch, **KW) as ds:
+        assert same(indices(ds), epoch0[0])
+    if prefetch < 2:
+        assert peak[0] == 1  # one at a time: on the reader thread (0) or one decoder (1)
+    else:
+        assert 2 <= peak[0] <= prefetch
+    ds = WindowStream(stream_cache, return_index=True, prefetch=prefetch, **KW)
+    it = iter(ds)
+    next(it)
+    ds.close()
+    assert not _reader_threads() and active[0] == 0
+
+
 def _lifecycle(cache, i, proc, before):
     """Open a stream and a 2-worker loader, take a few batches, then close or just drop them."""
     ds = WindowStream(cache.url, 16, batch_size=64, seed=i)
@@ -130,7 +188,8 @@ def _lifecycle(cache, i, proc, before):
 
 
 def _reader_threads():
-    return [t for t in threading.enumerate() if t.name == "shardcache-reader"]
+    """Reader threads and their block decoders."""
+    return [t for t in threading.enumerate() if t.name.startswith(("shardcache-reader", "shardcache-decode"))]
 
 
 def _new_children(proc, before):
