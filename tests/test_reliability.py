@@ -419,7 +419,8 @@ def test_disk_full_during_a_build(files, mounts, capsys):
     assert "--resume" in err[0]
 
 
-def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, monkeypatch, capsys):
+def _disk_full_at_shard_5(monkeypatch):
+    """Make writing shard 5 fail with ENOSPC; return the real ``write_shard`` to restore."""
     real = CacheWriter.write_shard
 
     def full(self, shard, *args):
@@ -428,6 +429,11 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
         return real(self, shard, *args)
 
     monkeypatch.setattr(CacheWriter, "write_shard", full)
+    return real
+
+
+def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, monkeypatch, capsys):
+    real = _disk_full_at_shard_5(monkeypatch)
     out = tmp_path / "c.zarr"
     with pytest.raises(ShardcacheError, match=r"c/5/0: No space left on device; .* --resume"):
         build_cache(files, out, **OPTS)
@@ -438,14 +444,7 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
 
 def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_path, monkeypatch):
     url = f"memory://{tmp_path.name}/c.zarr"  # fsspec's in-memory filesystem stands in for s3://
-    real = CacheWriter.write_shard
-
-    def full(self, shard, *args):
-        if shard == 5:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c/5/0")
-        return real(self, shard, *args)
-
-    monkeypatch.setattr(CacheWriter, "write_shard", full)
+    real = _disk_full_at_shard_5(monkeypatch)
     with pytest.raises(ShardcacheError, match="No space left on device; the finished part is kept in .*--resume"):
         build_cache(files, url, **OPTS)
     with pytest.raises(CacheError, match="incomplete"):  # written in place, refused until complete
