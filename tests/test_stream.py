@@ -184,14 +184,14 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     with pytest.raises(ValueError, match="memory_budget"):
         WindowStream(stream_cache, 30, batch_size=64, mix=2, memory_budget=need * block - 1)
     peak = []
-    real = stream_mod._Reader._decode
+    real = stream_mod.Reader._decode
 
     def watched(self, lo, hi):
         out = real(self, lo, hi)
         peak.append((self.used, self.capacity))
         return out
 
-    monkeypatch.setattr(stream_mod._Reader, "_decode", watched)
+    monkeypatch.setattr(stream_mod.Reader, "_decode", watched)
     budget = need * block
     n = sum(len(x) for x, _ in WindowStream(stream_cache, 30, batch_size=64, mix=2, memory_budget=budget))
     assert n == ds.plan().n_windows and max(u for u, _ in peak) <= budget
