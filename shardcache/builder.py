@@ -8,12 +8,16 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
    ranges (one cluster per daily file in the usual case), sort each cluster by time, drop
    duplicate timestamps (the last record in input order wins) and find segment starts
    (gaps above ``max_gap`` and split boundaries).
-3. **plan** (in the driver, small): skip symbols shorter than a window, lay rows out by
-   (symbol, time), build the segment table.
+3. **plan** (in the driver, small): skip symbols shorter than a window, lay each symbol's
+   rows out in time order in its own row region (``store.REGION_ROWS``), build the segment table.
 4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
    split, merged with Chan's formula, so no statistic leaks from val/test.
 5. **write** (one task per shard): compute features, normalize, write the whole shard.
-   One writer per shard; nothing writes a partial shard.
+   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.compute``.
+
+``stats_from=CACHE`` skips stage 4 and normalizes with CACHE's statistics and split cut
+times instead: what ``shardcache.append`` keeps, so a cache built at once this way equals
+one built by appends. Scan and merge are also the first stages of an append.
 
 Memory is bounded by a piece, a cluster and a shard per worker, never by the bar count.
 Every finished task is recorded in the staging folder, and the cache is published (renamed
@@ -30,25 +34,26 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 
 from .cluster import check_cluster
+from .compute import Layout, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .errors import ShardcacheError
-from .features import compute_features, required_columns, resolve_features
+from .features import required_columns, resolve_features
 from .index import valid_ranges
 from .sources import Source, expand_inputs, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
-from .store import CODECS, Cache, CacheWriter, default_chunking, open_cache
+from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
 
-__all__ = ["build_cache"]
+__all__ = ["Merged", "Scanned", "build_cache", "client_for", "merge_symbols", "open_inputs", "scan_inputs",
+           "stored_bytes"]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
@@ -90,39 +95,29 @@ def _run_path(staging: str, run: np.void) -> str:
 
 
 @dataclass
-class _Symbol:
+class Merged:
+    """One symbol after the merge: its sorted cluster files, segment starts and raw last bar."""
+
     symbol: str
     clusters: list[tuple[str, int]]
     n: int
     seg_starts: np.ndarray
     seg_split: np.ndarray
     duplicates: int
+    tail: dict  # the last bar's timestamp and source values: the "previous bar" of a later append
 
 
 @dataclass
-class _Layout:
-    """Where each global row comes from: cluster files in row order with their first row."""
+class Scanned:
+    """Every input's runs after the scan, with what the summary counts."""
 
-    paths: list[str]
-    first_row: np.ndarray
-    segments: np.ndarray
-    segment_split: np.ndarray
-    names: list[str]
-    writer: CacheWriter
-    mean: np.ndarray | None = None
-    std: np.ndarray | None = None
-    train_split: int | None = None
-    read_columns: list[str] = field(default_factory=list)
-    symbols: list[str] = field(default_factory=list)
-
-
-def _write_arrow(path: str, table: pa.Table) -> None:
-    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
-def _read_arrow(path: str) -> pa.Table:
-    return ipc.open_file(pa.memory_map(path, "r")).read_all()
+    runs: np.ndarray
+    sketch: np.ndarray
+    symbols: list[str]
+    dts: list[int]
+    records: int
+    reordered: int
+    drops: Counter
 
 
 # -- stage 1: scan ---------------------------------------------------------------------------
@@ -151,7 +146,7 @@ def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
             part = body.take(pa.array(rows))
             part_ts = ts[rows]
             run = np.array((i, k, code, sym, len(rows), part_ts[0], part_ts[-1]), dtype=_RUN)
-            _write_arrow(_run_path(staging, run), part)
+            write_arrow(_run_path(staging, run), part)
             del part
             idx = np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)
             if len(part_ts) > 1:
@@ -166,7 +161,7 @@ def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
-def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> _Symbol:
+def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
     sym_idx, symbol, runs, staging, max_gap, cuts = job
     runs = sorted(runs, key=lambda r: (r.ts_min, r.key))
     clusters: list[list[_Run]] = []
@@ -180,7 +175,7 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> _Symbol:
             hi = run.ts_max
     out, starts, splits, dups, n, last_ts, last_split = [], [], [], 0, 0, None, None
     for c, members in enumerate(clusters):
-        table = pa.concat_tables([_read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)])
+        table = pa.concat_tables([read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)])
         ts = table["ts"].to_numpy()
         if len(members) > 1:
             order = np.argsort(ts, kind="stable")
@@ -202,11 +197,12 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> _Symbol:
         starts.append(local + n)
         splits.append(split[local])
         path = os.path.join(staging, "clusters", f"{sym_idx:06d}-{c:06d}.arrow")
-        _write_arrow(path, table)
+        write_arrow(path, table)
         out.append((path, len(ts)))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
-    return _Symbol(symbol, out, n, np.concatenate(starts), np.concatenate(splits), dups)
+    tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"}}
+    return Merged(symbol, out, n, np.concatenate(starts), np.concatenate(splits), dups, tail)
 
 
 def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
@@ -216,94 +212,9 @@ def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
             os.remove(r.path)
 
 
-# -- stages 4 and 5: per-shard features -------------------------------------------------------
-def _shard_features(layout: _Layout, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features (unnormalized), timestamps and split ids of one shard's rows."""
-    a, b = layout.writer.shard_bounds(shard)
-    lead = 1 if a > 0 else 0
-    lo = a - lead
-    ci = int(np.searchsorted(layout.first_row, lo, side="right")) - 1
-    parts = []
-    row = lo
-    while row < b:
-        first = int(layout.first_row[ci])
-        table = _read_arrow(layout.paths[ci])
-        take = min(b, first + table.num_rows) - row
-        parts.append(table.slice(row - first, take))
-        row += take
-        ci += 1
-    table = pa.concat_tables(parts)
-    ts = table["ts"].to_numpy().astype(np.int64, copy=False)
-    cols = {c: table[c].to_numpy() for c in layout.read_columns}
-    seg_starts = layout.segments[:, 1]
-    rows = np.arange(lo, b, dtype=np.int64)
-    seg = np.searchsorted(seg_starts, rows, side="right") - 1
-    starts = np.zeros(len(rows), dtype=bool)
-    starts[0] = True
-    starts[1:] = seg[1:] != seg[:-1]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
-        feats = compute_features(layout.names, cols, ts, starts)
-    _check_finite(layout, shard, feats[lead:], ts[lead:], seg[lead:], "is not finite")
-    return feats[lead:], ts[lead:], layout.segment_split[seg[lead:]]
-
-
-def _check_finite(layout: _Layout, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray,
-                  what: str) -> None:
-    """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
-    or from a derived feature of extreme inputs."""
-    bad = ~np.isfinite(feats)
-    if not bad.any():
-        return
-    rows, cols = np.nonzero(bad)
-    sym = layout.symbols[int(layout.segments[seg[rows[0]], 0])] if layout.symbols else "?"
-    raise ShardcacheError(
-        f"feature {layout.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
-        f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
-        "derived feature of extreme inputs; fix those bars or pick other --features")
-
-
-def _stats(job: tuple[_Layout, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    layout, shard = job
-    feats, _, split = _shard_features(layout, shard)
-    if layout.train_split is not None:
-        feats = feats[split == layout.train_split]
-    x = feats.astype(np.float64)
-    n = np.full(x.shape[1], len(x), dtype=np.float64)
-    mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
-    m2 = ((x - mean) ** 2).sum(axis=0)
-    return n, mean, m2
-
-
-def _merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Chan et al.'s pairwise merge of (count, mean, M2): exact, out of core."""
-    n, mean, m2 = parts[0][0].copy(), parts[0][1].copy(), parts[0][2].copy()
-    for nb, mb, m2b in parts[1:]:
-        tot = n + nb
-        with np.errstate(invalid="ignore", divide="ignore"):
-            delta = mb - mean
-            mean = np.where(tot > 0, mean + delta * nb / tot, 0.0)
-            m2 = m2 + m2b + np.where(tot > 0, delta**2 * n * nb / tot, 0.0)
-        n = tot
-    with np.errstate(invalid="ignore", divide="ignore"):
-        std = np.sqrt(np.where(n > 0, m2 / n, 0.0))
-    std = np.where(std > 0, std, 1.0)
-    return mean, std, int(n[0]) if len(n) else 0
-
-
-def _write(job: tuple[_Layout, int]) -> str:
-    layout, shard = job
-    feats, ts, _ = _shard_features(layout, shard)
-    if layout.mean is not None:
-        with np.errstate(over="ignore", invalid="ignore"):
-            feats = ((feats - layout.mean) / layout.std).astype(np.float32)
-        seg = np.searchsorted(layout.segments[:, 1], layout.writer.shard_bounds(shard)[0] + np.arange(len(ts)),
-                              side="right") - 1
-        _check_finite(layout, shard, feats, ts, seg, "overflows float32 after z-scoring")
-    return layout.writer.write_shard(shard, feats, ts)
-
-
 # -- the build -------------------------------------------------------------------------------
-def _stored_bytes(url: str, storage_options: dict | None) -> int:
+def stored_bytes(url: str, storage_options: dict | None) -> int:
+    """Bytes stored under a cache's ``features`` array (shard objects and metadata)."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return int(fs.du(path.rstrip("/") + "/features"))
 
@@ -342,11 +253,13 @@ def build_cache(
     resume: bool = False,
     storage_options: dict | None = None,
     progress: bool = True,
+    stats_from: str | os.PathLike[str] | Cache | None = None,
 ) -> Cache:
     """Build a cache from DBN/Parquet ``sources`` at ``out`` and return it opened.
 
     ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars); ``normalize="zscore"``
-    standardizes every feature with train-split statistics stored in the manifest.
+    standardizes every feature with train-split statistics stored in the manifest, or with
+    those of the cache ``stats_from`` (whose split cut times are then kept too).
     ``seq_len``/``horizon`` only size the summary's window count and the short-symbol skip:
     windows are chosen at read time. See the README for the store layout.
     """
@@ -362,26 +275,20 @@ def build_cache(
                 raise ValueError("must be a positive duration such as 1s, 1m or 5m")
         except ValueError as exc:
             raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
-    specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
-    paths = expand_inputs(specs, storage_options)
-    srcs = open_sources(paths, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column,
-                        columns=list(columns) if columns else None)
+    specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
+                                     symbol_column=symbol_column, columns=columns)
     first = srcs[0]
-    s = next((s for s in srcs[1:] if s.columns != first.columns), None)
-    if s is not None:
-        raise ShardcacheError(
-            f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
-            f"{first.path}: {first.schema} ({', '.join(first.columns)})"
-        )
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
     bar_ns = first.bar_ns
     out = os.fspath(out)
+    frozen = None if stats_from is None else _frozen(stats_from, storage_options, names, normalize, spec)
     options = {
         "features": features if isinstance(features, (str, type(None))) else list(features),
         "normalize": normalize, "split": spec.text, "max_gap": str(max_gap), "bar": bar,
         "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
         "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
+        **({} if frozen is None else {"stats_from": frozen.url}),
     }
     wanted = fingerprint(srcs, options, _version())
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
@@ -390,34 +297,23 @@ def build_cache(
     written = False
     client, own_client = None, False
     try:
-        client, own_client = _client(scheduler)
+        client, own_client = client_for(scheduler)
         if client is not None:
             check_cluster(client, staging.root, [out, *paths])
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
-        scans = run(_scan, [(i, s, staging.root, read_cols) for i, s in enumerate(srcs)], "scan",
-                    desc="read files", unit="file")
-        del srcs, first, s
-        runs, sketch, symbols_all = _gather_runs(scans)
-        dts = [s.median_dt for s in scans if s.median_dt]
-        records_read = sum(s.records for s in scans)
-        reordered = sum(s.reordered for s in scans)
-        drops = sum((s.drops for s in scans), Counter())
-        del scans
+        scanned = scan_inputs(run, srcs, staging.root, read_cols)
+        del srcs, first
+        dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
         cuts = spec.dates_ns if spec.dates_ns is not None else (
-            spec.fraction_cuts(sketch.ravel(), np.repeat(runs["n"] / _SKETCH, _SKETCH))
-            if spec.fractions and len(runs) else [])
-        del sketch
-        by_sym = np.argsort(runs["sym"], kind="stable")
-        bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(symbols_all) + 1))
-        merged = run(
-            _merge,
-            [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging.root), staging.root, max_gap_ns,
-              np.asarray(cuts, dtype=np.int64))
-             for j, sym in enumerate(symbols_all)],
-            "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
-        del runs, by_sym
+            spec.fraction_cuts(scanned.sketch.ravel(), np.repeat(scanned.runs["n"] / _SKETCH, _SKETCH))
+            if spec.fractions and len(scanned.runs) else [])
+        if frozen is not None:
+            cuts = frozen.manifest["splits"]["cuts_ns"]
+        scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
+        merged = merge_symbols(run, staging.root, scanned, max_gap_ns, cuts)
+        del scanned
         span = seq_len + horizon
         kept = [m for m in merged if m.n >= span]
         skipped = {m.symbol: m.n for m in merged if m.n < span}
@@ -430,16 +326,20 @@ def build_cache(
                                   f"short symbols skipped: {len(skipped)})")
         layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
                        storage_options, staging)
-        shards = range(layout.writer.n_shards)
+        shards = layout.writer.shard_ids
         mean = std = None
         n_train = 0
-        if normalize == "zscore":
-            parts = run(_stats, [(layout, s) for s in shards], "stats", desc="statistics", unit="shard")
-            mean, std, n_train = _merge_moments(parts)
+        if normalize == "zscore" and frozen is not None:
+            stats = frozen.manifest["stats"]
+            mean, std, n_train = np.asarray(stats["mean"]), np.asarray(stats["std"]), int(stats["count"])
+        elif normalize == "zscore":
+            parts = run(shard_stats, [(layout, s) for s in shards], "stats", desc="statistics", unit="shard")
+            mean, std, n_train = merge_moments(parts)
+        if mean is not None:
             layout.mean, layout.std = mean.astype(np.float32), std.astype(np.float32)
-        digests = run(_write, [(layout, s) for s in shards], "write", desc="write shards", unit="shard")
+        digests = run(write_shard, [(layout, s) for s in shards], "write", desc="write shards", unit="shard")
         written = True
-        stored = _stored_bytes(staging.cache_path, storage_options)
+        stored = stored_bytes(staging.cache_path, storage_options)
         raw = n_bars * len(names) * 4
         manifest = {
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -457,8 +357,9 @@ def build_cache(
                          for i, name in enumerate(spec.names)},
             },
             "sources": sources_described,
+            "tails": {m.symbol: m.tail for m in kept},
             "build": {
-                **options, "max_gap_ns": int(max_gap_ns), "fingerprint": digest(wanted),
+                **options, "max_gap_ns": int(max_gap_ns), "bar_ns": bar_ns, "fingerprint": digest(wanted),
                 "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
                 "workers": workers,
             },
@@ -478,7 +379,7 @@ def build_cache(
                 },
             },
             "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
-            "layout": {"codec": codec, "shards": layout.writer.n_shards, "digests": digests},
+            "layout": {"codec": codec, "shards": len(shards), "digests": digests},
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
         layout.writer.finish(layout.segments, layout.segment_split, manifest)
@@ -507,7 +408,7 @@ def build_cache(
 
 @dataclass
 class _SegmentsView:
-    layout: _Layout
+    layout: Layout
     names: list[str]
 
     @property
@@ -542,14 +443,18 @@ def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]
             np.concatenate(sketches) if sketches else np.empty((0, _SKETCH), np.int64), names)
 
 
-def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
+def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
           shard_rows: int | None, chunk_rows: int | None, codec: str, storage_options: dict | None,
-          staging: Staging) -> _Layout:
-    """Lay rows out by (symbol, time), build the segment table and create the empty cache
-    (or, on a resume, reopen the one already created)."""
-    paths, first_row, segs, seg_split = [], [], [], []
-    row = 0
+          staging: Staging) -> Layout:
+    """Lay each symbol's rows out in time order from the start of its region, build the segment
+    table and create the empty cache (or, on a resume, reopen the one already created)."""
+    auto_shard, auto_chunk = default_chunking(len(names))
+    shard_rows = shard_rows or auto_shard
+    chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
+    region = -(-REGION_ROWS // shard_rows) * shard_rows
+    paths, first_row, counts, segs, seg_split = [], [], [], [], []
     for sym_id, m in enumerate(kept):
+        row = sym_id * region
         starts = m.seg_starts + row
         stops = np.concatenate([starts[1:], [row + m.n]])
         segs.append(np.stack([np.full(len(starts), sym_id), starts, stops], axis=1))
@@ -557,10 +462,9 @@ def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: Spl
         for path, n in m.clusters:
             paths.append(path)
             first_row.append(row)
+            counts.append(n)
             row += n
-    auto_shard, auto_chunk = default_chunking(len(names))
-    shard_rows = shard_rows or auto_shard
-    chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
+    segments = np.concatenate(segs).astype(np.int64)
     fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
     created = staging.load("created") is not None
     if created and not fs.exists(fs_path.rstrip("/") + "/features/zarr.json"):
@@ -570,15 +474,70 @@ def _plan(kept: list[_Symbol], names: list[str], read_cols: list[str], spec: Spl
     if not created and not staging.local and staging.replace and fs.exists(fs_path):
         fs.rm(fs_path, recursive=True)
     writer = CacheWriter(staging.cache_path, n_bars=n_bars, feature_names=names, shard_rows=shard_rows,
-                         chunk_rows=chunk_rows, codec=codec, storage_options=storage_options, create=not created)
+                         chunk_rows=chunk_rows, codec=codec, storage_options=storage_options, create=not created,
+                         region_rows=region, segments=segments, n_regions=len(kept))
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
-    return _Layout(paths, np.asarray(first_row, dtype=np.int64),
-                   np.concatenate(segs).astype(np.int64), np.concatenate(seg_split).astype(np.int8),
-                   names, writer, train_split=train, read_columns=read_cols, symbols=[m.symbol for m in kept])
+    return Layout(paths, np.asarray(first_row, dtype=np.int64), np.asarray(counts, dtype=np.int64),
+                  segments, np.concatenate(seg_split).astype(np.int8), names, writer, train_split=train,
+                  read_columns=read_cols, symbols=[m.symbol for m in kept])
 
 
-def _client(scheduler: Any) -> tuple[Any, bool]:
+def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: dict | None,
+                **kwargs: Any) -> tuple[list[str], list[str], list[Source]]:
+    """The input specs as given, the files they name and those files opened (one schema for all)."""
+    specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
+    paths = expand_inputs(specs, storage_options)
+    columns = kwargs.pop("columns", None)
+    srcs = open_sources(paths, storage_options, columns=list(columns) if columns else None, **kwargs)
+    first = srcs[0]
+    s = next((s for s in srcs[1:] if s.columns != first.columns), None)
+    if s is not None:
+        raise ShardcacheError(
+            f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
+            f"{first.path}: {first.schema} ({', '.join(first.columns)})"
+        )
+    return specs, paths, srcs
+
+
+def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str]) -> Scanned:
+    """Stage 1 over every input (``run`` is ``Staging.run``): runs spilled, counts gathered."""
+    scans = run(_scan, [(i, s, staging, read_cols) for i, s in enumerate(srcs)], "scan",
+                desc="read files", unit="file")
+    runs, sketch, symbols = _gather_runs(scans)
+    return Scanned(runs, sketch, symbols, [s.median_dt for s in scans if s.median_dt],
+                   sum(s.records for s in scans), sum(s.reordered for s in scans),
+                   sum((s.drops for s in scans), Counter()))
+
+
+def merge_symbols(run: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int]) -> list[Merged]:
+    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names)."""
+    runs = scanned.runs
+    by_sym = np.argsort(runs["sym"], kind="stable")
+    bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(scanned.symbols) + 1))
+    return run(
+        _merge,
+        [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging), staging, max_gap_ns,
+          np.asarray(cuts, dtype=np.int64))
+         for j, sym in enumerate(scanned.symbols)],
+        "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
+
+
+def _frozen(stats_from: str | os.PathLike[str] | Cache, storage_options: dict | None, names: list[str],
+            normalize: str, spec: SplitSpec) -> Cache:
+    """The cache whose statistics and cut times a build reuses, checked against the build's options."""
+    cache = open_cache(stats_from, storage_options)
+    m = cache.manifest
+    if cache.feature_names != names:
+        raise ShardcacheError(f"--stats-from {cache.url}: its features ({', '.join(cache.feature_names)}) are not "
+                              f"this build's ({', '.join(names)})")
+    if m.get("normalize") != normalize or m["splits"].get("spec") != spec.text:
+        raise ShardcacheError(f"--stats-from {cache.url}: built with --normalize {m.get('normalize')} --split "
+                              f"{m['splits'].get('spec')}, this build asks for {normalize} and {spec.text}")
+    return cache
+
+
+def client_for(scheduler: Any) -> tuple[Any, bool]:
     """A dask.distributed client for ``scheduler`` (an address or a Client), and whether we own it."""
     if hasattr(scheduler, "submit"):
         return scheduler, False

@@ -20,7 +20,7 @@ import numpy as np
 from .errors import ShardcacheError
 
 if TYPE_CHECKING:
-    from .store import ShardInfo
+    from .explore import ShardInfo
 
 __all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 
@@ -81,13 +81,45 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
                    help="replace an existing cache (atomically, once the new one is complete)")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted build of --out from its finished tasks (same inputs and options)")
+    p.add_argument("--append", action="store_true",
+                   help="add SOURCES (bars after each symbol's last one) to the existing cache at --out, "
+                        "with its build options")
+    p.add_argument("--stats", choices=["frozen", "recompute"], default=None,
+                   help="with --append: keep the cache's normalization statistics (frozen, default) or "
+                        "rebuild everything with statistics over all bars (recompute)")
+    p.add_argument("--stats-from", default=None, metavar="CACHE",
+                   help="normalize with CACHE's statistics and split at its cut times instead of computing them")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+
+
+_BUILD_DEFAULTS = {"features": None, "normalize": "zscore", "split": "none", "max_gap": "auto", "bar": None,
+                   "ts_column": None, "symbol_column": None, "columns": None, "shard_rows": None, "chunk_rows": None,
+                   "codec": "blosc-lz4", "seq_len": 60, "horizon": 1, "overwrite": False, "stats_from": None}
+
+
+def _cmd_append(args: argparse.Namespace) -> int:
+    from .append import append_cache
+
+    given = [k for k, v in _BUILD_DEFAULTS.items() if getattr(args, k) != v]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
+    cache = append_cache(args.sources, args.out, stats=args.stats or "frozen", workers=args.workers,
+                         scheduler=args.scheduler, resume=args.resume,
+                         storage_options=_storage_options(args.storage_option), progress=not args.quiet)
+    windows = cache.manifest["counts"]["windows"]
+    _print_info(cache.info(windows["seq_len"], windows["horizon"]), args.json)
+    return 0
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from .builder import build_cache
 
+    if args.append:
+        return _cmd_append(args)
+    if args.stats is not None:
+        raise ShardcacheError("--stats applies to --append; for a new build use --stats-from CACHE")
     cache = build_cache(
         args.sources, args.out,
         features=args.features, normalize=args.normalize, split=args.split, max_gap=args.max_gap,
@@ -96,7 +128,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows, chunk_rows=args.chunk_rows, codec=args.codec, workers=args.workers,
         scheduler=args.scheduler, seq_len=args.seq_len, horizon=args.horizon, overwrite=args.overwrite,
         resume=args.resume, storage_options=_storage_options(args.storage_option),
-        progress=not args.quiet,
+        progress=not args.quiet, stats_from=args.stats_from,
     )
     _print_info(cache.info(args.seq_len, args.horizon), args.json)
     return 0

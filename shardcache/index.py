@@ -11,8 +11,9 @@ on their own.
   window sequence into equal contiguous parts, one per rank, and mixes each rank's windows
   within pools of ``mix`` consecutive shards. Batch ``i`` of a rank goes to DataLoader
   worker ``i % num_workers``, so the order does not depend on ``num_workers``.
-* A reader's schedule (``reader_batches``) groups each of its batches by shard and says
-  which rows each shard's block needs and after which batch it is no longer needed.
+* A reader decodes each pool's shard blocks into one arena (``pool_layout``: which rows,
+  where, and each window's arena row) and copies its batches in runs of consecutive batches
+  (``reader_runs``), saying after which run each pool is no longer needed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Ranges", "EpochPlan", "BatchGroups", "valid_ranges", "make_plan", "reader_batches"]
+__all__ = ["Ranges", "EpochPlan", "PoolLayout", "Run", "valid_ranges", "make_plan", "pool_layout", "reader_runs"]
 
 
 @dataclass(frozen=True)
@@ -166,17 +167,25 @@ class EpochPlan:
         rows = ranges.starts_between(s * shard_rows, (s + 1) * shard_rows)
         return rows[int(self.lo[j]) : int(self.hi[j])]
 
-    def pool_windows(self, g: int, ranges: Ranges, shard_rows: int) -> np.ndarray:
-        """Window starts of pool ``g`` in the order they are served (shuffled if asked)."""
-        parts = [
+    def pool_pieces(self, g: int, ranges: Ranges, shard_rows: int) -> list[np.ndarray]:
+        """Window starts of each piece of pool ``g``, in piece order (each ascending)."""
+        return [
             self.piece_starts(j, ranges, shard_rows)
             for j in range(int(self.pool_bounds[g]), int(self.pool_bounds[g + 1]))
         ]
+
+    def pool_order(self, g: int, n: int) -> np.ndarray | None:
+        """The served order of pool ``g``'s ``n`` windows (a permutation), None when not shuffled."""
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([self.seed, self.epoch, self.rank, g, 1]).permutation(n)
+
+    def pool_windows(self, g: int, ranges: Ranges, shard_rows: int) -> np.ndarray:
+        """Window starts of pool ``g`` in the order they are served (shuffled if asked)."""
+        parts = self.pool_pieces(g, ranges, shard_rows)
         starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, g, 1])
-            starts = starts[rng.permutation(len(starts))]
-        return starts
+        order = self.pool_order(g, len(starts))
+        return starts if order is None else starts[order]
 
 
 def make_plan(
@@ -193,12 +202,17 @@ def make_plan(
     mix: int = 4,
     drop_last: bool = False,
 ) -> EpochPlan:
-    """Plan one rank's epoch: shuffled shard order, an equal contiguous share per rank, pools."""
+    """Plan one rank's epoch: shuffled shard order, an equal contiguous share per rank, pools.
+
+    Only shards holding a window start are visited, so rows may be sparse (a format-2 cache
+    leaves unused rows between symbols); every start must lie below ``n_rows``.
+    """
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside world size {world}")
-    n_shards = max(1, -(-n_rows // shard_rows))
-    bounds = np.arange(n_shards + 1, dtype=np.int64) * shard_rows
-    per_shard = np.diff(ranges.count_below(bounds))
+    ids = _start_shards(ranges, shard_rows)
+    if len(ids) and ids[-1] * shard_rows >= n_rows:
+        raise ValueError(f"window starts reach shard {int(ids[-1])}, past {n_rows} rows")
+    per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
     order = np.flatnonzero(per_shard)
     if shuffle:
         order = order[np.random.default_rng([seed, epoch, 0]).permutation(len(order))]
@@ -218,7 +232,7 @@ def make_plan(
     pool_bounds = np.unique(np.concatenate([np.arange(0, len(js), max(1, mix)), [len(js)]]))
     n_batches = share // batch_size if drop_last else -(-share // batch_size)
     return EpochPlan(
-        shards=order[js].astype(np.int64),
+        shards=ids[order[js]].astype(np.int64),
         lo=lo.astype(np.int64),
         hi=hi.astype(np.int64),
         pool_bounds=pool_bounds.astype(np.int64),
@@ -233,74 +247,87 @@ def make_plan(
     )
 
 
+def _start_shards(ranges: Ranges, shard_rows: int) -> np.ndarray:
+    """Shards spanned by the runs of valid starts, ascending (a few may hold none when stride > shard)."""
+    if len(ranges.start) == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = ranges.start // shard_rows
+    n = (ranges.start + ranges.stride * (ranges.count - 1)) // shard_rows - first + 1
+    return np.unique(np.repeat(first, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+
+
 @dataclass(frozen=True)
-class BatchGroups:
-    """One batch of a reader, grouped by shard: group ``k`` is ``starts[bounds[k]:bounds[k+1]]``.
+class PoolLayout:
+    """Where pool ``pool``'s windows live once its blocks are decoded, one after another, into
+    one *arena* of ``n_rows`` rows.
 
-    ``rows[k]`` are the rows the reader decodes for shard ``shards[k]`` (its first to last
-    window start in that shard, plus the span) and ``last[k]`` says this batch is the
-    reader's last use of that shard. Inside a group the served order is kept.
+    Block ``k`` is cache rows ``lo[k]:hi[k]`` (one shard's windows plus the span their last
+    window needs) at arena row ``at[k]``. ``starts`` are the pool's window start rows in
+    served order and ``rows`` the same windows' arena rows.
     """
 
-    batch: int
+    pool: int
+    lo: np.ndarray
+    hi: np.ndarray
+    at: np.ndarray
     starts: np.ndarray
-    bounds: np.ndarray
-    shards: np.ndarray
-    rows: list[tuple[int, int]]
-    last: list[bool]
+    rows: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return int((self.hi - self.lo).sum())
 
 
-def reader_batches(plan: EpochPlan, ranges: Ranges, shard_rows: int, batches: range) -> Iterator[BatchGroups]:
-    """A reader's schedule: batches ``batches`` of ``plan`` in order, each grouped by shard.
+def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> PoolLayout:
+    """The arena layout of pool ``g``: one block per piece (so per shard), in piece order,
+    each from its first window start to its last window's end."""
+    parts = [p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p)]
+    lo = np.array([p[0] for p in parts], dtype=np.int64)
+    hi = np.array([p[-1] + ranges.span for p in parts], dtype=np.int64)
+    at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
+    starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    rows = np.concatenate([p - (a - t) for p, a, t in zip(parts, lo, at)]) if parts else starts
+    order = plan.pool_order(g, len(starts))
+    if order is not None:
+        starts, rows = starts[order], rows[order]
+    return PoolLayout(int(g), lo, hi, at, starts, rows)
 
-    Pools are opened when a batch first reaches them and dropped once passed, so the
-    memory is a few pools of indices whatever the epoch's size.
+
+class Run(NamedTuple):
+    """Consecutive batches ``first..last`` of a reader, copied together: window positions
+    ``[a, b)`` of the rank's sequence, drawn from pools ``pools``; after it the reader no
+    longer needs the pools below ``keep``."""
+
+    first: int
+    last: int
+    a: int
+    b: int
+    pools: range
+    keep: int
+
+
+def reader_runs(plan: EpochPlan, batches: range, max_windows: int) -> Iterator[Run]:
+    """A reader's batches cut into runs: consecutive batches (``batches.step == 1``) of up to
+    ``max_windows`` windows whose pools are all among the first batch's, else single batches.
+
+    Keeping a run inside its first batch's pools means a run never needs more resident
+    pools than one batch does (``EpochPlan.max_open_pieces``). Lazy: an epoch's runs are
+    found as they are read.
     """
-    pools: dict[int, np.ndarray] = {}
-    rows: dict[int, tuple[int, int]] = {}
-    last_use: dict[int, int] = {}
-    offsets = plan.pool_offsets
-    for i in batches:
+    prev: Run | None = None
+    i, stop = batches.start, batches.stop
+    while i < stop:
         a, b = plan.batch_span(i)
-        parts = []
-        for g in plan.pools_between(a, b):
-            if g not in pools:
-                pools[g] = _open_pool(plan, g, ranges, shard_rows, batches, rows, last_use)
-            off = int(offsets[g])
-            parts.append(pools[g][max(a - off, 0) : b - off])
-        for g in [g for g in pools if offsets[g + 1] <= a]:
-            del pools[g]
-        starts = np.concatenate(parts)
-        shard = starts // shard_rows
-        order = np.argsort(shard, kind="stable")
-        starts, shard = starts[order], shard[order]
-        bounds = np.concatenate([[0], np.flatnonzero(np.diff(shard)) + 1, [len(shard)]]).astype(np.int64)
-        sids = shard[bounds[:-1]]
-        yield BatchGroups(
-            i, starts, bounds, sids, [rows[s] for s in sids.tolist()], [last_use[s] == i for s in sids.tolist()]
-        )
-
-
-def _open_pool(
-    plan: EpochPlan,
-    g: int,
-    ranges: Ranges,
-    shard_rows: int,
-    batches: range,
-    rows: dict[int, tuple[int, int]],
-    last_use: dict[int, int],
-) -> np.ndarray:
-    """Windows of pool ``g``; records the block rows and last batch of each of its shards in ``batches``."""
-    windows = plan.pool_windows(g, ranges, shard_rows)
-    pos = int(plan.pool_offsets[g]) + np.arange(len(windows), dtype=np.int64)
-    batch = pos // plan.batch_size
-    mine = (pos < plan.n_windows) & (batch >= batches.start) & ((batch - batches.start) % batches.step == 0)
-    shard = windows // shard_rows
-    for j in range(int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1])):
-        sid = int(plan.shards[j])
-        m = mine & (shard == sid)
-        if m.any():
-            w = windows[m]
-            rows[sid] = (int(w.min()), int(w.max()) + ranges.span)
-            last_use[sid] = int(batch[m].max())
-    return windows
+        pools = plan.pools_between(a, b)
+        last = i
+        while batches.step == 1 and last + 1 < stop:
+            na, nb = plan.batch_span(last + 1)
+            if nb - a > max_windows or plan.pools_between(na, nb)[-1] > pools[-1]:
+                break
+            last, b = last + 1, nb
+        if prev is not None:  # pools below this run's first one are done with
+            yield prev._replace(keep=pools[0])
+        prev = Run(i, last, a, b, pools, 0)
+        i = last + batches.step
+    if prev is not None:
+        yield prev._replace(keep=len(plan.pool_bounds))

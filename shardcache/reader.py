@@ -1,18 +1,29 @@
-"""The reader thread behind ``WindowStream``: decodes shard blocks ahead of use, in plan order.
+"""The reader behind ``WindowStream``: each mixing pool decoded into one arena, and runs of
+batches copied out of it on a background thread.
 
-One ``Reader`` per iterator walks the iterator's batches, decodes each block a batch needs
-with one ``Cache.read_rows`` call (up to ``prefetch`` blocks at once, on a small thread pool, so
-object stores have several requests in flight), keeps blocks resident from their first to their
-last use within the memory capacity, and hands ``Task``s (a batch's windows grouped by block)
-to the consumer through a bounded queue. ``close()`` joins every thread it started.
+Per iterator, a *gather thread* walks the iterator's runs (``index.reader_runs``: up to
+``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
+For each run it makes sure the pools the run draws from are decoded, copies the run's
+windows and targets with one ``index_select`` per pool into new tensors and queues them,
+so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
+(one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
+``index.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
+ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
+``close()`` joins every thread it started.
+
+Torch threads: the gather thread runs torch with one intra-op thread. On the 2-core machine
+``index_select`` spread over two threads ran 3-8x slower as soon as another thread was
+busy (a decoder, the training loop). Under OpenMP the setting is per thread, so the
+caller's threads keep theirs, and the default for threads started later is put back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import queue
+import sys
 import threading
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -21,93 +32,151 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
-from .index import BatchGroups, EpochPlan, reader_batches
+from .index import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
 
 if TYPE_CHECKING:
     from .stream import WindowStream
 
-__all__ = ["Reader", "Task"]
+__all__ = ["RUN_BYTES", "Ready", "Reader"]
 
-_QUEUE_TASKS = 8
+RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
+_QUEUE_RUNS = 2
 _POLL = 0.1
 
 
-class _Block:
-    """One decoded block: rows ``[row0, row0 + rows)`` as input columns ``x`` and target columns ``y``."""
+class _Pool:
+    """One pool's arena: input columns ``x`` and target columns ``y`` (the same tensor when
+    they are the same columns), laid out by ``layout``, with the decodes still under way."""
 
-    __slots__ = ("row0", "x", "y", "windows", "nbytes", "event", "host")
-
-    def __init__(self, row0: int, x: torch.Tensor, y: torch.Tensor, seq_len: int, nbytes: int) -> None:
-        self.row0 = row0
-        self.x, self.y, self.nbytes = x, y, nbytes
-        n, f = x.shape
-        self.windows = torch.as_strided(x, (n - seq_len + 1, seq_len, f), (f, f, 1))
-        self.event: Any = None
-        self.host: tuple[torch.Tensor, ...] = ()
-
-
-class _Group(NamedTuple):
-    """A batch's windows from one block: output rows ``[a, b)``; ``last`` frees the block after."""
-
-    block: _Block
-    xidx: torch.Tensor
-    yidx: torch.Tensor
-    a: int
-    b: int
-    last: bool
+    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int) -> None:
+        n = layout.n_rows
+        self.layout, (self.x, self.y) = layout, arena
+        f = self.x.shape[1]
+        self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+        self.rows = torch.from_numpy(layout.rows).to(self.x.device)
+        self.submitted = 0
+        self.nbytes = 0
+        self.pending: list[Future] = []
+        self.events: list[Any] = []  # CUDA: one per block copied to the device
+        self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
 
 
-class Task(NamedTuple):
-    """Batch ``batch`` of the epoch, ready to gather: ``n`` windows whose start rows are ``index``."""
+class Ready(NamedTuple):
+    """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
+    of ``x``, ``y`` and ``index`` (window start rows; None unless asked); ``event`` (CUDA) marks
+    the copies done."""
 
-    batch: int
-    n: int
-    groups: list[_Group]
-    index: torch.Tensor
+    batches: list[tuple[int, int, int]]
+    x: torch.Tensor
+    y: torch.Tensor
+    index: torch.Tensor | None
+    event: Any
 
 
 _END = object()
 
 
+def _mapped(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new array in an anonymous memory map of its own (page-aligned): given back to the OS
+    as soon as it is freed, whatever the allocator keeps, so a closed reader leaves nothing."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, max(1, nbytes)))  # the root array: views refer to it
+
+
+def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+_UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
+
+
+class _Outputs:
+    """Output buffers of runs, reused once every batch taken from them is gone.
+
+    Batches are ``torch.from_numpy`` views of numpy buffers (``_mapped``), and a tensor's
+    storage holds a reference to its buffer, so a buffer whose reference count is back to
+    the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
+    faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
+    reused buffer ran 1.1-1.5x faster here). At most ``keep`` sets are kept; when all are in
+    use (the caller holds on to batches) new ones are made and left to the caller.
+    """
+
+    def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[Any], keep: int) -> None:
+        self.shapes, self.dtypes, self.keep = shapes, dtypes, keep
+        self.slots: list[tuple[np.ndarray, ...]] = []
+
+    def take(self, n: int) -> list[torch.Tensor]:
+        """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
+        slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
+        if slot is None:
+            slot = tuple(_mapped(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes))
+            if len(self.slots) < self.keep:
+                self.slots.append(slot)
+        return [torch.from_numpy(a[:n]) for a in slot]
+
+
 class _Stopped(Exception):
-    """Raised inside the reader thread when its iterator was closed."""
+    """Raised inside the reader's threads when its iterator was closed."""
+
+
+def _one_torch_thread() -> None:
+    """Run torch on one intra-op thread in the calling thread only (see the module docstring)."""
+    before = torch.get_num_threads()  # what a new thread starts with
+    torch.set_num_threads(1)
+    restore = threading.Thread(target=torch.set_num_threads, args=(before,))
+    restore.start()  # set_num_threads also sets the default of later threads: put it back
+    restore.join()
 
 
 class Reader:
-    """One iterator's background thread: decodes blocks ahead of use and prepares gather indices.
+    """One iterator's threads: decodes pools ahead of use and gathers runs of batches.
 
-    Holds at most ``capacity`` bytes of blocks (more only for a single block larger than
-    that); a block is released by the consumer after the last batch that uses it. With
-    ``decoders > 0``, up to that many blocks are decoded at once by a thread pool of the
-    reader's own (from a remote store, each block is a few requests one after the other):
-    blocks are reserved and submitted in the order of their first use, as far ahead as the
-    capacity allows, and taken in that order. With ``decoders == 0`` the reader thread
-    decodes each block itself when a batch first needs it.
+    Holds at most ``capacity`` bytes of decoded blocks: the pools a run needs are always
+    decoded (``WindowStream`` sizes the capacity so that they fit), blocks further ahead only
+    while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
+    thread pool of the reader's own (from a remote store each block is a few requests one
+    after the other); with 0 the gather thread decodes each block when a run needs it.
     """
 
     def __init__(
-        self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int, decoders: int = 0
+        self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int, *,
+        decoders: int = 0, run_windows: int = 1, shared: bool = False,
     ) -> None:
         self.stream, self.plan, self.batches, self.capacity = stream, plan, batches, capacity
+        self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
         self.used = 0
-        self.cond = threading.Condition()
         self.stop = threading.Event()
-        self.queue: queue.Queue = queue.Queue(_QUEUE_TASKS)
+        self.queue: queue.Queue = queue.Queue(_QUEUE_RUNS)
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
-        self.decoders = decoders
-        self.pool = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
-        self.decoding: deque[tuple[tuple[int, int], Future]] = deque()  # submitted blocks, in first-use order
-        self.upcoming: tuple[int, int] | None = None  # the next block's rows, not yet submitted
-        self.schedule: Iterator[tuple[int, int]] = iter(())
+        self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
+        self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
+        self.schedule = self._schedule()
+        self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
         dev = stream.device
-        self.copy_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self.cuda = dev.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
+        self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
+        runs = self.run_windows
+        self.outputs = None if self.cuda or shared else _Outputs(
+            [(runs, stream.seq_len, stream._nx), (runs, stream._ny), (runs,)],
+            [np.float32, np.float32, np.int64], keep=_QUEUE_RUNS + 3,
+        )
 
-    # -- reader thread -------------------------------------------------------------------
+    # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
-        """Thread body: every task, then the end mark; an error goes to the consumer instead."""
+        """Thread body: every run, then the end mark; an error goes to the consumer instead."""
         try:
-            for task in self._tasks():
-                self._put(task)
+            if not self.cuda:
+                _one_torch_thread()
+            for run in reader_runs(self.plan, self.batches, self.run_windows):
+                for g in run.pools:
+                    self._wait_decoded(g)
+                ready = self._gather(run)
+                for g in [g for g in self.pools if g < run.keep]:
+                    self._drop(g)
+                while self._submit(force=False):
+                    pass  # decode ahead while the blocks fit
+                self._put(ready)
             self._put(_END)
         except _Stopped:
             pass
@@ -122,115 +191,135 @@ class Reader:
                 return self.queue.put(item, timeout=_POLL)
         raise _Stopped
 
-    def _batches(self) -> Iterator[BatchGroups]:
-        return reader_batches(self.plan, self.stream._ranges, self.stream.cache.shard_rows, self.batches)
+    def _schedule(self) -> Iterator[tuple[_Pool, int]]:
+        """Every block in the order of first use: ``(pool, k)``; a pool's arena is made when reached."""
+        s, newest = self.stream, -1
+        for run in reader_runs(self.plan, self.batches, self.run_windows):
+            for g in run.pools:
+                if g <= newest:
+                    continue
+                newest = g
+                layout = pool_layout(self.plan, g, s._ranges, s.cache.shard_rows)
+                pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                for k in range(len(layout.lo)):
+                    yield pool, k
 
-    def _blocks(self) -> Iterator[tuple[int, int]]:
-        """Rows of every block in the order ``_tasks`` first needs them (a schedule run ahead)."""
-        resident: set[int] = set()
-        for bg in self._batches():
-            for k, sid in enumerate(bg.shards.tolist()):
-                if sid not in resident:
-                    resident.add(sid)
-                    yield bg.rows[k]
-                if bg.last[k]:
-                    resident.discard(sid)
-
-    def _tasks(self) -> Iterator[Task]:
-        """Each batch's windows grouped by block, each block taken (decoded) at its first use."""
+    def _arena(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
+        same). On the CPU each is a memory map of its own: only the decoded blocks' pages are
+        resident, and a dropped pool's pages go back to the OS at once."""
         s = self.stream
-        yoff = s.seq_len - 1 + s.horizon
-        resident: dict[int, _Block] = {}
-        self.schedule = self._blocks() if self.pool is not None else iter(())
-        for bg in self._batches():
-            sids = bg.shards.tolist()
-            if self.pool is not None:  # the blocks this batch needs first, decoded at once
-                need = sum(sid not in resident for sid in sids)
-                while len(self.decoding) < need:
-                    if not self._submit(wait=True):
-                        raise RuntimeError("shardcache reader: the block schedule ended early")
-            groups = []
-            for k, sid in enumerate(sids):
-                lo, hi = int(bg.bounds[k]), int(bg.bounds[k + 1])
-                block = resident.get(sid)
-                if block is None:
-                    block = resident[sid] = self._take(bg.rows[k])
-                if bg.last[k]:
-                    del resident[sid]
-                local = bg.starts[lo:hi] - block.row0
-                groups.append(_Group(block, torch.from_numpy(local), torch.from_numpy(local + yoff), lo, hi, bg.last[k]))
-            while self.pool is not None and len(self.decoding) < self.decoders and self._submit(wait=False):
-                pass  # and up to ``decoders`` blocks ahead, while they fit
-            yield Task(bg.batch, len(bg.starts), groups, torch.from_numpy(bg.starts))
 
-    def _reserve(self, rows: tuple[int, int], wait: bool) -> bool:
-        """Count the block's bytes as held once they fit (or nothing else is held); without
-        ``wait``, only if they fit now."""
-        nbytes = (rows[1] - rows[0]) * self.stream._row_bytes
-        with self.cond:
-            while self.used and self.used + nbytes > self.capacity:
-                if not wait:
-                    return False
-                if self.stop.is_set():
-                    raise _Stopped
-                self.cond.wait(_POLL)
-            self.used += nbytes
-        return True
+        def make(cols: int) -> torch.Tensor:
+            if not self.cuda:
+                return torch.from_numpy(_mapped((rows, cols), np.float32))
+            with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
+                t = torch.empty((rows, cols), device=s.device)
+            t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
+            return t
 
-    def _submit(self, wait: bool) -> bool:
-        """Reserve room for the next block of the schedule and hand it to the pool; without
-        ``wait``, only if it fits now. False if it was not submitted (or there is none left)."""
+        x = make(s._nx)
+        return x, x if s._xcols is None and s._ycols is None else make(s._ny)
+
+    def _drop(self, g: int) -> None:
+        """Forget pool ``g`` (its arena is freed) and take its bytes out of the count."""
+        self.used -= self.pools.pop(g).nbytes
+
+    def _submit(self, force: bool) -> bool:
+        """Start decoding the next block of the schedule: always with ``force``, else only if it
+        fits in the capacity. False if nothing was started."""
         if self.upcoming is None:
             self.upcoming = next(self.schedule, None)
-        rows = self.upcoming
-        if rows is None or not self._reserve(rows, wait):
+        if self.upcoming is None:
+            return False
+        pool, k = self.upcoming
+        nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.stream._row_bytes
+        if not force and self.used + nbytes > self.capacity:
             return False
         self.upcoming = None
-        self.decoding.append((rows, self.pool.submit(self._decode, *rows)))  # type: ignore[union-attr]
+        self.used += nbytes
+        pool.nbytes += nbytes
+        pool.submitted += 1
+        if self.executor is None:
+            self._decode(pool, k)
+        else:
+            pool.pending.append(self.executor.submit(self._decode, pool, k))
         return True
 
-    def _take(self, rows: tuple[int, int]) -> _Block:
-        """The next block in first-use order (rows ``rows``): decoded here once there is room
-        (no pool), or the oldest submitted decode once it is done."""
-        if self.pool is None:
-            self._reserve(rows, wait=True)
-            return self._decode(*rows)
-        submitted, future = self.decoding.popleft()
-        assert submitted == rows, (submitted, rows)  # the schedule and the batches agree
-        while not wait_futures([future], timeout=_POLL).done:
-            if self.stop.is_set():
-                raise _Stopped
-        return future.result()
+    def _wait_decoded(self, g: int) -> None:
+        """Block until every block of pool ``g`` is decoded (starting any not started yet)."""
+        while g not in self.pools or self.pools[g].submitted < len(self.pools[g].layout.lo):
+            if not self._submit(force=True):
+                raise RuntimeError("shardcache reader: the block schedule ended early")
+        pool = self.pools[g]
+        for future in pool.pending:
+            while not wait_futures([future], timeout=_POLL).done:
+                if self.stop.is_set():
+                    raise _Stopped
+            future.result()
+        pool.pending.clear()
 
-    def _decode(self, lo: int, hi: int) -> _Block:
-        """Read rows ``[lo, hi)`` (already counted in ``used``) in one zarr call and move them to the device."""
+    def _decode(self, pool: _Pool, k: int) -> None:
+        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena."""
         s = self.stream
-        nbytes = (hi - lo) * s._row_bytes
         if self.stop.is_set():
             raise _Stopped
+        lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
+        x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
+        if not self.cuda and pool.y is pool.x:  # every column: straight into the arena
+            s.cache.read_rows(lo, hi, out=x.numpy())
+            return
         arr = s.cache.read_rows(lo, hi)
-        x = torch.from_numpy(arr if s._xcols is None else np.ascontiguousarray(arr[:, s._xcols]))
-        y = x if s._ycols is None and s._xcols is None else torch.from_numpy(
-            arr if s._ycols is None else np.ascontiguousarray(arr[:, s._ycols])
-        )
-        if self.copy_stream is None:
-            return _Block(lo, x, y, s.seq_len, nbytes)
-        host = (x.pin_memory(),) if y is x else (x.pin_memory(), y.pin_memory())
+        hx = torch.from_numpy(arr if s._xcols is None else np.ascontiguousarray(arr[:, s._xcols]))
+        hy = hx if pool.y is pool.x else torch.from_numpy(arr if s._ycols is None else np.ascontiguousarray(arr[:, s._ycols]))
+        if not self.cuda:
+            x.copy_(hx)
+            if pool.y is not pool.x:
+                y.copy_(hy)
+            return
+        host = [hx.pin_memory()] + ([] if hy is hx else [hy.pin_memory()])
         with torch.cuda.stream(self.copy_stream):
-            xd = host[0].to(s.device, non_blocking=True)
-            yd = xd if y is x else host[1].to(s.device, non_blocking=True)
+            x.copy_(host[0], non_blocking=True)
+            if pool.y is not pool.x:
+                y.copy_(host[-1], non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.copy_stream)
-        block = _Block(lo, xd, yd, s.seq_len, nbytes)
-        block.event, block.host = event, host
-        return block
+        pool.host.extend(host)
+        pool.events.append(event)
+
+    def _gather(self, run: Run) -> Ready:
+        """Copy the run's windows and targets from its pools' arenas into new tensors."""
+        s, off = self.stream, self.plan.pool_offsets
+        n, yoff = run.b - run.a, s.seq_len - 1 + s.horizon
+        with torch.cuda.stream(self.gather_stream) if self.cuda else contextlib.nullcontext():
+            if self.outputs is not None:
+                x, y, index = self.outputs.take(n)
+            else:
+                x, y, index = s._empty((n, s.seq_len, s._nx), self.shared), s._empty((n, s._ny), self.shared), None
+            index = (index if index is not None else torch.empty(n, dtype=torch.int64)) if s.return_index else None
+            for g in run.pools:
+                pool = self.pools[g]
+                for event in pool.events:
+                    self.gather_stream.wait_event(event)  # type: ignore[union-attr]
+                s0, s1 = max(run.a - int(off[g]), 0), min(run.b - int(off[g]), len(pool.rows))
+                o, rows = int(off[g]) + s0 - run.a, pool.rows[s0:s1]
+                torch.index_select(pool.windows, 0, rows, out=x[o : o + s1 - s0])
+                torch.index_select(pool.y, 0, rows + yoff, out=y[o : o + s1 - s0])
+                if index is not None:
+                    index[o : o + s1 - s0] = torch.from_numpy(pool.layout.starts[s0:s1])
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(self.gather_stream)
+        spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
+        return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, index, event)
 
     # -- consumer side -------------------------------------------------------------------
     def start(self) -> None:
         self.thread.start()
 
-    def next(self) -> Task | None:
-        """The next prepared batch, None at the end; re-raises the reader's error."""
+    def next(self) -> Ready | None:
+        """The next gathered run, None at the end; re-raises the reader's error."""
         while True:
             if self.stop.is_set():
                 raise RuntimeError("WindowStream iterator was closed")
@@ -246,24 +335,15 @@ class Reader:
                 raise item
             return item
 
-    def release(self, task: Task) -> None:
-        """Give back the bytes of the blocks whose last batch was ``task``."""
-        freed = sum(g.block.nbytes for g in task.groups if g.last)
-        if freed:
-            with self.cond:
-                self.used -= freed
-                self.cond.notify_all()
-
     def close(self) -> None:
-        """Stop the threads (the reader's and its decoders) and drop every block and prepared batch."""
+        """Stop the threads (the gather thread and its decoders) and drop every pool and run."""
         self.stop.set()
-        with self.cond:
-            self.cond.notify_all()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
-        if self.pool is not None:  # a decode under way finishes its read, the queued ones are dropped
-            self.pool.shutdown(wait=True, cancel_futures=True)
-        self.decoding.clear()
+        if self.executor is not None:  # a decode under way finishes its read, the queued ones are dropped
+            self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pools.clear()
+        self.upcoming = None
         with contextlib.suppress(queue.Empty):
             while True:
                 self.queue.get_nowait()

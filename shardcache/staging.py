@@ -49,7 +49,7 @@ import fsspec
 
 from .errors import CacheError, ShardcacheError
 from .store import ATTR, FORMAT_VERSION, Cache, open_group
-from .tasks import run_tasks
+from .tasks import release_memory, run_tasks
 
 __all__ = ["Marked", "Staging", "digest", "fingerprint", "is_local", "local_path", "prepare"]
 
@@ -129,16 +129,8 @@ class Marked:
         _write_atomic(_marker(self.root, self.prefix, i), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         if self.then is not None:
             self.then(job)
-        _release_pool()
+        release_memory()
         return result
-
-
-def _release_pool() -> None:
-    """Hand the memory Arrow's pool (mimalloc/jemalloc) keeps after a task back to the system:
-    otherwise each worker thread's heap stays at its largest piece for the rest of the build."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
 
 
 def _marker(root: str, prefix: str, i: int | None) -> str:

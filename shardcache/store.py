@@ -3,10 +3,18 @@
 Layout (readable with plain ``zarr``)::
 
     CACHE/                      zarr group; attributes["shardcache"] = manifest
-      features   float32 (n_bars, n_features)  sharded, Blosc(lz4)+crc32c inner chunks
-      ts         int64   (n_bars,)             nanoseconds since the epoch, UTC
+      features   float32 (n_rows, n_features)  sharded, Blosc(lz4)+crc32c inner chunks
+      ts         int64   (n_rows,)             nanoseconds since the epoch, UTC
       segments   int64   (n_segments, 3)       symbol_id, start_row, stop_row
       segment_split int8 (n_segments,)         index into manifest["splits"]["names"]
+
+Format 2 gives each symbol its own row region: symbol ``i``'s bars are rows
+``[i * R, i * R + n_i)`` with ``R = manifest["layout"]["region_rows"]`` (2**32 rounded up to
+whole shards), so a symbol can grow in place (``shardcache.append``) and every shard holds
+one symbol. The arrays are sparse: ``n_rows = n_symbols * R`` and shards past a symbol's
+last bar are never written (zarr reads them as fill values; nothing is on disk).
+``Cache.shard_table`` lists the shards that hold rows. Format 1 (still read) packs rows
+``0..n_bars`` symbol after symbol.
 
 Every array names its dimensions (``row``, ``feature``, ``segment``, ``field``), so
 ``xarray.open_zarr(CACHE, consolidated=False)`` opens the raw arrays too;
@@ -24,12 +32,12 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
+from .decode import ChunkError, MissingShard, ShardDecoder
 from .errors import CacheError
 
 try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
@@ -40,20 +48,25 @@ except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bri
 if TYPE_CHECKING:
     import xarray
 
+    from .explore import ShardInfo
+
 __all__ = [
     "FORMAT_VERSION",
     "CODECS",
     "Cache",
     "CacheWriter",
-    "ShardInfo",
+    "REGION_ROWS",
     "compressors",
     "default_chunking",
     "open_cache",
+    "dense_shards",
+    "occupied_shards",
     "open_group",
     "shard_digest",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+REGION_ROWS = 1 << 32  # rows per symbol region in format 2: 136 years of 1-second bars
 ATTR = "shardcache"
 CODECS = ("blosc-lz4", "zstd", "lz4", "none")
 
@@ -107,52 +120,39 @@ def shard_digest(block: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(block).tobytes(), digest_size=16).hexdigest()
 
 
+def occupied_shards(segments: np.ndarray, shard_rows: int) -> np.ndarray:
+    """The shards holding rows of ``segments``, as ``(shard, start, stop)`` int64 rows in row order.
+
+    Shard ``s`` spans rows ``[s * shard_rows, (s + 1) * shard_rows)``; ``start``/``stop`` clip
+    that span to the stored rows in it (segments tile each symbol's rows without holes).
+    """
+    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
+    seg = seg[np.argsort(seg[:, 1], kind="stable")]
+    seg = seg[seg[:, 2] > seg[:, 1]]
+    if not len(seg):
+        return np.zeros((0, 3), dtype=np.int64)
+    first, last = seg[:, 1] // shard_rows, (seg[:, 2] - 1) // shard_rows
+    n = last - first + 1
+    ids = np.unique(np.repeat(first, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+    lo, hi = ids * shard_rows, (ids + 1) * shard_rows
+    a = np.maximum(lo, seg[np.searchsorted(seg[:, 2], lo, side="right"), 1])
+    b = np.minimum(hi, seg[np.searchsorted(seg[:, 1], hi, side="left") - 1, 2])
+    return np.stack([ids, a, b], axis=1)
+
+
+def dense_shards(n_rows: int, shard_rows: int) -> np.ndarray:
+    """``(shard, start, stop)`` rows of format 1: rows ``0..n_rows`` packed into consecutive shards."""
+    ids = np.arange(-(-n_rows // shard_rows), dtype=np.int64)
+    return np.stack([ids, ids * shard_rows, np.minimum((ids + 1) * shard_rows, n_rows)], axis=1)
+
+
 @dataclass
 class _Handles:
     group: zarr.Group
     features: zarr.Array
     ts: zarr.Array
+    decoder: ShardDecoder
     pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard of ``features``: where it is stored, which rows and bars it holds, its size."""
-
-    index: int
-    key: str
-    start: int
-    stop: int
-    symbols: tuple[str, ...]
-    first_ts: int
-    last_ts: int
-    raw_bytes: int
-    stored_bytes: int | None
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def missing(self) -> bool:
-        return self.stored_bytes is None
-
-    @property
-    def ratio(self) -> float | None:
-        """Decoded over stored bytes (None for a missing or empty shard object)."""
-        return self.raw_bytes / self.stored_bytes if self.stored_bytes else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready record, with the time range also as ISO 8601 UTC strings."""
-        return {
-            "index": self.index, "key": self.key, "start": self.start, "stop": self.stop,
-            "rows": self.rows, "symbols": list(self.symbols),
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "first_time": str(np.datetime64(self.first_ts, "ns")),
-            "last_time": str(np.datetime64(self.last_ts, "ns")),
-            "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes,
-            "ratio": None if self.ratio is None else round(self.ratio, 3), "missing": self.missing,
-        }
 
 
 class Cache:
@@ -196,6 +196,7 @@ class Cache:
                 "with --resume to finish it or --overwrite to start again"
             )
         self.manifest = manifest
+        self._shard_table = None
         try:
             self.segments = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 3)
             self.segment_split = np.asarray(group["segment_split"][...], dtype=np.int8).reshape(-1)
@@ -224,7 +225,10 @@ class Cache:
             group = open_group(self.url, "r", self.storage_options)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
             raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
-        self._handles = _Handles(group, group["features"], group["ts"]) if "features" in group else None
+        self._handles = (
+            _Handles(group, group["features"], group["ts"], ShardDecoder(group["features"]))
+            if "features" in group else None
+        )
         return group
 
     @property
@@ -286,8 +290,36 @@ class Cache:
         return int(self.manifest["layout"]["chunk_rows"])
 
     @property
+    def region_rows(self) -> int | None:
+        """Rows per symbol region (format 2), None for a packed format-1 cache."""
+        value = self.manifest.get("layout", {}).get("region_rows")
+        return None if value is None else int(value)
+
+    @property
+    def n_rows(self) -> int:
+        """Length of the ``features``/``ts`` arrays: ``n_bars`` in format 1, symbols x regions in format 2."""
+        return int(self.features.shape[0])
+
+    @property
+    def shard_table(self) -> np.ndarray:
+        """``(shard, start, stop)`` of every shard that holds rows, in row order (see ``occupied_shards``)."""
+        if getattr(self, "_shard_table", None) is None:
+            self._shard_table = (dense_shards(self.n_bars, self.shard_rows) if self.region_rows is None
+                                 else occupied_shards(self.segments, self.shard_rows))
+        return self._shard_table
+
+    @property
     def n_shards(self) -> int:
-        return -(-self.n_bars // self.shard_rows)
+        """Shards that hold rows."""
+        return len(self.shard_table)
+
+    def region_stop(self, row: int) -> int:
+        """End of the stored rows of the region holding ``row``: its symbol's last row + 1 in
+        format 2, ``n_bars`` in format 1. Reads must stop there: later shards are not stored."""
+        if self.region_rows is None:
+            return self.n_bars
+        mine = self.segments[self.segments[:, 0] == row // self.region_rows]
+        return int(mine[:, 2].max()) if len(mine) else int(row)
 
     def split_id(self, split: str | None) -> int | None:
         """Index of ``split`` in the manifest (None means every split)."""
@@ -299,26 +331,23 @@ class Cache:
         return names.index(split)
 
     # -- data ----------------------------------------------------------------------------
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` of ``features`` in one zarr call (decodes whole inner chunks).
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` of ``features``, into ``out`` (C-contiguous float32
+        ``(stop - start, n_features)``) when given.
 
-        Never returns made-up rows: a shard that fails its crc32c checks or cannot be decoded,
-        a shard object that is missing (zarr would fill it with NaN) and a cache swapped by a
-        rebuild during the read all raise ``CacheError`` naming the shard.
+        Read by ``decode.ShardDecoder`` (one request per shard, crc32c checked per inner
+        chunk) and never made up: a shard object that is missing, fails its checksums or
+        cannot be decoded, and a cache swapped by a rebuild during the read, raise
+        ``CacheError`` naming the shard.
         """
         try:
-            block = np.asarray(self.features[start:stop], dtype=np.float32)
-        except (CacheError, MemoryError):
-            raise
-        except Exception as exc:  # checksum mismatch (ValueError), codec errors (RuntimeError, ...)
-            raise self._corrupt(start, stop, exc) from None
+            block = self.handles.decoder.read(start, stop, out)
+        except (MissingShard, ChunkError) as exc:
+            shard = exc.shard  # type: ignore[attr-defined]
+            problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
+            raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
+                             "`shardcache verify` lists every damaged shard; rebuild the cache") from None
         self._check_same()
-        first = max(0, start // self.shard_rows)
-        for shard in range(first, -(-stop // self.shard_rows) if stop > start else first):
-            row = max(start, shard * self.shard_rows) - start
-            if row < len(block) and np.isnan(block[row]).all() and not self.shard_exists(shard):
-                raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) is missing; "
-                                 "`shardcache verify` lists every damaged shard; rebuild the cache")
         return block
 
     def shard_key(self, shard: int) -> str:
@@ -331,112 +360,37 @@ class Cache:
         key = arr.metadata.encode_chunk_key((shard,) + (0,) * (arr.ndim - 1))
         return bool(sync(arr.store_path.store.exists(f"{arr.store_path.path}/{key}")))
 
-    def _corrupt(self, start: int, stop: int, exc: BaseException) -> CacheError:
-        """The error for a failed read of rows ``[start, stop)``, naming the first shard that fails."""
-        for shard in range(start // self.shard_rows, -(-stop // self.shard_rows)):
-            a, b = max(start, shard * self.shard_rows), min(stop, (shard + 1) * self.shard_rows)
-            try:
-                self.features[a:b]
-            except Exception as first:
-                return CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) is corrupt: "
-                                  f"{_one_line(first)}; `shardcache verify` lists every damaged shard; "
-                                  "rebuild the cache")
-        return CacheError(f"{self.url}: rows {start}-{stop} could not be read: {_one_line(exc)}")
-
     def n_windows(self, seq_len: int, horizon: int = 1, stride: int = 1, split: str | None = None) -> int:
         """Number of valid windows at read-time ``seq_len``/``horizon``/``stride``."""
         from .index import valid_ranges
 
         return valid_ranges(self, seq_len, horizon, stride, split).total()
 
-    def _segment_order(self) -> np.ndarray:
-        """Indices that put the segment table in row order (rows are grouped by symbol, then time)."""
-        return np.argsort(self.segments[:, 1], kind="stable")
-
-    def shards(self) -> list[ShardInfo]:
-        """Per-shard table: object key, rows, symbols, time range and stored size.
+    def shards(self) -> "list[ShardInfo]":
+        """Per-shard table of the shards holding rows: object key, rows, symbols, time range, stored size.
 
         Sizes come from one fsspec listing of ``features/c`` (local paths and URLs alike);
         a shard object that is not there has ``stored_bytes=None``. The time range reads
         ``ts`` only at the first and last row of each symbol's run of rows in the shard.
         """
-        seg = self.segments[self._segment_order()]
-        names = np.asarray(self.symbols, dtype=object)
-        bounds = [(a, min(a + self.shard_rows, self.n_bars)) for a in range(0, self.n_bars, self.shard_rows)]
-        runs = []  # per shard: symbol ids of its runs and each run's first and last row
-        for a, b in bounds:
-            lo = int(np.searchsorted(seg[:, 2], a, side="right"))
-            hi = int(np.searchsorted(seg[:, 1], b, side="left"))
-            part = seg[lo:hi]
-            head = np.r_[0, np.flatnonzero(np.diff(part[:, 0])) + 1]
-            tail = np.r_[head[1:] - 1, len(part) - 1]
-            runs.append((part[head, 0], np.maximum(part[head, 1], a), np.minimum(part[tail, 2], b) - 1))
-        edges = np.concatenate([np.stack([f, l], axis=1) for _, f, l in runs]).astype(np.int64)
-        ts = np.asarray(self.ts.get_coordinate_selection(edges.ravel()), dtype=np.int64).reshape(-1, 2)
-        offsets = np.cumsum([0] + [len(r[0]) for r in runs])
-        stored = self._stored_sizes()
-        out = []
-        for i, ((a, b), (sym, _, _)) in enumerate(zip(bounds, runs)):
-            key = self.shard_key(i)
-            t = ts[offsets[i] : offsets[i + 1]]
-            out.append(ShardInfo(
-                index=i, key=key, start=a, stop=b, symbols=tuple(names[sym]),
-                first_ts=int(t[:, 0].min()), last_ts=int(t[:, 1].max()),
-                raw_bytes=(b - a) * self.n_features * 4, stored_bytes=stored.get(key),
-            ))
-        return out
+        from .explore import shard_infos
 
-    def _stored_sizes(self) -> dict[str, int]:
-        """Stored bytes of every object under ``features/c``, keyed by path in the cache."""
-        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
-        root = root.rstrip("/") + "/"
-        try:
-            found = fs.find(root + "features/c", detail=True)
-        except FileNotFoundError:
-            return {}
-        return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
+        return shard_infos(self)
 
     def to_xarray(self) -> "xarray.Dataset":
         """The cache as a labelled ``xarray.Dataset``, lazy: dask arrays with one chunk per shard.
 
-        ``features`` has dims ``(row, feature)``; coordinates are ``feature`` (names),
-        ``time`` (datetime64 from ``ts``), ``symbol`` and ``split`` per row (from the segment
-        table) and, when normalized, ``feature_mean``/``feature_std`` (train-split statistics:
+        ``features`` has dims ``(row, feature)`` over the stored rows only; coordinates are
+        ``feature`` (names), ``time`` (datetime64 from ``ts``), ``symbol`` and ``split`` per row
+        (from the segment table), ``cache_row`` (format 2: the row in the sparse arrays) and,
+        when normalized, ``feature_mean``/``feature_std`` (train-split statistics:
         ``ds.features * ds.feature_std + ds.feature_mean`` gives source units). Nothing is
         read until computed; a missing shard reads as NaN (zarr's fill value), so check a
         cache with ``shardcache ls`` or ``verify`` first. Needs the ``xarray`` extra.
         """
-        try:
-            import xarray as xr
-        except ImportError:
-            raise CacheError("to_xarray needs xarray: pip install 'shardcache[xarray]'") from None
-        import dask.array as da
+        from .explore import to_xarray
 
-        rows = self.shard_rows
-        order = self._segment_order()
-        starts = self.segments[order, 1]
-        seg_symbol = np.asarray(self.symbols)[self.segments[order, 0]]
-        seg_split = np.asarray(self.split_names)[self.segment_split[order]]
-        row = da.arange(self.n_bars, chunks=rows, dtype=np.int64)
-
-        def per_row(values: np.ndarray) -> Any:
-            return row.map_blocks(lambda r: values[np.searchsorted(starts, r, side="right") - 1], dtype=values.dtype)
-
-        ts = da.from_zarr(self.ts, chunks=(rows,))
-        coords: dict[str, Any] = {
-            "feature": self.feature_names,
-            "time": ("row", ts.map_blocks(lambda t: t.astype("datetime64[ns]"), dtype="datetime64[ns]")),
-            "symbol": ("row", per_row(seg_symbol)),
-            "split": ("row", per_row(seg_split)),
-        }
-        stats = self.stats
-        if stats:
-            coords["feature_mean"] = ("feature", np.asarray([stats[n]["mean"] for n in self.feature_names]))
-            coords["feature_std"] = ("feature", np.asarray([stats[n]["std"] for n in self.feature_names]))
-        features = da.from_zarr(self.features, chunks=(rows, self.n_features))
-        attrs = {"url": self.url, "normalize": str(self.manifest.get("normalize")), "shard_rows": rows,
-                 "format_version": int(self.manifest["format_version"])}
-        return xr.Dataset({"features": (("row", "feature"), features)}, coords=coords, attrs=attrs)
+        return to_xarray(self)
 
     def info(self, seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
         """A summary for people and scripts: counts, splits, features with stats, size on disk."""
@@ -481,9 +435,12 @@ def open_cache(path: "str | os.PathLike[str] | Cache", storage_options: dict | N
 class CacheWriter:
     """Creates the cache's arrays, writes whole shards (one writer per shard) and the manifest.
 
-    The manifest starts with ``complete: false``; ``finish`` writes the segment table and
-    then the manifest with ``complete: true``, the last write of a build. Picklable, so shard
-    writes can run as dask tasks on any worker.
+    With ``region_rows`` it writes format 2: ``segments`` (symbol regions already applied)
+    place the shards and the arrays have ``n_regions * region_rows`` rows; without, format 1:
+    rows ``0..n_bars`` packed. The manifest starts with ``complete: false``; ``finish``
+    writes the segment table and then the manifest with ``complete: true``, the last write
+    of a build. ``create=False`` reopens the arrays (a resume, an append: grown to
+    ``n_regions`` if needed). Picklable, so shard writes can run as dask tasks on any worker.
     """
 
     def __init__(
@@ -497,6 +454,9 @@ class CacheWriter:
         codec: str = "blosc-lz4",
         storage_options: dict | None = None,
         create: bool = True,
+        region_rows: int | None = None,
+        segments: np.ndarray | None = None,
+        n_regions: int = 0,
     ) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
@@ -506,11 +466,22 @@ class CacheWriter:
         self.chunk_rows = int(chunk_rows)
         if self.shard_rows % self.chunk_rows:
             raise CacheError(f"shard rows {shard_rows} must be a multiple of chunk rows {chunk_rows}")
+        self.region_rows = None if region_rows is None else int(region_rows)
+        if self.region_rows is None:
+            self.n_rows, table = self.n_bars, dense_shards(self.n_bars, self.shard_rows)
+        else:
+            if self.region_rows % self.shard_rows:
+                raise CacheError(f"region rows {region_rows} must be a multiple of shard rows {shard_rows}")
+            self.n_rows = int(n_regions) * self.region_rows
+            table = occupied_shards(np.zeros((0, 3)) if segments is None else segments, self.shard_rows)
+        self.table = table
+        self._bounds = {int(s): (int(a), int(b)) for s, a, b in table.tolist()}
         self._arrays: tuple[zarr.Array, zarr.Array] | None = None
         if not create:
+            self._grow()
             return
         group = open_group(self.url, "w", storage_options)
-        shape = (max(self.n_bars, 0), self.n_features)
+        shape = (max(self.n_rows, 0), self.n_features)
         group.create_array(
             "features",
             shape=shape,
@@ -523,14 +494,25 @@ class CacheWriter:
         )
         group.create_array(
             "ts",
-            shape=(self.n_bars,),
+            shape=(self.n_rows,),
             dtype="int64",
             chunks=(self.shard_rows,),
             compressors=compressors("zstd"),
             fill_value=0,
             dimension_names=("row",),
         )
-        group.attrs[ATTR] = {"format_version": FORMAT_VERSION, "complete": False}
+        group.attrs[ATTR] = {"format_version": self.format_version, "complete": False}
+
+    @property
+    def format_version(self) -> int:
+        return 1 if self.region_rows is None else FORMAT_VERSION
+
+    def _grow(self) -> None:
+        """Lengthen existing arrays to ``n_rows`` (an append adding symbols); a metadata write only."""
+        feats, tsa = self._open_arrays()
+        if feats.shape[0] < self.n_rows:
+            feats.resize((self.n_rows, self.n_features))
+            tsa.resize((self.n_rows,))
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -539,7 +521,8 @@ class CacheWriter:
 
     @property
     def n_shards(self) -> int:
-        return -(-self.n_bars // self.shard_rows)
+        """Shards that hold rows."""
+        return len(self.table)
 
     def _open_arrays(self) -> tuple[zarr.Array, zarr.Array]:
         if self._arrays is None:
@@ -547,9 +530,19 @@ class CacheWriter:
             self._arrays = (group["features"], group["ts"])
         return self._arrays
 
+    @property
+    def shard_ids(self) -> list[int]:
+        """Every shard that holds rows, in row order."""
+        return [int(s) for s in self.table[:, 0]]
+
     def shard_bounds(self, shard: int) -> tuple[int, int]:
-        start = shard * self.shard_rows
-        return start, min(start + self.shard_rows, self.n_bars)
+        """Rows ``[start, stop)`` that shard ``shard`` holds."""
+        return self._bounds[int(shard)]
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``[start, stop)`` as stored: features and timestamps (an append keeps them)."""
+        feats, tsa = self._open_arrays()
+        return np.asarray(feats[start:stop], dtype=np.float32), np.asarray(tsa[start:stop], dtype=np.int64)
 
     def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> str:
         """Write shard ``shard`` whole (rows and timestamps) and return its digest."""
@@ -585,10 +578,11 @@ class CacheWriter:
                 arr[...] = data
         group.attrs[ATTR] = {
             **manifest,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version,
             "layout": {
                 "shard_rows": self.shard_rows,
                 "chunk_rows": self.chunk_rows,
+                **({} if self.region_rows is None else {"region_rows": self.region_rows}),
                 **manifest.get("layout", {}),
             },
             "complete": True,

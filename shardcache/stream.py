@@ -5,17 +5,15 @@
 ``WindowDataset`` is its map-style twin for evaluation and random access.
 
 How a batch is made
-    The epoch's plan (``index.make_plan``) is computed before a byte is read. A reader
-    thread per iterator walks its batches in order; they need, each decoded with one zarr
-    call, one *block* per shard piece: rows ``[first start, last start + seq_len +
-    horizon)``, the shard plus the overhang its last windows need. A block stays resident
-    from its first to its last batch. Blocks are decoded in the order of their first use,
-    up to ``prefetch`` at once (a small thread pool per reader: from object storage a block
-    is a few requests one after the other), as far ahead as the budget allows (the open
-    pool plus ``prefetch`` blocks, or ``memory_budget``). The consumer
-    gathers a batch with ``torch.index_select(torch.as_strided(block, (n, seq_len, F),
-    (F, F, 1)), 0, idx, out=x[a:b])`` per block, so each window is copied once, from the
-    decoded bars into the batch; inside a batch, windows are grouped by block.
+    The epoch's plan (``index.make_plan``) is computed before a byte is read. Each iterator
+    has a reader (``shardcache.reader``): decoder threads read each mixing pool's shard
+    blocks (rows ``[first start, last start + seq_len + horizon)`` of a shard, one zarr call
+    each) into one arena per pool, in plan order and up to ``prefetch`` blocks at once, as
+    far ahead as the budget allows (the open pools plus ``prefetch`` blocks, or
+    ``memory_budget``); a gather thread copies runs of consecutive batches out of the
+    arenas with one ``torch.index_select(torch.as_strided(arena, (n, seq_len, F), (F, F, 1)),
+    0, rows, out=x)`` per pool and queues them, so each window is copied once, from the
+    decoded bars into the batch, and the consumer only takes ready batches.
 
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
@@ -33,20 +31,15 @@ Exactly once
     and with ``drop_last`` also each rank's last partial batch.
 
 Torch threads
-    ``index_select`` splits a copy over torch's intra-op threads, which then compete with
-    the reader thread, the training loop and other processes for the same cores. On the
-    2-core test machine (F=256, seq_len=60, batch 256) one call per block ran at 170K
-    windows/s with both cores idle but 60K with one core busy, while serial copies ran at
-    93-98K in both cases. So the gather copies in pieces of at most
-    ``at::internal::GRAIN_SIZE`` elements (a few windows, or bands of a window's rows),
-    which torch always runs on the calling thread whatever ``torch.get_num_threads()``
-    says; the process-global thread count is never changed. On CUDA one call per block.
+    The gather thread runs torch on one intra-op thread (see ``shardcache.reader``): split
+    over both cores of the test machine, the copy ran 3-8x slower as soon as another thread
+    was busy. The caller's thread settings are left as they are.
 
 Outputs
-    Every batch is a new tensor the caller may keep. Reusing output buffers measured no
-    faster here (the copy, not the allocation, is the cost), so there is no such option.
-    In a DataLoader worker the outputs are allocated in shared memory, as
-    ``default_collate`` does, so sending a batch to the main process costs no extra copy.
+    Every batch is a tensor the caller may keep; in-process, the batches of one run (up to
+    ``reader.RUN_BYTES``) are views of one tensor. In a DataLoader worker each batch is
+    allocated alone in shared memory, as ``default_collate`` does, so sending it to the
+    main process costs no extra copy.
 
 Position and resume
     A stream remembers its epoch and the batches delivered in it (``state_dict``). A new
@@ -61,7 +54,7 @@ Position and resume
     would start at the wrong batch.
 
 Resources
-    ``close()`` (or ``with``) stops every reader thread and DataLoader worker the stream
+    ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
     started; a garbage-collected iterator stops its reader (generator ``finally``).
 """
 
@@ -80,12 +73,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .index import EpochPlan, Ranges, make_plan, valid_ranges
-from .reader import Reader, Task
+from .reader import RUN_BYTES, Reader
 from .store import Cache, open_cache
 
 __all__ = ["WindowStream", "WindowDataset"]
 
-_GRAIN = 32768  # at::internal::GRAIN_SIZE: parallel_for runs serially up to this many elements
 _LRU_BLOCKS = 4
 
 
@@ -119,7 +111,7 @@ class WindowStream(IterableDataset):
     each window's start row in the cache's ``features`` array. Use it as
     ``DataLoader(stream, batch_size=None)`` or ``stream.loader(num_workers)``, which also
     makes ``state_dict()`` exact with workers. ``prefetch`` is the number of blocks held
-    ahead of the open pool and the number decoded at once (0: one at a time, on the reader
+    ahead of the open pools and the number decoded at once (0: one at a time, on the gather
     thread); ``memory_budget`` (bytes of decoded blocks, shared by the DataLoader workers)
     replaces the former. ``mix`` shards are shuffled together; ``device`` is
     where blocks live and batches are gathered (``"cuda"``: each block is copied once,
@@ -161,9 +153,9 @@ class WindowStream(IterableDataset):
         self._ranges: Ranges = valid_ranges(self.cache, self.seq_len, self.horizon, self.stride, split)
         self._xcols = _columns(self.cache, features, "features")
         self._ycols = _columns(self.cache, target, "target")
-        nx = len(self._xcols) if self._xcols is not None else self.cache.n_features
-        ny = len(self._ycols) if self._ycols is not None else self.cache.n_features
-        self._row_bytes = 4 * (nx if self._xcols is None and self._ycols is None else nx + ny)
+        self._nx = len(self._xcols) if self._xcols is not None else self.cache.n_features
+        self._ny = len(self._ycols) if self._ycols is not None else self.cache.n_features
+        self._row_bytes = 4 * (self._nx if self._xcols is None and self._ycols is None else self._nx + self._ny)
         self.rank, self.world = _rank_world()
         self._state = torch.tensor([0, int(seed), 0], dtype=torch.int64).share_memory_()  # epoch, seed, consumed
         self._pass_start: torch.Tensor | None = None  # in a loader()'s worker: that loader's pass start
@@ -189,7 +181,7 @@ class WindowStream(IterableDataset):
             if len(self._plans) > 4:
                 self._plans.clear()
             self._plans[key] = make_plan(
-                self._ranges, self.cache.n_bars, self.cache.shard_rows, batch_size=self.batch_size,
+                self._ranges, self.cache.n_rows, self.cache.shard_rows, batch_size=self.batch_size,
                 shuffle=self.shuffle, seed=key[1], epoch=key[0], rank=self.rank, world=self.world,
                 mix=self.mix, drop_last=self.drop_last,
             )
@@ -279,45 +271,28 @@ class WindowStream(IterableDataset):
         batches = range(consumed + worker, plan.n_batches, workers)
         if not batches:
             return
-        reader = Reader(self, plan, batches, self._capacity(plan, workers), decoders=self.prefetch)
-        shared = in_worker and self.device.type == "cpu"
+        run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * self._nx)
+        reader = Reader(self, plan, batches, self._capacity(plan, workers), decoders=self.prefetch,
+                        run_windows=run, shared=in_worker and self.device.type == "cpu")
         self._readers.add(reader)
+        counts = self._state.numpy()  # the shared position tensor, written without torch's per-call cost
         try:
             reader.start()
-            while (task := reader.next()) is not None:
-                out = self._gather(task, shared)
-                reader.release(task)
-                if not in_worker:
-                    self._state[2] = task.batch + 1
-                yield out
+            while (ready := reader.next()) is not None:
+                x, y, index = ready.x, ready.y, ready.index
+                if ready.event is not None:  # CUDA: the gather thread's copies, on its own stream
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(ready.event)
+                    x.record_stream(current)
+                    y.record_stream(current)
+                for batch, p, r in ready.batches:
+                    if reader.stop.is_set():
+                        raise RuntimeError("WindowStream iterator was closed")
+                    if not in_worker:
+                        counts[2] = batch + 1
+                    yield (x[p:r], y[p:r], index[p:r]) if index is not None else (x[p:r], y[p:r])
         finally:
             reader.close()
-
-    def _gather(self, task: Task, shared: bool) -> tuple[torch.Tensor, ...]:
-        """Copy the task's windows and targets into new tensors, block by block, on this thread."""
-        block0 = task.groups[0].block
-        fx, fy = block0.x.shape[1], block0.y.shape[1]
-        x, y = self._empty((task.n, self.seq_len, fx), shared), self._empty((task.n, fy), shared)
-        if self.device.type == "cpu":  # window rows and windows per copy, so that torch copies
-            rows = min(self.seq_len, max(1, _GRAIN // fx))  # each piece on the calling thread
-            per, ystep = max(1, _GRAIN // (rows * fx)), max(1, _GRAIN // fy)
-        else:
-            rows, per, ystep = self.seq_len, task.n, task.n
-        for g in task.groups:
-            block, xidx, yidx = g.block, g.xidx, g.yidx
-            if block.event is not None:
-                current = torch.cuda.current_stream(self.device)
-                current.wait_event(block.event)
-                block.x.record_stream(current)
-                block.y.record_stream(current)
-                xidx, yidx = xidx.to(self.device, non_blocking=True), yidx.to(self.device, non_blocking=True)
-            for r in range(0, self.seq_len, rows):
-                src, dst = block.windows[:, r : r + rows], x[g.a : g.b, r : r + rows]
-                for c in range(0, g.b - g.a, per):
-                    torch.index_select(src, 0, xidx[c : c + per], out=dst[c : c + per])
-            for c in range(0, g.b - g.a, ystep):
-                torch.index_select(block.y, 0, yidx[c : c + ystep], out=y[g.a : g.b][c : c + ystep])
-        return (x, y, task.index) if self.return_index else (x, y)
 
     def _empty(self, shape: tuple[int, ...], shared: bool) -> torch.Tensor:
         """A new output tensor; in a DataLoader worker, in shared memory, as ``default_collate`` does,
@@ -458,7 +433,7 @@ class WindowDataset(Dataset):
             self._lru.move_to_end(shard)
             return hit
         lo = shard * self.cache.shard_rows
-        hi = min(lo + self.cache.shard_rows + self.span - 1, self.cache.n_bars)
+        hi = min(lo + self.cache.shard_rows + self.span - 1, self.cache.region_stop(lo))
         self._lru[shard] = hit = (lo, self.cache.read_rows(lo, hi))
         while len(self._lru) > _LRU_BLOCKS:
             self._lru.popitem(last=False)

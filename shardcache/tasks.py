@@ -5,10 +5,15 @@ parts, zstd/DBN decoding, numpy and Blosc, release the GIL). With a scheduler ad
 run on an existing ``dask.distributed`` cluster. Each task holds one input piece or one
 shard, so memory per worker is bounded by the piece and shard sizes, not by the data.
 Progress is a tqdm bar on a terminal and a log line every 10% otherwise.
+
+After each task :func:`release_memory` hands back what the task freed, so a build's resident
+memory does not creep up with the number of tasks (see its docstring for the numbers).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import sys
 import time
@@ -18,11 +23,42 @@ from typing import Any, TypeVar
 import dask
 from dask.callbacks import Callback
 
-__all__ = ["Progress", "run_tasks"]
+__all__ = ["Progress", "release_memory", "run_tasks"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
 _BATCH = 256
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number (glibc malloc.h)
+_MMAP_THRESHOLD = 128 << 10  # glibc's initial threshold, kept fixed
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc() -> ctypes.CDLL | None:
+    """glibc with its mmap threshold pinned (done once per process), or None under another C library."""
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "malloc_trim") or not hasattr(libc, "mallopt"):
+        return None
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    return libc
+
+
+def release_memory() -> None:
+    """Hand what a finished task freed back to the system, so a build's RSS does not grow with its task count.
+
+    Arrow's pool (mimalloc) otherwise keeps each worker thread's heap at its largest piece.
+    glibc otherwise raises its mmap threshold to the largest block freed so far (up to
+    32 MiB), after which feature arrays and zarr's chunk buffers come from per-thread arenas
+    that keep their free space: with 10x the shards (and more of zarr's threads) the stats and
+    write stages of a 3,600-file build held 73 MiB of free arena memory against 51 MiB at
+    360 files. Pinned, blocks above 128 KiB go back on free; ``malloc_trim`` returns the free
+    pages of smaller ones.
+    """
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 class Progress:
@@ -87,6 +123,7 @@ def run_tasks(
     items = list(items)
     if not items:
         return []
+    release_memory()  # what the driver freed since the last stage (e.g. the scan's results)
     with Progress(len(items), desc, show, unit) as progress:
         if client is not None:
             from distributed import as_completed

@@ -9,8 +9,12 @@ store key it concerns (``features/c/3/0``, ``ts/c/3``, ``segments``):
 * a shard whose decoded rows differ from the digest recorded at build time
   (``manifest["layout"]["digests"]``, see ``store.shard_digest``);
 * timestamps that do not increase inside a segment, and a segment table that does not
-  tile the rows (segments in row order, no gaps or overlaps, each symbol's rows together,
-  valid symbol and split ids), or array shapes that disagree with the manifest.
+  tile the rows (segments in row order, no gaps or overlaps, each symbol's rows together
+  and, in format 2, starting at its region), valid symbol and split ids, or array shapes
+  that disagree with the manifest.
+
+Only the shards that hold rows are read (``Cache.shard_table``); in format 2 the unused
+rows between symbol regions are not stored and not checked.
 
 A cache that cannot be opened at all (missing, incomplete, newer format, damaged segment
 table) raises ``CacheError`` instead of returning a report.
@@ -112,10 +116,11 @@ def _check_layout(cache: Cache, problems: list[Problem]) -> list[str] | None:
     """Array shapes and chunking against the manifest; the recorded digests, if any."""
     m = cache.manifest
     f, t = cache.features, cache.ts
-    if f.shape != (cache.n_bars, cache.n_features):
-        problems.append(Problem("features", f"shape {f.shape}, manifest says {(cache.n_bars, cache.n_features)}"))
-    if t.shape != (cache.n_bars,):
-        problems.append(Problem("ts", f"shape {t.shape}, manifest says {(cache.n_bars,)}"))
+    rows = cache.n_bars if cache.region_rows is None else len(cache.symbols) * cache.region_rows
+    if f.shape != (rows, cache.n_features):
+        problems.append(Problem("features", f"shape {f.shape}, manifest says {(rows, cache.n_features)}"))
+    if t.shape != (rows,):
+        problems.append(Problem("ts", f"shape {t.shape}, manifest says {(rows,)}"))
     if f.shards is not None and f.shards[0] != cache.shard_rows:
         problems.append(Problem("features", f"shards of {f.shards[0]} rows, manifest says {cache.shard_rows}"))
     digests = m.get("layout", {}).get("digests")
@@ -125,7 +130,8 @@ def _check_layout(cache: Cache, problems: list[Problem]) -> list[str] | None:
 
 
 def _check_segments(cache: Cache, problems: list[Problem]) -> None:
-    """The segment table tiles rows ``[0, n_bars)`` in order, one symbol's rows together."""
+    """The segment table tiles each symbol's rows in order, one symbol's rows together: rows
+    ``[0, n_bars)`` in format 1, ``[i * region_rows, ...)`` for symbol ``i`` in format 2."""
     seg, split = cache.segments, cache.segment_split
     n = cache.n_bars
     if len(split) != len(seg):
@@ -136,9 +142,15 @@ def _check_segments(cache: Cache, problems: list[Problem]) -> None:
         return
     order = np.argsort(seg[:, 1], kind="stable")
     s = seg[order]
-    if s[0, 1] != 0 or s[-1, 2] != n:
+    region = cache.region_rows
+    if region is None and (s[0, 1] != 0 or s[-1, 2] != n):
         problems.append(Problem("segments", f"cover rows {s[0, 1]}-{s[-1, 2]}, not 0-{n}"))
-    gaps = np.flatnonzero(s[1:, 1] != s[:-1, 2])
+    if region is not None and int((s[:, 2] - s[:, 1]).sum()) != n:
+        problems.append(Problem("segments", f"cover {int((s[:, 2] - s[:, 1]).sum())} rows, not {n}"))
+    first = np.r_[True, s[1:, 0] != s[:-1, 0]]  # a symbol's first segment
+    if region is not None and np.any(s[first, 1] != s[first, 0] * region):
+        problems.append(Problem("segments", "a symbol's rows do not start at its region"))
+    gaps = np.flatnonzero((s[1:, 1] != s[:-1, 2]) & (~first[1:] if region is not None else True))
     if len(gaps):
         i = int(gaps[0])
         problems.append(Problem("segments", f"{len(gaps)} gap(s) or overlap(s), first after row {s[i, 2]}"))
@@ -180,12 +192,11 @@ def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | N
     seg_starts = np.unique(cache.segments[:, 1])
     checked, prev = 0, None
     with Progress(cache.n_shards, "verify", progress, unit="shard") as bar:
-        for shard in range(cache.n_shards):
-            a, b = shard * cache.shard_rows, min((shard + 1) * cache.shard_rows, cache.n_bars)
+        for i, (shard, a, b) in enumerate(cache.shard_table.tolist()):
             feats = _read(cache, cache.features, "features", shard, a, b, problems)
-            if feats is not None and digests is not None and shard < len(digests):
+            if feats is not None and digests is not None and i < len(digests):
                 checked += 1
-                if shard_digest(feats.astype(np.float32, copy=False)) != digests[shard]:
+                if shard_digest(feats.astype(np.float32, copy=False)) != digests[i]:
                     problems.append(Problem(cache.shard_key(shard),
                                             "rows differ from the digest recorded at build time"))
             ts = _read(cache, cache.ts, "ts", shard, a, b, problems)
@@ -216,10 +227,10 @@ def compare_caches(a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] 
     for name in ("segments", "segment_split"):
         if not np.array_equal(getattr(ca, name), getattr(cb, name)):
             out.append(f"{name} differ")
-    if ca.features.shape != cb.features.shape or ca.shard_rows != cb.shard_rows:
+    if (ca.features.shape != cb.features.shape or ca.shard_rows != cb.shard_rows
+            or not np.array_equal(ca.shard_table, cb.shard_table)):
         return [*out, f"features: shape {ca.features.shape} != {cb.features.shape} or other shards"]
-    for shard in range(ca.n_shards):
-        lo, hi = shard * ca.shard_rows, min((shard + 1) * ca.shard_rows, ca.n_bars)
+    for shard, lo, hi in ca.shard_table.tolist():
         if not np.array_equal(ca.read_rows(lo, hi), cb.read_rows(lo, hi), equal_nan=True):
             out.append(f"{ca.shard_key(shard)} differs")
         if not np.array_equal(ca.ts[lo:hi], cb.ts[lo:hi]):

@@ -15,7 +15,7 @@ import numpy as np
 
 from shardcache.store import Cache, CacheWriter
 
-__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper"]
+__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]
 
 SPLITS = ["train", "val", "test"]
 
@@ -113,6 +113,21 @@ def make_cache(
     }
     writer.finish(bars.segments, bars.segment_split, manifest)
     return Cache(path)
+
+
+def stored_rows(cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every stored row in row order, read shard by shard with plain zarr: features, timestamps and
+    the segment table renumbered to those rows (a format-2 cache leaves unused rows between symbols)."""
+    table = cache.shard_table
+    if not len(table):
+        return np.zeros((0, cache.n_features), np.float32), np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
+    feats = np.concatenate([cache.features[a:b] for _, a, b in table])
+    ts = np.concatenate([cache.ts[a:b] for _, a, b in table])
+    rows = np.concatenate([np.arange(a, b) for _, a, b in table])
+    seg = cache.segments[np.argsort(cache.segments[:, 1], kind="stable")].copy()
+    seg[:, 2] = np.searchsorted(rows, seg[:, 2] - 1) + 1
+    seg[:, 1] = np.searchsorted(rows, seg[:, 1])
+    return feats, ts, seg
 
 
 def brute_starts(bars: Bars, seq_len: int, horizon: int, stride: int, split: str | None) -> np.ndarray:

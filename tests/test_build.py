@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import zarr
 
+from helpers import stored_rows
 from shardcache import ShardcacheError, open_cache
 from shardcache.builder import build_cache
 from shardcache.splits import parse_split
@@ -71,9 +72,13 @@ def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
     group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
     assert group["features"].dtype == np.float32
     assert group["features"].shards == (4096, 5) and group["features"].chunks == (512, 5)
-    np.testing.assert_array_equal(group["ts"][...], ts)
-    np.testing.assert_array_equal(group["features"][...], rows)
+    assert group["features"].shape == (len(cache.symbols) * 2**32, 5)  # one row region per symbol
+    got_rows, got_ts, _ = stored_rows(cache)
+    np.testing.assert_array_equal(got_ts, ts)
+    np.testing.assert_array_equal(got_rows, rows)
     assert cache.n_bars == len(ts) and cache.symbols == sorted(decode_bars(small_sample))
+    first = cache.segments[np.r_[True, np.diff(cache.segments[:, 0]) != 0]]
+    np.testing.assert_array_equal(first[:, 1], first[:, 0] * 2**32)  # symbol i starts at row i * 2**32
 
 
 @pytest.mark.slow
@@ -83,9 +88,9 @@ def test_default_sample_every_row_and_timestamp(tmp_path):
                         normalize="none", progress=False)
     ts, rows = expected_arrays(decode_bars(files))
     assert 600_000 <= len(ts) <= 730_000
-    group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
-    np.testing.assert_array_equal(group["ts"][...], ts)
-    np.testing.assert_array_equal(group["features"][...], rows)
+    got_rows, got_ts, _ = stored_rows(cache)
+    np.testing.assert_array_equal(got_ts, ts)
+    np.testing.assert_array_equal(got_rows, rows)
     assert cache.manifest["counts"]["bars"] == len(ts)
 
 
@@ -93,7 +98,7 @@ def test_default_features_and_segments(small_sample, tmp_path):
     cache = build_cache(small_sample, tmp_path / "c.zarr", normalize="none", shard_rows=4096,
                         chunk_rows=1024, progress=False)
     ts, raw = expected_arrays(decode_bars(small_sample))
-    seg = cache.segments
+    got, _, seg = stored_rows(cache)
     # segments tile the rows, one symbol each, cut at gaps above 1 h and nowhere else
     assert seg[0, 1] == 0 and seg[-1, 2] == cache.n_bars and np.all(seg[1:, 1] == seg[:-1, 2])
     gaps = np.diff(ts) > 3600 * 10**9
@@ -106,7 +111,6 @@ def test_default_features_and_segments(small_sample, tmp_path):
     o, h, l, c, v = (raw[:, i].astype(np.float64) for i in range(5))
     prev_c = np.roll(c, 1)
     lr = np.where(starts, 0.0, np.log(c / prev_c))
-    got = open_cache(tmp_path / "c.zarr").read_rows(0, cache.n_bars)
     names = cache.feature_names
     np.testing.assert_allclose(got[:, names.index("log_return")], lr, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(got[:, names.index("log_range")], np.log(h / l), rtol=1e-5, atol=1e-7)
@@ -119,9 +123,10 @@ def test_zscore_uses_train_split_only(small_sample, tmp_path):
     raw = build_cache(small_sample, tmp_path / "raw.zarr", normalize="none", split="train=0.6,val=0.2,test=0.2",
                       progress=False)
     norm = build_cache(small_sample, tmp_path / "norm.zarr", split="train=0.6,val=0.2,test=0.2", progress=False)
-    x = raw.read_rows(0, raw.n_bars).astype(np.float64)
+    x, _, seg = stored_rows(raw)
+    x = x.astype(np.float64)
     train = np.zeros(raw.n_bars, dtype=bool)
-    for (sym, a, b), s in zip(raw.segments, raw.segment_split):
+    for (sym, a, b), s in zip(seg, raw.segment_split[np.argsort(raw.segments[:, 1], kind="stable")]):
         train[a:b] = s == raw.split_names.index("train")
     mean, std = x[train].mean(0), x[train].std(0)
     got = [norm.stats[n] for n in norm.feature_names]
@@ -133,12 +138,11 @@ def test_zscore_uses_train_split_only(small_sample, tmp_path):
 
 def test_fraction_and_date_splits_cut_segments(small_sample, tmp_path):
     cache = build_cache(small_sample, tmp_path / "c.zarr", split="train=0.8,val=0.1,test=0.1", progress=False)
-    ts = cache.ts[...]
     bars = cache.manifest["splits"]["bars"]
     assert abs(bars["train"] / cache.n_bars - 0.8) < 0.02
     cuts = cache.manifest["splits"]["cuts_ns"]
     for (sym, a, b), s in zip(cache.segments, cache.segment_split):
-        expected = np.searchsorted(cuts, ts[a:b], side="right")
+        expected = np.searchsorted(cuts, cache.ts[a:b], side="right")
         assert np.all(expected == s), "a segment crosses a split boundary"
     d = build_cache(small_sample, tmp_path / "d.zarr", split="val=2023-01-20,test=2023-01-26", progress=False)
     assert d.split_names == ["train", "val", "test"]
@@ -162,7 +166,7 @@ def test_duplicates_and_unsorted_records(tmp_path):
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     counts = cache.manifest["counts"]
     assert counts["dropped"] == {"duplicate timestamp": 1} and counts["reordered"] == 1
-    got_ts = cache.ts[...]
+    got_ts = cache.ts[: cache.n_bars]  # one symbol: its region starts at row 0
     assert np.all(np.diff(got_ts) > 0) and len(got_ts) == len(ts) - 1
     # the later record of the two at minute 3 wins
     assert cache.read_rows(3, 4)[0, 0] == 104.0
@@ -186,7 +190,7 @@ def test_workers_and_codecs_give_identical_arrays(small_sample, tmp_path):
     a = build_cache(small_sample, tmp_path / "a.zarr", workers=1, codec="zstd", progress=False,
                     shard_rows=2048, chunk_rows=256)
     b = build_cache(small_sample, tmp_path / "b.zarr", workers=2, codec="lz4", progress=False)
-    np.testing.assert_array_equal(a.read_rows(0, a.n_bars), b.read_rows(0, b.n_bars))
+    np.testing.assert_array_equal(stored_rows(a)[0], stored_rows(b)[0])
     np.testing.assert_array_equal(a.segments, b.segments)
 
 
@@ -203,7 +207,7 @@ def test_every_shared_dbn_file_builds_or_is_refused_cleanly(name, tmp_path):
         info = json.loads(r.stdout)
         cache = open_cache(out)
         assert info["bars"] == cache.n_bars > 0
-        rows = cache.read_rows(0, cache.n_bars)
+        rows = stored_rows(cache)[0]
         assert np.isfinite(rows).all()
         assert all(s and not s.isdigit() for s in cache.symbols) or name.startswith("test_data")
     else:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_starts, synthetic_bars
-from shardcache.index import Ranges, make_plan, reader_batches, valid_ranges
+from shardcache.index import Ranges, make_plan, pool_layout, reader_runs, valid_ranges
 
 SHARD = 256
 
@@ -132,32 +132,44 @@ def test_max_open_pieces_bounds_every_readers_live_set(bars, batch, mix, workers
         assert live <= bound
 
 
-@pytest.mark.parametrize("batch,mix,workers,start", [(16, 1, 1, 0), (64, 2, 2, 3), (300, 4, 3, 1), (50, 3, 1, 20)])
-def test_reader_batches_schedule(bars, batch, mix, workers, start):
-    """Each reader's groups hold exactly its batches; block rows cover them; ``last`` is the last use."""
+@pytest.mark.parametrize("batch,mix,workers,start,run", [(16, 1, 1, 0, 16), (64, 2, 2, 3, 500), (300, 4, 3, 1, 900),
+                                                        (50, 3, 1, 20, 400), (50, 1, 1, 0, 10**9)])
+def test_reader_runs_and_pool_layouts(bars, batch, mix, workers, start, run):
+    """Runs cover exactly a reader's batches, stay in their first batch's pools, free pools only
+    after their last use; every window's arena row holds its bars."""
     r = valid_ranges(_Table(bars), 20, 1, 1, None)
     plan = make_plan(r, 5000, SHARD, batch_size=batch, seed=4, mix=mix)
     seq = _rank_sequence(plan, r)
+    arena_of = {}
+    for g in range(len(plan.pool_bounds) - 1):
+        lay = arena_of[g] = pool_layout(plan, g, r, SHARD)
+        assert np.array_equal(lay.starts, plan.pool_windows(g, r, SHARD))
+        assert len(np.unique(lay.lo // SHARD)) == len(lay.lo)  # one block per shard
+        assert lay.n_rows == (lay.hi - lay.lo).sum() and np.all(lay.hi - lay.lo <= SHARD + r.span - 1)
+        block_of = {int(s): k for k, s in enumerate(lay.lo // SHARD)}
+        k = np.array([block_of[int(s)] for s in lay.starts // SHARD], dtype=np.int64)  # each window's block
+        assert np.all(lay.lo[k] <= lay.starts) and np.all(lay.starts + r.span <= lay.hi[k])
+        arena = np.concatenate([bars.features[a:b] for a, b in zip(lay.lo, lay.hi)])
+        assert len(arena) == lay.n_rows and np.array_equal(lay.at, np.cumsum(lay.hi - lay.lo) - (lay.hi - lay.lo))
+        for d in (0, r.span - 1):  # a window's first row and its target row, through the arena
+            assert np.array_equal(arena[lay.rows + d], bars.features[lay.starts + d])
     for w in range(workers):
         batches = range(start + w, plan.n_batches, workers)
-        seen, done = [], set()
-        for bg in reader_batches(plan, r, SHARD, batches):
-            assert bg.batch == batches[len(seen)]
-            want = seq[bg.batch * batch : (bg.batch + 1) * batch]
-            assert sorted(bg.starts.tolist()) == sorted(want.tolist()) and len(bg.starts) == len(want)
-            for k, s in enumerate(bg.shards.tolist()):
-                part = bg.starts[bg.bounds[k] : bg.bounds[k + 1]]
-                assert s not in done and np.all(part // SHARD == s)
-                lo, hi = bg.rows[k]
-                assert lo <= part.min() and part.max() + r.span <= hi <= (s + 1) * SHARD + r.span - 1
-                in_order = want[want // SHARD == s]
-                assert np.array_equal(part, in_order)  # served order kept inside a group
-                if bg.last[k]:
-                    done.add(s)
-            seen.append(bg.batch)
-        assert seen == list(batches)
-        later = {int(s) for bg in reader_batches(plan, r, SHARD, batches) for s in bg.shards}
-        assert done == later  # every shard the reader uses has a last use
+        served, dropped = [], set()
+        for run_ in reader_runs(plan, batches, run):
+            ids = list(range(run_.first, run_.last + 1))
+            assert all(i in batches for i in ids) and (workers == 1 or len(ids) == 1)
+            assert run_.a == ids[0] * batch and run_.b == min((ids[-1] + 1) * batch, plan.n_windows)
+            assert len(ids) == 1 or run_.b - run_.a <= max(run, batch)
+            first = plan.pools_between(*plan.batch_span(ids[0]))
+            assert list(run_.pools) == list(plan.pools_between(run_.a, run_.b)) and run_.pools[-1] <= first[-1]
+            assert not dropped & set(run_.pools)  # a dropped pool is never needed again
+            got = np.concatenate([arena_of[g].starts for g in run_.pools])
+            off = plan.pool_offsets[run_.pools[0]]
+            assert np.array_equal(got[run_.a - off : run_.b - off], seq[run_.a : run_.b])
+            dropped |= set(range(run_.keep))
+            served += ids
+        assert served == list(batches)
 
 
 def test_pools_between_and_empty_plan():

@@ -30,7 +30,7 @@ from helpers import make_cache, synthetic_bars
 
 MIB = 2**20
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
-SHARD_ROWS, CHUNK_ROWS, F = 16384, 2048, 32
+SHARD_ROWS, CHUNK_ROWS, F = 4096, 512, 32
 TREE_SHARE = 0.10  # peak RSS/PSS of the 3-process tree at 1M rows within 10% of 100K rows (the issue's bound)
 TRIALS_BOUND = 32 * MIB  # RSS growth from the end of trial 2 to the end of trial 10
 LRU_ALLOWANCE = 48 * MIB  # zarr's decode buffers and allocator arenas on top of the LRU's blocks
@@ -54,7 +54,8 @@ def _child(*args: object) -> dict:
 
 @pytest.fixture(scope="module")
 def caches(tmp_path_factory) -> dict[int, str]:
-    """The same kind of bars at 100K and 1M rows, F=32, 16384-row shards."""
+    """The same kind of bars at 100K and 1M rows, F=32, 4096-row shards (25 shards at 100K, so both
+    caches give the streams room to prefetch as far as their budget allows)."""
     root = tmp_path_factory.mktemp("memory")
     out = {}
     for n in (100_000, 1_000_000):

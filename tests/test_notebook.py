@@ -29,7 +29,7 @@ def test_committed_notebook_has_no_outputs():
 
 @pytest.fixture
 def small_cache(tmp_path) -> Path:
-    """Ten days of the DBN sample, split train/val/test, in 4096-row shards (5 shards)."""
+    """Ten days of the DBN sample, split train/val/test, in 4096-row shards (2 per symbol, 8 shards)."""
     from shardcache import build_cache
     from shardcache.sample import make_sample
 
@@ -61,7 +61,7 @@ def test_notebook_runs_and_draws_its_figures(small_cache, this_python_kernel, mo
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(figures) >= 4, f"{len(figures)} figures"
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-    assert f"Cache('{small_cache}'" in text and "features/c/4/0" in text
+    assert f"Cache('{small_cache}'" in text and "features/c/1048577/0" in text  # symbol 1's second shard
 
 
 def test_notebook_builds_a_small_cache_when_there_is_none(tmp_path, this_python_kernel, monkeypatch):

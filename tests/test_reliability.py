@@ -28,7 +28,8 @@ from shardcache.sample import make_sample, write_dbn
 from shardcache.store import CacheWriter
 from shardcache.verify import compare_caches, verify_cache
 
-OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=4096, chunk_rows=512, workers=2, progress=False)
+# shards of 1,024 rows: symbol 0 (~9,800 rows) fills shards 0-9, so the shard numbers below are all written
+OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
 SHARED = Path(os.environ.get("SHARDCACHE_SAMPLE_DBN", Path(__file__).resolve().parents[2] / "shared" / "data" / "dbn"))
 MIN = 60 * 10**9
 T0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))
@@ -107,8 +108,8 @@ KILL_POINTS = {
     "merge: symbol 1 clustered, not recorded": lambda: _after(builder, "_merge", lambda a: a[0][0] == 1),
     "merge: symbol 1 recorded, runs half deleted": lambda: setattr(builder, "_drop_runs", _drop_one_then_die),
     "plan: cache created, not recorded": lambda: _before(staging.Staging, "save", lambda a: a[1] == "created"),
-    "stats: shard 3 done, not recorded": lambda: _after(builder, "_stats", lambda a: a[0][1] == 3),
-    "write: shard 4 written, not recorded": lambda: _after(builder, "_write", lambda a: a[0][1] == 4),
+    "stats: shard 3 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[0][1] == 3),
+    "write: shard 4 written, not recorded": lambda: _after(builder, "write_shard", lambda a: a[0][1] == 4),
     "finish: segments written, manifest not": lambda: _before(CacheWriter, "finish", lambda a: True),
     "publish: complete, not renamed": lambda: _before(staging.Staging, "publish", lambda a: True),
     "cleanup: renamed, done/ deleted": lambda: _after(staging.shutil, "rmtree", lambda a: str(a[0]).endswith("done")),
@@ -174,7 +175,7 @@ def test_cli_resume(files, clean, tmp_path, capsys):
     out = tmp_path / "c.zarr"
     opts = {**OPTS, "split": "none"}
     assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, opts) == -signal.SIGKILL
-    argv = [*map(str, files), "--out", str(out), "--shard-rows", "4096", "--chunk-rows", "512", "-q"]
+    argv = [*map(str, files), "--out", str(out), "--shard-rows", "1024", "--chunk-rows", "128", "-q"]
     code, err, _ = _cli(capsys, *argv)
     assert code == 2 and len(err) == 1 and "pass --resume to continue it or --overwrite to start again" in err[0]
     code, err, stdout = _cli(capsys, *argv, "--resume")

@@ -84,13 +84,33 @@ def test_feature_and_target_subsets(stream_bars, stream_cache):
         WindowStream(stream_cache, 12, target="f1")
 
 
-def test_gather_in_row_bands_when_a_window_exceeds_the_grain(monkeypatch, stream_bars, stream_cache):
-    """Windows bigger than torch's grain are copied in bands of rows; the result is unchanged."""
-    for grain in (3, 16, 45):
-        monkeypatch.setattr(stream_mod, "_GRAIN", grain)
-        _, x, y, idx = collect(WindowStream(stream_cache, 11, 2, batch_size=64, return_index=True))
-        rx, ry = reference(stream_bars, idx, 11, 2)
-        assert np.array_equal(x, rx) and np.array_equal(y, ry)
+@pytest.mark.parametrize("run_bytes", [1, 40_000, 1 << 30])
+def test_runs_of_batches_give_the_same_batches(monkeypatch, stream_bars, stream_cache, run_bytes):
+    """Single batches, short runs and runs as long as a pool: the same batches, right content."""
+    monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
+    batches, x, y, idx = collect(WindowStream(stream_cache, 11, 2, batch_size=64, return_index=True, mix=2))
+    rx, ry = reference(stream_bars, idx, 11, 2)
+    assert np.array_equal(x, rx) and np.array_equal(y, ry)
+    monkeypatch.setattr(stream_mod, "RUN_BYTES", 1)
+    single = collect(WindowStream(stream_cache, 11, 2, batch_size=64, return_index=True, mix=2))[0]
+    assert [b[2].tolist() for b in batches] == [b[2].tolist() for b in single]
+
+
+def test_gather_thread_runs_one_torch_thread_and_leaves_the_callers_alone(monkeypatch, stream_cache):
+    import shardcache.reader as reader_mod
+
+    seen = []
+    real = reader_mod.Reader._gather
+    monkeypatch.setattr(reader_mod.Reader, "_gather", lambda self, run: seen.append(torch.get_num_threads()) or real(self, run))
+    later = []
+    before = torch.get_num_threads()
+    for _ in WindowStream(stream_cache, 10, batch_size=256):
+        pass
+    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    t.start()
+    t.join()
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before and later == [before]
 
 
 def test_drop_last_and_rank_shares_from_env(monkeypatch, stream_bars, stream_cache):
@@ -163,9 +183,9 @@ def test_one_zarr_call_per_block(monkeypatch, stream_cache):
     calls = []
     real = Cache.read_rows
 
-    def counted(self, start, stop):
+    def counted(self, start, stop, out=None):
         calls.append((start, stop))
-        return real(self, start, stop)
+        return real(self, start, stop, out)
 
     monkeypatch.setattr(Cache, "read_rows", counted)
     ds = WindowStream(stream_cache, 30, batch_size=16)
@@ -186,10 +206,9 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     peak = []
     real = stream_mod.Reader._decode
 
-    def watched(self, lo, hi):
-        out = real(self, lo, hi)
+    def watched(self, pool, k):
+        real(self, pool, k)
         peak.append((self.used, self.capacity))
-        return out
 
     monkeypatch.setattr(stream_mod.Reader, "_decode", watched)
     budget = need * block
@@ -263,3 +282,25 @@ def test_reader_error_reaches_the_consumer(tmp_path):
         for _ in WindowStream(cache, 10, batch_size=32, shuffle=False):
             pass
     assert not reader_threads()
+
+
+@pytest.mark.parametrize("run_bytes", [1, None])
+def test_batches_kept_in_part_are_never_overwritten(monkeypatch, stream_bars, stream_cache, run_bytes):
+    """Output buffers are reused only once nothing refers to them: views kept of every third
+    batch (and whole batches of others) still hold their windows at the end of the epoch."""
+    if run_bytes:
+        monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
+    kept = []
+    ds = WindowStream(stream_cache, 12, 1, batch_size=32, return_index=True, mix=2)
+    for i, (x, y, idx) in enumerate(ds):
+        if i % 3 == 0:
+            kept.append((x[:, -2:, 1:3], y[::2], idx[::2], idx.clone()))
+        elif i % 7 == 0:
+            kept.append((x, y, idx, idx.clone()))
+    assert len(kept) > 10
+    for xv, yv, iv, idx in kept:
+        rx, ry = reference(stream_bars, idx.numpy(), 12, 1)
+        step = 2 if len(yv) != len(idx) else 1
+        full_x = rx[:, -2:, 1:3] if xv.shape[1] == 2 else rx
+        assert np.array_equal(xv.numpy(), full_x) and np.array_equal(yv.numpy(), ry[::step])
+        assert np.array_equal(iv.numpy(), idx.numpy()[::step])

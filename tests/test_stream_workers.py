@@ -144,13 +144,13 @@ def test_reader_decodes_up_to_prefetch_blocks_at_once(monkeypatch, stream_cache,
     lock, active, peak = threading.Lock(), [0], [0]
     real = Cache.read_rows
 
-    def slow(self, a, b):
+    def slow(self, a, b, out=None):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         try:
             time.sleep(0.05)
-            return real(self, a, b)
+            return real(self, a, b, out)
         finally:
             with lock:
                 active[0] -= 1

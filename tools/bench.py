@@ -16,8 +16,6 @@ D  in-RAM gather ceiling: the whole array in RAM, preallocated outputs, one thre
 E  shardcache: ``WindowStream`` over the compressed cache: a full epoch iterated in-process
    (``for x, y in ds``, the stream's own reader thread decodes ahead), and ``--worker-batches``
    batches of ``DataLoader(ds, batch_size=None, num_workers=2)``.
-   ``E*`` and ``E**`` are the same stream with the read-path changes proposed for
-   ``stream.py`` (``ProposedStream``, ``ArenaStream``; see docs/performance.md).
 
 Every scenario serves the cache's valid windows (60 bars inside one segment, target row
 ``p + 60``), shuffled (B-D globally, E by shard pools, its design), in batches of 256, for a
@@ -28,12 +26,12 @@ the scenarios run in ``--rounds`` interleaved rounds; windows/s is the best roun
 (windows after the first batch over the time after it), first batch the worst round's
 (from opening the data to the first batch in hand), memory the highest peak. Every process
 runs with ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and ``torch.set_num_threads(1)``; blosc and
-zarr keep their default decode threads (only E decodes). The consumer only counts windows.
+zarr keep their default threads (only E decodes). The consumer only counts windows.
 
 Also measured: the builds (bars/s, peak RSS, size against raw float32), streaming memory at
 1x and ``--scale``x the bars (F=256; that cache is built once and reused), zarr's read path
-(per-shard ``Cache.read_rows`` against a raw numcodecs decode, inner chunk sizes,
-``zarr.config`` settings) and the cost of handing a batch over from a DataLoader worker.
+(zarr's own read of a shard under several ``zarr.config`` settings against
+``Cache.read_rows``, shardcache's direct shard decoder, and inner chunk sizes) and the cost of handing a batch over from a DataLoader worker.
 
 Usage (from the repository root; about 8 minutes on 2 cores, more on the first run)::
 
@@ -47,10 +45,8 @@ import itertools
 import json
 import os
 import platform
-import queue
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_build import BuildResult, build_table, dir_bytes, ensure_scaled_cache, prepare_data, read_probe, read_table  # noqa: E402
 from profile_memory import MIB, Profile, plot, profile  # noqa: E402
 
-__all__ = ["ArenaStream", "MemmapWindows", "ProposedStream", "Row", "run_scenario", "main"]
+__all__ = ["MemmapWindows", "Row", "run_scenario", "main"]
 
 SEQ_LEN, HORIZON, BATCH = 60, 1, 256
 GIB = 2**30
@@ -171,125 +167,13 @@ def _ram(spec: dict) -> dict[str, Any]:
 
 def _stream(spec: dict) -> dict[str, Any]:
     """E: the stream in-process, or through ``DataLoader(batch_size=None)`` workers; a full epoch or ``batches``."""
-    cls = {"": WindowStream, "gather": ProposedStream, "arena": ArenaStream}[spec["proposed"]]
-
     def open_data() -> Iterator[tuple]:
-        ds = cls(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
+        ds = WindowStream(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
         loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"]) if spec["workers"] else ds
         with ds:
             yield from itertools.islice(loader, spec["batches"] or None)
 
     return _timed(open_data)
-
-
-class ProposedStream(WindowStream):
-    """E*: ``WindowStream`` with the gather change proposed for ``stream.py`` (see docs/performance.md).
-
-    With one torch thread there is no intra-op pool to keep out, so each block's windows and
-    targets are copied with one ``index_select`` each instead of pieces of ``_GRAIN`` elements.
-    """
-
-    def _gather(self, task: Any, shared: bool) -> tuple[torch.Tensor, ...]:
-        if self.device.type != "cpu" or torch.get_num_threads() > 1:
-            return super()._gather(task, shared)
-        fx, fy = task.groups[0].block.x.shape[1], task.groups[0].block.y.shape[1]
-        x, y = self._empty((task.n, self.seq_len, fx), shared), self._empty((task.n, fy), shared)
-        for g in task.groups:
-            torch.index_select(g.block.windows, 0, g.xidx, out=x[g.a : g.b])
-            torch.index_select(g.block.y, 0, g.yidx, out=y[g.a : g.b])
-        return (x, y, task.index) if self.return_index else (x, y)
-
-
-class ArenaStream(WindowStream):
-    """E**: the reader proposed for ``stream.py``: one arena per pool, one gather per run of batches.
-
-    A thread decodes each pool's blocks (one zarr call each, straight into place) into one
-    tensor, the pool's *arena*, and maps every window of the pool to its row there; at most
-    two pools are resident (the one being served and the next). The consumer copies a run
-    of consecutive batches (up to ``RUN_BYTES``; one batch in a DataLoader worker) with one
-    ``index_select`` per pool and yields views of it, so its Python work per batch no longer
-    grows with the blocks a batch draws from. A prototype: CPU, every column, two pools
-    instead of ``prefetch``/``memory_budget``.
-    """
-
-    RUN_BYTES = 4 << 20
-
-    def _iterate(self, epoch: int, consumed: int, worker: int, workers: int, in_worker: bool) -> Iterator[tuple]:
-        plan, f, span = self.plan(epoch), self.cache.n_features, self.seq_len
-        mine = np.arange(consumed + worker, plan.n_batches, workers)
-        if not len(mine):
-            return
-        off = plan.pool_offsets
-        a = mine * plan.batch_size
-        b = np.minimum(a + plan.batch_size, plan.n_windows)
-        g0, g1 = np.searchsorted(off, a, "right") - 1, np.searchsorted(off, b - 1, "right") - 1
-        cover = np.zeros(len(off) + 1, np.int64)
-        np.add.at(cover, g0, 1)
-        np.add.at(cover, g1 + 1, -1)
-        pools, stop, q, slots = np.flatnonzero(np.cumsum(cover) > 0), threading.Event(), queue.Queue(), threading.Semaphore(2)
-        thread = threading.Thread(target=self._fill, args=(plan, pools, q, stop, slots), daemon=True)
-        thread.start()
-        run = 1 if workers > 1 else max(1, self.RUN_BYTES // (plan.batch_size * span * f * 4))
-        held: dict[int, tuple] = {}
-        shared = in_worker
-        try:
-            for c in range(0, len(mine), run):
-                last = min(c + run, len(mine)) - 1
-                lo, hi, gs = int(a[c]), int(b[last]), range(int(g0[c]), int(g1[last]) + 1)
-                for g in gs:
-                    while g not in held:
-                        item = q.get()
-                        if isinstance(item, BaseException):
-                            raise item
-                        held[item[0]] = item
-                for g in [g for g in held if off[g + 1] <= lo]:
-                    del held[g]
-                    slots.release()
-                x, y = self._empty((hi - lo, span, f), shared), self._empty((hi - lo, f), shared)
-                index = torch.empty(hi - lo, dtype=torch.int64)
-                for g in gs:
-                    _, arena, win, idx, starts = held[g]
-                    s0, s1 = max(lo - int(off[g]), 0), min(hi - int(off[g]), len(idx))
-                    o = int(off[g]) + s0 - lo
-                    torch.index_select(win, 0, idx[s0:s1], out=x[o : o + s1 - s0])
-                    torch.index_select(arena, 0, idx[s0:s1] + (span - 1 + self.horizon), out=y[o : o + s1 - s0])
-                    index[o : o + s1 - s0] = starts[s0:s1]
-                for k in range(c, last + 1):
-                    if not in_worker:
-                        self._state[2] = int(mine[k]) + 1
-                    p, r = int(a[k]) - lo, int(b[k]) - lo
-                    yield (x[p:r], y[p:r], index[p:r]) if self.return_index else (x[p:r], y[p:r])
-        finally:
-            stop.set()
-            thread.join()
-
-    def _fill(self, plan: Any, pools: np.ndarray, q: queue.Queue, stop: threading.Event, slots: threading.Semaphore) -> None:
-        """Decoder thread: each pool's arena, its windows' arena rows and start rows, in pool order."""
-        from zarr.core.buffer.cpu import NDBuffer
-
-        rows, n_bars = self.cache.shard_rows, self.cache.n_bars
-        try:
-            for g in pools.tolist():
-                while not slots.acquire(timeout=0.1):
-                    if stop.is_set():
-                        return
-                w = plan.pool_windows(g, self._ranges, rows)
-                shard = w // rows
-                sids = np.unique(shard)
-                bounds = [(int(w[shard == s].min()), min(int(w[shard == s].max()) + self.span, n_bars)) for s in sids]
-                sizes = np.array([hi - lo for lo, hi in bounds])
-                arena = torch.empty(int(sizes.sum()), self.cache.n_features)
-                at = np.concatenate([[0], np.cumsum(sizes)])
-                for (lo, hi), o in zip(bounds, at[:-1].tolist()):  # the proposed ``read_rows(lo, hi, out=)``
-                    out = NDBuffer.from_numpy_array(arena[o : o + hi - lo].numpy())
-                    self.cache.features.get_basic_selection((slice(lo, hi), slice(None)), out=out)
-                delta = at[:-1] - np.array([lo for lo, _ in bounds])
-                idx = torch.from_numpy(w + delta[np.searchsorted(sids, shard)])
-                n, f = arena.shape
-                win = torch.as_strided(arena, (n - self.seq_len + 1, self.seq_len, f), (f, f, 1))
-                q.put((g, arena, win, idx, torch.from_numpy(w)))
-        except BaseException as exc:  # handed to the consumer
-            q.put(exc)
 
 
 SCENARIOS: dict[str, Callable[[dict], dict[str, Any]]] = {
@@ -368,7 +252,7 @@ def _run(kind: str, label: str, spec: dict, work: Path, env: dict[str, str] | No
 def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, dict, int]]:
     """(key, kind, label, spec, bytes on disk) of every throughput scenario at one F."""
     base = {k: d[k] for k in ("F", "raw", "starts", "cache", "n_bars")}
-    base.update(batches=0, naive_windows=args.naive_windows, workers=0, proposed="")
+    base.update(batches=0, naive_windows=args.naive_windows, workers=0)
     f, raw, cache = d["F"], d["raw_bytes"], d["cache_bytes"]
     w2 = {"batches": args.worker_batches, "workers": 2}
     return [
@@ -378,8 +262,6 @@ def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, d
         ("D", "ram", f"D in-RAM gather F={f}", base, raw),
         ("E0", "stream", f"E WindowStream w=0 F={f}", base, cache),
         ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **w2}, cache),
-        ("E0*", "stream", f"E* one copy per block w=0 F={f}", {**base, "proposed": "gather"}, cache),
-        ("E0**", "stream", f"E** pool arena w=0 F={f}", {**base, "proposed": "arena"}, cache),
     ]
 
 
@@ -427,20 +309,19 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
                 out.append(("peak PSS <= 0.5 GiB (665K x 256)", where, f"{pss / GIB:.3f} GiB PSS", pss <= RSS_BOUND))
     for one, big in zip(scaling[::2], scaling[1::2]):
         growth = big.prof.peak_rss_tree / one.prof.peak_rss_tree - 1
-        where = f"F=256, {one.label.split(' 1x')[0]}{', ' + one.spec['env'] if one.spec['env'] else ''}, 1x vs {big.spec['scale']}x"
+        where = f"F=256, {one.label.split(' 1x')[0]}, 1x vs {big.spec['scale']}x"
         out.append(("peak RSS within 10% at 10x bars", where, f"{growth:+.1%}", abs(growth) <= SCALE_TOLERANCE))
     return out
 
 
 def _scaling_table(scaling: list[Row], imports: dict[str, int]) -> str:
     """Streaming memory per cache size, and the RSS a process has before it streams anything."""
-    lines = ["| stream | cache | bars | workers | zarr setting | batches | windows/s | peak RSS MiB | peak PSS MiB |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
+    lines = ["| stream | cache | bars | workers | batches | windows/s | peak RSS MiB | peak PSS MiB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in scaling:
         rss, pss = _fmt_rss(r)
-        lines.append(f"| {'E** pool arena' if r.spec['proposed'] else 'E WindowStream'} | {Path(r.spec['cache']).name} | "
-                     f"{r.spec['bars']:,} | {r.spec['workers']} | {r.spec['env'] or 'default'} | {r.spec['batches']} | "
-                     f"{r.rate:,.0f} | {rss} | {pss} |")
+        lines.append(f"| E WindowStream | {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | "
+                     f"{r.spec['batches']} | {r.rate:,.0f} | {rss} | {pss} |")
     lines += ["", "RSS after imports alone: " + ", ".join(f"`{k}` {v / MIB:.0f} MiB" for k, v in imports.items()) + "."]
     return "\n".join(lines)
 
@@ -504,14 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     scaling: list[Row] = []
     if args.scale > 1 and 256 in data:
         big = ensure_scaled_cache(args.work, 256, args.scale)
-        configs = [(0, "", ""), (2, "", ""), (0, "ZARR_THREADING__MAX_WORKERS=1", ""), (0, "", "arena")]
-        for workers, zarr_env, proposed in configs:  # one round: memory varies less than speed
+        for workers in (0, 2):  # one round: memory varies less than speed
             for path, scale in ((data[256]["cache"], 1), (str(big), args.scale)):
                 spec = {"F": 256, "cache": path, "bars": 665_000 * scale, "scale": scale, "workers": workers,
-                        "batches": args.scale_batches, "proposed": proposed, "round": 0, "env": zarr_env}
-                label = f"{'E**' if proposed else 'E'} w={workers} {scale}x {zarr_env}".strip()
+                        "batches": args.scale_batches, "round": 0}
+                label = f"E w={workers} {scale}x"
                 scaling.append(Row("S", label, spec, dir_bytes(Path(path))))
-                scaling[-1].add(*_run("stream", label, spec, args.work, dict([zarr_env.split("=")]) if zarr_env else None))
+                scaling[-1].add(*_run("stream", label, spec, args.work))
     probes = {}
     caches = [d["cache"] for d in data.values()]
     variants = {"default": {}, "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},

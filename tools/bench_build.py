@@ -132,12 +132,13 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     print(f"bench: build-cache F={f} ...", file=sys.stderr, flush=True)
     builds.append(measure_build(label, src, cache_path, *extra)[0])
     cache = open_cache(cache_path)
-    raw = work / f"rows-{f}.f32"
+    raw, table = work / f"rows-{f}.f32", cache.shard_table  # (shard, start, stop) of the stored rows
     with open(raw, "wb") as fh:
-        for s in range(cache.n_shards):
-            fh.write(cache.read_rows(s * cache.shard_rows, min((s + 1) * cache.shard_rows, cache.n_bars)).tobytes())
-    starts = work / f"starts-{f}.npy"
-    np.save(starts, valid_ranges(cache, seq_len, horizon).starts())
+        for _, a, b in table.tolist():
+            fh.write(cache.read_rows(a, b).tobytes())
+    starts, cache_starts = work / f"starts-{f}.npy", valid_ranges(cache, seq_len, horizon).starts()
+    k = np.searchsorted(table[:, 1], cache_starts, side="right") - 1  # the same windows in the raw file
+    np.save(starts, cache_starts - table[k, 1] + (np.cumsum(table[:, 2] - table[:, 1]) - (table[:, 2] - table[:, 1]))[k])
     return {"F": f, "cache": str(cache_path), "raw": str(raw), "starts": str(starts), "n_bars": cache.n_bars,
             "n_windows": cache.n_windows(seq_len, horizon), "cache_bytes": dir_bytes(cache_path),
             "raw_bytes": raw.stat().st_size}
@@ -203,57 +204,46 @@ def _median_ms(fn: Callable[[int], Any], shards: list[int]) -> float:
     return float(np.median(times)) * 1e3
 
 
-def _raw_shard(cache: Any, s: int) -> np.ndarray:
-    """Shard ``s`` without zarr: read the object, check the crc32c, blosc-decode each inner chunk."""
-    import crc32c
-    import numcodecs
-
-    n, rows = cache.shard_rows // cache.chunk_rows, cache.chunk_rows
-    data = memoryview(Path(cache.url, "features", *cache.features.metadata.encode_chunk_key((s, 0)).split("/")).read_bytes())
-    out = np.empty((cache.shard_rows, cache.n_features), np.float32)
-    codec = numcodecs.Blosc()
-    for k, (off, size) in enumerate(np.frombuffer(data[-(16 * n + 4) : -4], "<u8").reshape(n, 2).tolist()):
-        chunk = data[off : off + size]
-        if crc32c.crc32c(chunk[:-4]) != int.from_bytes(chunk[-4:], "little"):
-            raise ValueError(f"shard {s} chunk {k}: crc32c mismatch")
-        codec.decode(chunk[:-4], out=out[k * rows : (k + 1) * rows])
-    return out
-
-
 def read_probe(spec: dict) -> dict[str, Any]:
-    """Zarr's read path per cache (run in a fresh process): ms per whole shard via ``read_rows``;
-    with ``full`` also the stream's block (shard + overhang), a raw numcodecs decode, other
-    inner chunk sizes and a batch written into new plain and new shared memory."""
+    """The read path per cache (run in a fresh process): ms per whole shard through zarr
+    (``features[a:b]``, under whatever ``ZARR_*`` settings the process has) and through
+    ``Cache.read_rows`` (shardcache's ``ShardDecoder``); with ``full`` also the stream's block
+    (shard + overhang), other inner chunk sizes and a batch written into new plain and new
+    shared memory."""
     import torch
     import zarr
-    from numcodecs import blosc
 
     from shardcache import open_cache
-    from shardcache.store import CacheWriter
+    from shardcache.decode import ShardDecoder
+    from shardcache.store import compressors
 
-    blosc.use_threads = False  # as inside zarr, which decodes in worker threads
     out: dict[str, Any] = {}
     for path in spec["caches"]:
         cache = open_cache(path)
-        rows, f = cache.shard_rows, cache.n_features
-        shards, seq_len = list(range(min(spec["shards"], cache.n_shards - 1))), spec["seq_len"]
+        rows, f, seq_len, table = cache.shard_rows, cache.n_features, spec["seq_len"], cache.shard_table
+        # whole shards followed by another in the same region (so a block's overhang exists)
+        firsts = [int(a) for (_, a, b), (_, c, _) in zip(table[:-1], table[1:]) if b - a == rows and c == b]
+        firsts = firsts[: spec["shards"]]
         res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
-               "read_rows_ms": _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows), shards)}
+               "zarr_ms": _median_ms(lambda a: np.asarray(cache.features[a : a + rows]), firsts)}
         if spec["full"]:
+            res["read_rows_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows), firsts)
             batch = torch.randn(256, seq_len, f)
-            res["batch_plain_ms"] = _median_ms(lambda s: torch.empty(batch.shape).copy_(batch), shards)
-            res["batch_shared_ms"] = _median_ms(lambda s: torch.empty(0).set_(
-                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), shards)
-            res["block_ms"] = _median_ms(lambda s: cache.read_rows(s * rows, (s + 1) * rows + seq_len), shards)
-            res["raw_ms"] = _median_ms(lambda s: _raw_shard(cache, s), shards)
-            data, res["chunk_ms"] = cache.read_rows(0, len(shards) * rows), {}
+            res["batch_plain_ms"] = _median_ms(lambda a: torch.empty(batch.shape).copy_(batch), firsts)
+            res["batch_shared_ms"] = _median_ms(lambda a: torch.empty(0).set_(
+                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), firsts)
+            res["block_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows + seq_len), firsts)
+            data, res["chunk_ms"] = np.concatenate([cache.read_rows(a, a + rows) for a in firsts]), {}
             for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
                 tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
-                w = CacheWriter(tmp, n_bars=len(data), feature_names=cache.feature_names, shard_rows=rows, chunk_rows=chunk)
-                for s in shards:
-                    w.write_shard(s, data[s * rows : (s + 1) * rows], np.zeros(rows, np.int64))
-                arr = zarr.open_group(str(tmp), mode="r")["features"]
-                res["chunk_ms"][chunk] = _median_ms(lambda s: np.asarray(arr[s * rows : (s + 1) * rows]), shards)
+                arr = zarr.create_array(str(tmp), shape=data.shape, dtype="float32", chunks=(chunk, f),
+                                        shards=(rows, f), compressors=compressors(cache.manifest["layout"]["codec"]),
+                                        fill_value=np.nan, zarr_format=3)
+                for k in range(len(firsts)):  # whole shards, as build-cache writes them
+                    arr[k * rows : (k + 1) * rows] = data[k * rows : (k + 1) * rows]
+                dec = ShardDecoder(arr)
+                res["chunk_ms"][chunk] = _median_ms(lambda k, dec=dec: dec.read(k * rows, (k + 1) * rows),
+                                                    list(range(len(firsts))))
                 shutil.rmtree(tmp)
         out[str(f)] = res
     return {"caches": out, "windows_per_s": 0.0}
@@ -270,15 +260,16 @@ def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) ->
     def add(name: str, values: list[float]) -> None:
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
 
-    add(f"`Cache.read_rows`, default zarr config (inner chunks {'/'.join(str(base[f]['chunk_rows']) for f in fs)} rows)",
-        [base[f]["read_rows_ms"] for f in fs])
-    add("stream block: shard + 60-row overhang (reads into the next shard)", [base[f]["block_ms"] for f in fs])
-    add("raw numcodecs: read object, crc32c, blosc-decode chunks (no zarr)", [base[f]["raw_ms"] for f in fs])
+    chunks = "/".join(str(base[f]["chunk_rows"]) for f in fs)
+    add(f"zarr `features[a:b]`, default config (inner chunks {chunks} rows)", [base[f]["zarr_ms"] for f in fs])
     for name, probe in probes.items():
         if name != "default":
-            add(f"`read_rows` with {name}", [probe["caches"][f]["read_rows_ms"] for f in fs])
+            add(f"zarr `features[a:b]` with {name}", [probe["caches"][f]["zarr_ms"] for f in fs])
+    add("`Cache.read_rows` (shardcache's ShardDecoder: one request, crc32c, decode in place)",
+        [base[f]["read_rows_ms"] for f in fs])
+    add("stream block: shard + 60-row overhang (reads into the next shard)", [base[f]["block_ms"] for f in fs])
     for k in range(3):
-        add("`read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
+        add("`Cache.read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
             [list(base[f]["chunk_ms"].values())[k] for f in fs])
     add("one batch (256 x 60 x F) into new memory: plain (w=0)", [base[f]["batch_plain_ms"] for f in fs])
     add("one batch into new shared memory (what a DataLoader worker sends)", [base[f]["batch_shared_ms"] for f in fs])
@@ -286,7 +277,7 @@ def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) ->
     for f in fs:
         seconds, bars = epochs[int(f)]
         shares.append(100 * -(-bars // base[f]["shard_rows"]) * base[f]["block_ms"] / 1e3 / seconds)
-    add("decoding one epoch's blocks, % of an in-process E epoch (done by the reader thread)", shares)
+    add("decoding one epoch's blocks, % of an in-process E epoch (done by the decoder threads)", shares)
     return "\n".join(lines)
 
 

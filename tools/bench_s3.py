@@ -4,15 +4,15 @@ Starts ``python -m moto.server`` on a free 127.0.0.1 port (fake credentials; not
 the machine), uploads the cache with s3fs and measures, for the local copy and the S3 copy:
 
 * **open**: ``open_cache`` (manifest and segment table);
-* **shard by shard**: ``Cache.read_rows`` of each shard in turn, as a stream's reader thread
-  decodes its blocks (one zarr call per block, one block at a time);
-* **one call**: ``read_rows(0, n_bars)``, where zarr fetches the shards concurrently, up to
-  ``zarr.config["async.concurrency"]`` (default 10) at a time;
+* **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder, one
+  request per shard), as a stream decodes its blocks when ``prefetch=0``;
+* **zarr, one call per symbol**: ``features[a:b]`` over each symbol's rows, where zarr fetches
+  the shards concurrently, up to ``zarr.config["async.concurrency"]`` (default 10) at a time;
 * **stream**: one epoch of ``WindowStream`` (``--seq-len``, ``--batch-size``) with 0 and 2
   DataLoader workers (each worker has its own reader thread), in windows/s.
 
-HEAD and GET requests are counted from the moto server's log (a whole shard costs a HEAD
-and a GET; a part of one, its index and each inner chunk needed, one after the other). Loopback has no network latency, so
+HEAD and GET requests are counted from the moto server's log (a whole shard costs one GET
+through ``read_rows``; a part of one, its index and then one byte range). Loopback has no network latency, so
 the S3 column measures the request path (s3fs, aiohttp, moto's Python server sharing the
 CPUs) rather than a real network: on real S3, first-byte latency (10-50 ms per GET) adds to
 each sequential block read. Prints a markdown table.
@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zarr
 
 from shardcache.builder import build_cache
@@ -106,6 +107,17 @@ def _stream(cache: Cache, workers: int, seq_len: int, batch_size: int) -> tuple[
         return first or 0.0, n
 
 
+def _regions(table: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive stored rows (one per symbol in a format-2 cache) from the shard table."""
+    out: list[tuple[int, int]] = []
+    for _, a, b in table.tolist():
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
 def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto | None) -> dict[str, str]:
     """One column of the table: every measurement for the cache at ``url``, best of ``--repeat``."""
     prefix = url.split("://", 1)[-1] + "/features/"
@@ -113,10 +125,11 @@ def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto
     t_open, cache = _best(lambda: open_cache(url, options), args.repeat)
     raw, n_reads = cache.n_bars * cache.n_features * 4, args.repeat * cache.n_shards
     row = {"open (ms)": f"{t_open * 1000:.0f}"}
+    regions = [(int(a), int(b)) for a, b in _regions(cache.shard_table)]
     reads = {
-        "shard by shard": lambda: [cache.read_rows(a, min(a + cache.shard_rows, cache.n_bars))
-                                   for a in range(0, cache.n_bars, cache.shard_rows)],
-        f"one call, async.concurrency={zarr.config.get('async.concurrency')}": lambda: cache.read_rows(0, cache.n_bars),
+        "shard by shard": lambda: [cache.read_rows(a, b) for _, a, b in cache.shard_table.tolist()],
+        f"zarr, one call per symbol, async.concurrency={zarr.config.get('async.concurrency')}":
+            lambda: [np.asarray(cache.features[a:b]) for a, b in regions],
     }
     for name, fn in reads.items():
         c0 = count()

@@ -42,6 +42,7 @@ quote in ``tbbo``/``mbp-1`` is only skipped. Bars are then cleaned like any piec
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections import Counter
 from collections.abc import Iterator
 
@@ -116,6 +117,7 @@ _COLUMNS = {
 }
 
 
+@functools.cache  # one dtype object per layout, not one (~1.3 KB) per opened file
 def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
     """The numpy layout of one DBN record of ``schema`` (``ts_out`` appends the send time)."""
     fields, size = _LAYOUTS[SCHEMAS[schema][0]]
@@ -424,8 +426,7 @@ class DbnSource(Source):
         self.storage_options = storage_options
         with _Stream(path, storage_options) as stream:
             self.version, meta = _read_metadata(path, stream)
-        self.dataset = meta.dataset
-        self.mappings = meta.mappings
+        self.dataset = meta.dataset  # the symbol mappings are read again by pieces(): a build holds every source
         schema = None if meta.schema is None else str(meta.schema)
         if schema is None:
             raise SourceError(path, f"mixed-schema DBN data is not supported; {_SUPPORTED}")
@@ -530,10 +531,9 @@ class DbnSource(Source):
         if max_rows < 1:
             raise ValueError("max_rows must be positive")
         self.drops.clear()
-        symbols = _Symbols(self.mappings)
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
         with _Stream(self.path, self.storage_options) as stream:
-            _read_metadata(self.path, stream)
+            symbols = _Symbols(_read_metadata(self.path, stream)[1].mappings)
             for recs in self._blocks(stream, max_rows):
                 if bars is not None:
                     table = self._bars_table(bars.add(recs, symbols), symbols)

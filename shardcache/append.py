@@ -1,0 +1,364 @@
+"""Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
+
+A format-2 cache keeps each symbol in its own row region (``shardcache.store``), so a
+symbol grows in place. ``append_cache`` scans and merges the new inputs with the build's
+own stages, then for every symbol with new bars:
+
+* refuses bars at or before the symbol's last stored bar (one line naming the file): an
+  append adds only later bars, it never inserts or replaces;
+* rewrites the symbol's partial last shard (its stored rows read back as they are, plus the
+  new ones) and writes new whole shards after it; every other shard is left as it is;
+* continues the symbol's last segment when the first new bar follows the last stored one
+  within the cache's ``max_gap`` and in the same split, so windows across the boundary
+  become valid; the first new bar's features use the raw last bar kept in the manifest
+  (``tails``), as a build that saw every bar at once would.
+
+New symbols get new regions after the existing ones (the symbol list keeps its order).
+Splits keep the cache's cut times (fraction splits were resolved to times at the first
+build), and statistics are frozen: the cache's mean/std normalize the new bars.
+``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
+(``--overwrite``): every shard is rewritten with statistics over all train bars.
+
+Atomicity reuses the build's staging (``shardcache.staging``): locally the append works on
+``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files (zarr writes every object
+to a new file and renames it, so the originals are never modified), and is swapped in with
+one ``renameat2(RENAME_EXCHANGE)``; a killed append leaves ``OUT`` untouched and resumes with
+``resume=True``. On object stores new shards are written first, then the rewritten tail
+shards (their stored rows unchanged), then the segment table and the manifest last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from .builder import Merged, build_cache, client_for, merge_symbols, open_inputs, scan_inputs, stored_bytes
+from .cluster import check_cluster
+from .compute import Layout, read_arrow, write_shard
+from .errors import CacheError, ShardcacheError
+from .features import required_columns, resolve_features
+from .index import valid_ranges
+from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
+from .store import Cache, CacheWriter, open_cache
+
+__all__ = ["STATS", "append_cache"]
+
+log = logging.getLogger("shardcache")
+STATS = ("frozen", "recompute")
+
+
+@dataclass
+class _Plan:
+    """The appended cache's symbols, segment table and what to write."""
+
+    symbols: list[str]
+    segments: np.ndarray
+    segment_split: np.ndarray
+    clusters: tuple[list[str], list[int], list[int]]  # cluster files in row order, first rows, bar counts
+    tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
+    kept: dict[int, int]  # tail shard -> first new row
+    touched: list[int]  # shards to write, in row order
+    skipped: dict[str, int]
+    new_bars: int
+
+
+def _t(ts_ns: int) -> str:
+    return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
+
+
+def _open_target(out: str, storage_options: dict | None) -> Cache:
+    """The cache to append to, or a one-line refusal (missing, not a cache, format 1)."""
+    try:
+        cache = open_cache(out, storage_options)
+    except CacheError as exc:
+        if "no cache found" not in str(exc) and "not a shardcache cache" not in str(exc):
+            raise
+        fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
+        if fs.exists(path):
+            raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
+        raise CacheError(f"{out}: no cache to append to (build it first without --append)") from None
+    if cache.region_rows is None:
+        raise CacheError(f"{out}: a format-{cache.manifest['format_version']} cache (symbols packed one after "
+                         "another) cannot grow in place; rebuild it once with this shardcache to append to it")
+    return cache
+
+
+def _check_inputs(cache: Cache, srcs: list, names: list[str]) -> None:
+    """Refuse inputs whose features or bar size differ from the cache's."""
+    if names != cache.feature_names:
+        raise ShardcacheError(f"{srcs[0].path}: gives features {', '.join(names)}; the cache {cache.url} has "
+                              f"{', '.join(cache.feature_names)}")
+    bar_ns, first = cache.manifest["build"].get("bar_ns"), srcs[0]
+    if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
+        raise ShardcacheError(f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {cache.url} holds "
+                              f"{int(bar_ns) / 1e9:g} s bars")
+
+
+def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
+    """Refuse new bars at or before a symbol's last stored bar, naming the first such file."""
+    tails = cache.manifest.get("tails", {})
+    runs = scanned.runs
+    for run in runs[np.argsort(runs["file"], kind="stable")]:
+        sym = scanned.symbols[int(run["sym"])]
+        last = tails.get(sym, {}).get("ts")
+        if last is not None and int(run["ts_min"]) <= int(last):
+            raise ShardcacheError(
+                f"{paths[int(run['file'])]}: {sym} bars from {_t(run['ts_min'])} are not after the cache's last "
+                f"{sym} bar ({_t(last)}); an append adds only later bars")
+
+
+def _plan(cache: Cache, merged: list[Merged], span: int) -> _Plan:
+    """Place each symbol's new bars after its stored ones (new symbols in new regions)."""
+    region, shard_rows, max_gap = cache.region_rows, cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
+    tails = cache.manifest.get("tails", {})
+    symbols = cache.symbols
+    seg, split = cache.segments.copy(), cache.segment_split.copy()
+    n_old = np.bincount(seg[:, 0], weights=seg[:, 2] - seg[:, 1], minlength=len(symbols)).astype(np.int64)
+    new_segs, new_split, paths, first_rows, counts = [], [], [], [], []
+    lead, kept, touched, skipped = {}, {}, [], {}
+    for m in merged:
+        if m.symbol not in symbols and m.n < span:
+            skipped[m.symbol] = m.n
+            log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", m.symbol, m.n, span)
+            continue
+        if m.symbol not in symbols:
+            symbols = [*symbols, m.symbol]
+            n_old = np.r_[n_old, 0]
+        i = symbols.index(m.symbol)
+        if n_old[i] + m.n > region:
+            raise ShardcacheError(f"{cache.url}: {m.symbol} would hold {int(n_old[i]) + m.n:,} bars, more than the "
+                                  f"{region:,} rows of its region")
+        r0 = i * region + int(n_old[i])
+        starts, splits = m.seg_starts + r0, m.seg_split
+        if n_old[i]:
+            last = int(np.flatnonzero((seg[:, 0] == i) & (seg[:, 2] == r0))[0])
+            lead[r0 - 1] = tails[m.symbol]
+            first_ts = int(read_arrow(m.clusters[0][0])["ts"].to_numpy()[:1].astype(np.int64)[0])
+            gap = first_ts - int(tails[m.symbol]["ts"])
+            if int(splits[0]) == int(split[last]) and not (max_gap > 0 and gap > max_gap):
+                seg[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
+                starts, splits = starts[1:], splits[1:]
+            if r0 % shard_rows:
+                kept[r0 // shard_rows] = r0
+        stops = np.r_[starts[1:], r0 + m.n] if len(starts) else starts
+        new_segs.append(np.stack([np.full(len(starts), i), starts, stops], axis=1))
+        new_split.append(splits)
+        row = r0
+        for path, n in m.clusters:
+            paths.append(path)
+            first_rows.append(row)
+            counts.append(n)
+            row += n
+        touched += range(r0 // shard_rows, (r0 + m.n - 1) // shard_rows + 1)
+    segments = np.concatenate([seg, *new_segs]).astype(np.int64)
+    segment_split = np.concatenate([split, *new_split]).astype(np.int8)
+    order = np.argsort(segments[:, 1], kind="stable")
+    order_paths = np.argsort(first_rows, kind="stable")
+    return _Plan(symbols, segments[order], segment_split[order],
+                 ([paths[j] for j in order_paths], [first_rows[j] for j in order_paths],
+                  [counts[j] for j in order_paths]),
+                 lead, kept, sorted(touched), skipped, sum(counts))
+
+
+def _link_tree(src: str, dst: str) -> None:
+    """``dst`` as a tree of hard links to ``src``'s files (copies where links are refused)."""
+    for root, _, files in os.walk(src):
+        target = os.path.join(dst, os.path.relpath(root, src))
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            try:
+                os.link(os.path.join(root, name), os.path.join(target, name))
+            except OSError:
+                shutil.copy2(os.path.join(root, name), os.path.join(target, name))
+
+
+def _stage_copy(cache: Cache, staging: Staging) -> None:
+    """Locally, the append works on hard links to the cache's files (made once; kept on a resume)."""
+    if not staging.local or staging.load("linked") is not None:
+        return
+    shutil.rmtree(staging.cache_path, ignore_errors=True)
+    _link_tree(local_path(cache.url).rstrip("/"), staging.cache_path)
+    staging.save("linked", True)
+
+
+def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
+    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones."""
+    b = cache.manifest["build"]
+    old = [s["path"] for s in cache.manifest["sources"]]
+    new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
+    missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
+    if missing is not None:
+        raise ShardcacheError(f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
+                              "(use --stats frozen to append without it)")
+    keys = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
+            "shard_rows", "chunk_rows", "codec", "seq_len", "horizon")
+    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in keys}, **kwargs)
+
+
+def append_cache(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    stats: str = "frozen",
+    workers: int | None = None,
+    scheduler: Any = None,
+    resume: bool = False,
+    storage_options: dict | None = None,
+    progress: bool = True,
+) -> Cache:
+    """Add the bars of ``sources`` (later than each symbol's last bar) to the cache at ``out``.
+
+    Uses the cache's build options; ``stats="frozen"`` keeps its statistics and rewrites only
+    each symbol's partial last shard, ``"recompute"`` rebuilds it (see the module docstring).
+    """
+    t0 = time.perf_counter()
+    out = os.fspath(out)
+    if stats not in STATS:
+        raise ShardcacheError(f"--stats {stats!r}: choose {' or '.join(STATS)}")
+    cache = _open_target(out, storage_options)
+    m, b = cache.manifest, cache.manifest["build"]
+    if stats == "recompute":
+        return _rebuild(cache, sources, out, workers=workers, scheduler=scheduler, resume=resume,
+                        storage_options=storage_options, progress=progress)
+    _, paths, srcs = open_inputs(sources, storage_options, bar=b.get("bar"), ts_column=b.get("ts_column"),
+                                 symbol_column=b.get("symbol_column"), columns=b.get("columns"))
+    names = resolve_features(b.get("features"), srcs[0].columns)
+    _check_inputs(cache, srcs, names)
+    read_cols = required_columns(names, srcs[0].columns)
+    previous = {"fingerprint": b["fingerprint"], "bars": cache.n_bars, "appends": len(m.get("appends", []))}
+    wanted = fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
+    assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
+    written = False
+    client, own_client = None, False
+    try:
+        client, own_client = client_for(scheduler)
+        if client is not None:
+            check_cluster(client, staging.root, [out, *paths])
+        run = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        described = [s.describe() for s in srcs]
+        scanned = scan_inputs(run, srcs, staging.root, read_cols)
+        del srcs
+        _check_after(cache, scanned, paths)
+        merged = merge_symbols(run, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
+        windows = m["counts"]["windows"]
+        plan = _plan(cache, merged, windows["seq_len"] + windows["horizon"])
+        if not plan.new_bars:
+            raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
+        _stage_copy(cache, staging)
+        writer = CacheWriter(staging.cache_path, n_bars=cache.n_bars + plan.new_bars, feature_names=names,
+                             shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows,
+                             storage_options=storage_options, create=False, region_rows=cache.region_rows,
+                             segments=plan.segments, n_regions=len(plan.symbols))
+        frozen = m.get("stats")
+        files, first_rows, counts = plan.clusters
+        layout = Layout(files, np.asarray(first_rows, np.int64), np.asarray(counts, np.int64), plan.segments,
+                        plan.segment_split, names, writer, read_columns=read_cols, symbols=plan.symbols,
+                        tails=plan.tails, kept=plan.kept)
+        if frozen:
+            layout.mean = np.asarray(frozen["mean"]).astype(np.float32)
+            layout.std = np.asarray(frozen["std"]).astype(np.float32)
+        new_digests = run(write_shard, [(layout, s) for s in plan.touched], "write", desc="write shards",
+                          unit="shard")
+        written = True
+        manifest = _manifest(cache, plan, merged, scanned, described, writer, new_digests, stats, wanted,
+                             stored_bytes(staging.cache_path, storage_options), time.perf_counter() - t0)
+        writer.finish(plan.segments, plan.segment_split, manifest)
+        staging.publish()
+        staging.remove()
+    except ShardcacheError:
+        if written or staging.resumed:
+            staging.release()
+        else:
+            staging.remove()
+        raise
+    except OSError as exc:
+        staging.release()
+        raise ShardcacheError(f"{exc.filename or out}: {exc.strerror or exc}; the finished part is kept in "
+                              f"{staging.root}: run again with --resume to continue") from None
+    except BaseException:
+        staging.release()
+        log.warning("%s: append stopped; the finished part is kept in %s: run again with --resume", out,
+                    staging.root)
+        raise
+    finally:
+        if own_client:
+            client.close()
+    return open_cache(out, storage_options)
+
+
+@dataclass
+class _View:
+    """The appended segment table, as ``valid_ranges`` reads it."""
+
+    segments: np.ndarray
+    segment_split: np.ndarray
+    names: list[str]
+
+    def split_id(self, split: str | None) -> int | None:
+        return None if split is None else self.names.index(split)
+
+
+def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, described: list[dict],
+              writer: CacheWriter, new_digests: list[str], stats: str, wanted: dict, stored: int,
+              elapsed: float) -> dict:
+    """The old manifest with the appended bars, segments, shards and inputs counted in."""
+    m = cache.manifest
+    digests = dict(zip(cache.shard_table[:, 0].tolist(), m["layout"]["digests"]))
+    digests.update(zip(plan.touched, new_digests))
+    names = m["splits"]["names"]
+    counts = m["counts"]
+    dropped = Counter(counts.get("dropped", {})) + Counter(scanned.drops)
+    dups = sum(x.duplicates for x in merged)
+    if dups:
+        dropped["duplicate timestamp"] += dups
+    n_bars = cache.n_bars + plan.new_bars
+    w = counts["windows"]
+    view = _View(plan.segments, plan.segment_split, names)
+    raw = n_bars * cache.n_features * 4
+    kept = set(plan.symbols)
+    return {
+        **m,
+        "symbols": plan.symbols,
+        "splits": {**m["splits"], "bars": {n: int(np.diff(plan.segments[plan.segment_split == i, 1:], axis=1).sum())
+                                           for i, n in enumerate(names)}},
+        "sources": [*m["sources"], *described],
+        "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in kept}},
+        "counts": {
+            **counts,
+            "bars": n_bars,
+            "records_read": counts["records_read"] + scanned.records,
+            "symbols": len(plan.symbols),
+            "segments": int(len(plan.segments)),
+            "dropped": {k: int(v) for k, v in dropped.items()},
+            "reordered": counts.get("reordered", 0) + scanned.reordered,
+            "skipped_symbols": {**counts.get("skipped_symbols", {}), **plan.skipped},
+            "windows": {**w, "count": valid_ranges(view, w["seq_len"], w["horizon"], 1, None).total()},
+        },
+        "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
+        "layout": {**m["layout"], "shards": len(writer.table),
+                   "digests": [digests[s] for s in writer.table[:, 0].tolist()]},
+        "appends": [*m.get("appends", []), {
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "inputs": len(described), "bars": plan.new_bars, "stats": stats, "fingerprint": digest(wanted),
+            "shards_rewritten": len(plan.kept), "shards_written": len(plan.touched) - len(plan.kept),
+            "elapsed_s": round(elapsed, 3),
+        }],
+    }
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

@@ -1,0 +1,266 @@
+"""Appends: later bars added in place, equal to a build at once, only tail shards rewritten, atomic."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import make_cache, stored_rows, synthetic_bars
+
+from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
+from shardcache import append as append_mod
+from shardcache.append import append_cache
+from shardcache.builder import build_cache
+from shardcache.cli import build_cache_main, main
+from shardcache.sample import make_sample, write_dbn
+from shardcache.verify import compare_caches, verify_cache
+
+OPTS = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
+MIN = 60 * 10**9
+T0 = np.datetime64("2024-03-04T14:30", "ns").astype(np.int64)
+# differences a build at once has from two appends, by design: the append log and the build's own options
+BY_DESIGN = ("manifest['appends']", "manifest['build']", "manifest['created']", "manifest['elapsed_s']")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> list[Path]:
+    return make_sample(tmp_path_factory.mktemp("dbn"), days=15, seed=4)
+
+
+def _shard_files(cache: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every shard object of ``features`` and ``ts``: inode, mtime and bytes."""
+    out = {}
+    for array in ("features", "ts"):
+        for root, _, names in os.walk(cache / array / "c"):
+            for name in names:
+                path = os.path.join(root, name)
+                st = os.stat(path)
+                out[os.path.relpath(path, cache)] = (st.st_ino, st.st_mtime_ns, Path(path).read_bytes())
+    return out
+
+
+def _bars(path: Path, minutes: np.ndarray, symbol: str = "ESM4", start_px: float = 100.0) -> Path:
+    """A one-symbol OHLCV-1m file with bars at ``minutes`` after T0 and a rising close."""
+    close = start_px + np.arange(len(minutes), dtype=np.float64) * 0.25 + minutes * 0.01
+    recs = {"ts_event": T0 + MIN * minutes, "instrument_id": np.full(len(minutes), 7), "open": close - 0.1,
+            "high": close + 0.5, "low": close - 0.5, "close": close, "volume": np.full(len(minutes), 5.0)}
+    return write_dbn(path, "ohlcv-1m", recs, symbols={7: symbol})
+
+
+def test_two_appends_equal_one_build_at_once(files, tmp_path):
+    out = tmp_path / "c.zarr"
+    first = build_cache(files[:9], out, **OPTS)
+    cuts = first.manifest["splits"]["cuts_ns"]
+    append_cache(files[9:12], out, workers=2, progress=False)
+    appended = append_cache(files[12:], out, workers=2, progress=False)
+    assert appended.manifest["splits"]["cuts_ns"] == cuts  # fraction cuts keep their first-build times
+    assert appended.manifest["stats"] == first.manifest["stats"]  # frozen
+    whole = build_cache(files, tmp_path / "whole.zarr", stats_from=out, **OPTS)
+    assert [d for d in compare_caches(appended, whole) if not d.startswith(BY_DESIGN)] == []
+    a, w = appended.manifest, whole.manifest
+    for key in ("symbols", "stats", "splits", "counts", "bytes", "layout", "tails", "sources", "format_version"):
+        assert a[key] == w[key], key
+    assert sum(x["bars"] for x in a["appends"]) == appended.n_bars - first.n_bars > 0
+    assert verify_cache(out).ok
+    assert appended.n_windows(60) == whole.n_windows(60) > first.n_windows(60)
+    with WindowStream(appended, seq_len=60, batch_size=4096, shuffle=False) as stream:
+        assert sum(len(x) for x, _ in stream) == appended.n_windows(60)
+    ds = WindowDataset(appended, seq_len=60)
+    x, _ = ds[len(ds) - 1]
+    np.testing.assert_array_equal(x.numpy(), WindowDataset(whole, seq_len=60)[len(ds) - 1][0].numpy())
+
+
+def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):
+    out = tmp_path / "c.zarr"
+    cache = build_cache(files[:-1], out, **OPTS)
+    before = _shard_files(out)
+    table = cache.shard_table
+    sym = cache.segments[np.searchsorted(cache.segments[:, 1], table[:, 1], side="right") - 1, 0]
+    last = {s: int(table[sym == s][-1, 0]) for s in np.unique(sym)}  # each symbol's last shard
+    partial = {s: sh for s, sh in last.items() if table[table[:, 0] == sh][0, 2] % cache.shard_rows}
+    after_cache = append_cache(files[-1:], out, progress=False)
+    after = _shard_files(out)
+    changed = sorted(k for k in before if before[k] != after[k])
+    expected = sorted(f"{a}/c/{sh}" + ("/0" if a == "features" else "") for sh in partial.values()
+                      for a in ("features", "ts"))
+    assert changed == expected and len(partial) == len(cache.symbols)
+    assert all(after[k][0] == before[k][0] for k in before if k not in changed)  # the same files, not copies
+    new = set(after) - set(before)
+    per_region = cache.region_rows // cache.shard_rows
+    assert new and all(int(k.split("/")[2]) > last[int(k.split("/")[2]) // per_region] for k in new)
+    record = after_cache.manifest["appends"][-1]
+    assert record["shards_rewritten"] == len(partial) and record["shards_written"] == len(new) // 2
+    assert verify_cache(out).ok
+
+
+@pytest.mark.parametrize("gap, grows", [(0, 100), (120, 100 - 61 + 1)])
+def test_windows_across_the_boundary(tmp_path, gap, grows):
+    """Bars right after the last stored bar continue its segment (every new bar adds a window);
+    after a gap above max_gap they start a new one (the first seq_len + horizon - 1 add none)."""
+    a = _bars(tmp_path / "a.dbn", np.arange(200))
+    b = _bars(tmp_path / "b.dbn", 200 + gap + np.arange(100), start_px=150.0)
+    out = tmp_path / "c.zarr"
+    opts = dict(normalize="none", progress=False, max_gap="1h")
+    before = build_cache([a], out, **opts).n_windows(60, 1)
+    cache = append_cache([b], out, progress=False)
+    assert before == 200 - 61 + 1 and cache.n_windows(60, 1) == before + grows
+    assert len(cache.segments) == (1 if gap == 0 else 2)
+    whole = build_cache([a, b], tmp_path / "w.zarr", **opts)
+    np.testing.assert_array_equal(stored_rows(cache)[0], stored_rows(whole)[0])  # log_return at the seam too
+    assert stored_rows(cache)[0][200, cache.feature_names.index("log_return")] != 0 or gap
+    np.testing.assert_array_equal(cache.segments, whole.segments)
+
+
+def test_new_symbols_get_new_regions(tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    build_cache([_bars(tmp_path / "a.dbn", np.arange(150), "ESM4")], out, normalize="none", progress=False)
+    cache = append_cache([_bars(tmp_path / "b.dbn", 150 + np.arange(150), "NQM4"),
+                          _bars(tmp_path / "c.dbn", 150 + np.arange(10), "TINY")], out, progress=False)
+    assert cache.symbols == ["ESM4", "NQM4"] and cache.manifest["counts"]["skipped_symbols"] == {"TINY": 10}
+    assert cache.features.shape[0] == 2 * cache.region_rows and cache.segments[-1, 1] == cache.region_rows
+    assert verify_cache(out).ok and cache.n_windows(60) == 2 * (150 - 61 + 1)
+    assert main(["ls", str(out)]) == 0
+    assert f"features/c/{cache.region_rows // cache.shard_rows}/0" in capsys.readouterr().out  # NQM4's first
+    xr = pytest.importorskip("xarray")
+    ds = cache.to_xarray()  # the stored rows only, labelled
+    assert isinstance(ds, xr.Dataset) and ds.features.shape == (300, cache.n_features)
+    assert list(ds.symbol.values) == ["ESM4"] * 150 + ["NQM4"] * 150
+    assert int(ds.cache_row[150]) == cache.region_rows
+    np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0])
+
+
+def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    n_bars = build_cache(files[:5], out, **OPTS).n_bars
+    with pytest.raises(CacheError, match=r"nope.zarr: no cache to append to \(build it first without --append\)"):
+        append_cache(files[5:6], tmp_path / "nope.zarr")
+    (tmp_path / "junk").mkdir()
+    with pytest.raises(CacheError, match="junk: not a shardcache cache; --append adds to a cache made by build-cache"):
+        append_cache(files[5:6], tmp_path / "junk")
+    with pytest.raises(ShardcacheError, match=rf"{files[4].name}: \w+ bars from .* are not after the cache's last"):
+        append_cache(files[4:6], out, progress=False)  # files[4] is already in the cache
+    packed = tmp_path / "v1.zarr"
+    make_cache(packed, synthetic_bars(300, 2, n_symbols=1), shard_rows=64, chunk_rows=32)
+    with pytest.raises(CacheError, match="format-1 cache .* cannot grow in place; rebuild"):
+        append_cache(files[5:6], packed)
+    close = 100.0 + np.arange(50, dtype=np.float64)
+    recs = {"ts_event": T0 + 10**15 + 3600 * 10**9 * np.arange(50), "instrument_id": np.full(50, 7), "open": close,
+            "high": close + 1, "low": close - 1, "close": close, "volume": np.ones(50)}
+    hourly = write_dbn(tmp_path / "x.ohlcv-1h.dbn", "ohlcv-1h", recs, symbols={7: "ESH3"})
+    with pytest.raises(ShardcacheError, match="x.ohlcv-1h.dbn: 3600 s bars; the cache .* holds 60 s bars"):
+        append_cache([hourly], out, progress=False)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"ts": pa.array([int(T0) + 10**15], pa.int64()), "symbol": ["ESH3"],
+                             "vwap": [1.0]}), tmp_path / "x.parquet")
+    with pytest.raises(ShardcacheError, match=r"x.parquet: gives features vwap; the cache .* has log_return"):
+        append_cache([tmp_path / "x.parquet"], out, progress=False)
+    assert verify_cache(out).ok and open_cache(out).n_bars == n_bars and not Path(f"{out}.staging").exists()
+    for argv, message in [
+        ([str(files[5]), "--append", "--out", str(tmp_path / "nope.zarr")], "no cache to append to"),
+        ([str(files[5]), "--append", "--out", str(out), "--split", "none", "--features", "raw"],
+         "--append keeps the build options of .*; drop --features"),
+        ([str(files[4]), "--append", "--out", str(out)], "are not after the cache's last"),
+        ([str(files[5]), "--out", str(tmp_path / "e.zarr"), "--stats", "frozen"], "--stats applies to --append"),
+    ]:
+        capsys.readouterr()
+        assert build_cache_main([*argv, "-q"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("build-cache: error: "), err
+        assert re.search(message, err[0]), err[0]
+
+
+def test_cli_append_and_recompute(files, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    assert build_cache_main([*map(str, files[:10]), "--out", str(out), "--split", OPTS["split"],
+                             "--shard-rows", "1024", "--chunk-rows", "128", "-q"]) == 0
+    frozen = open_cache(out).manifest["stats"]
+    capsys.readouterr()
+    assert build_cache_main([*map(str, files[10:12]), "--append", "--out", str(out), "-q"]) == 0
+    assert "bars" in capsys.readouterr().out and open_cache(out).manifest["stats"] == frozen
+    assert build_cache_main([*map(str, files[12:]), "--append", "--stats", "recompute", "--out", str(out), "-q"]) == 0
+    rebuilt = open_cache(out)
+    whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "workers": None})
+    assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
+    assert "appends" not in rebuilt.manifest and len(rebuilt.manifest["sources"]) == len(files)
+
+
+def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, monkeypatch):
+    out = tmp_path / "c.zarr"
+    build_cache(files[:10], out, **OPTS)
+    old = tmp_path / "old.zarr"
+    shutil.copytree(out, old)
+    want = tmp_path / "want.zarr"
+    shutil.copytree(out, want)
+    append_cache(files[10:], want, progress=False)
+    real, calls = append_mod.write_shard, []
+
+    def full(job):
+        calls.append(job[1])
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "features/c/x/0")
+        return real(job)
+
+    monkeypatch.setattr(append_mod, "write_shard", full)
+    with pytest.raises(ShardcacheError, match="No space left on device; the finished part is kept in .*--resume"):
+        append_cache(files[10:], out, workers=1, progress=False)
+    assert compare_caches(old, out) == [] and verify_cache(out).ok  # untouched: the append was staged
+    monkeypatch.setattr(append_mod, "write_shard", real)
+    resumed = append_cache(files[10:], out, resume=True, progress=False)
+    assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
+    assert not Path(f"{out}.staging").exists()
+
+
+def test_append_on_s3(files, tmp_path, s3_bucket):
+    bucket, options = s3_bucket
+    url = f"{bucket}/c.zarr"
+    build_cache(files[:10], url, storage_options=options, **OPTS)
+    cache = append_cache(files[10:], url, storage_options=options, progress=False)
+    local = tmp_path / "c.zarr"
+    build_cache(files[:10], local, **OPTS)
+    append_cache(files[10:], local, progress=False)
+    differ = [d for d in compare_caches(local, cache, options)
+              if not d.startswith((*BY_DESIGN, "manifest['sources']", "manifest['bytes']"))]
+    assert differ == []
+    assert verify_cache(url, options).ok
+
+
+APPEND_KILLS = {
+    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard"),
+    "finish: segments written, manifest not": (append_mod.CacheWriter, "finish"),
+    "publish: complete, not swapped in": (append_mod.Staging, "publish"),
+}
+
+
+def _killed_append(point: str, files: list[Path], out: Path) -> None:
+    from test_reliability import _after, _before
+
+    obj, name = APPEND_KILLS[point]
+    (_after if point.startswith("write") else _before)(obj, name, lambda a: True)
+    append_cache(files, out, workers=1, progress=False)
+
+
+@pytest.mark.parametrize("point", list(APPEND_KILLS))
+def test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes(point, files, tmp_path):
+    from test_reliability import _in_child
+
+    out, old, want = tmp_path / "c.zarr", tmp_path / "old.zarr", tmp_path / "want.zarr"
+    build_cache(files[:10], out, **OPTS)
+    shutil.copytree(out, old)
+    shutil.copytree(out, want)
+    append_cache(files[10:], want, progress=False)
+    assert _in_child(_killed_append, point, files[10:], out) == -signal.SIGKILL
+    assert compare_caches(old, out) == [] and verify_cache(out).ok  # readers still see the old cache, whole
+    with pytest.raises(ShardcacheError, match="interrupted build is kept in .*--resume"):
+        build_cache(files, out, **OPTS)  # a build of the same --out is told about the staged append
+    resumed = append_cache(files[10:], out, resume=True, progress=False)
+    assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
+    assert verify_cache(out).ok and not Path(f"{out}.staging").exists()
