@@ -1,6 +1,7 @@
 """shardcache: every sliding window of long market-data series, streamed from a sharded Zarr v3 cache.
 
-``build_cache`` writes DBN or Parquet bars once into a compressed, sharded Zarr v3 store;
+``build_cache`` writes DBN or Parquet bars once into a compressed, sharded Zarr v3 store and
+``append_cache`` adds later bars to it;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory;
 ``WindowDataset`` is the map-style twin for evaluation.
 """
@@ -19,6 +20,7 @@ __all__ = [
     "SourceError",
     "WindowDataset",
     "WindowStream",
+    "append_cache",
     "build_cache",
     "open_cache",
 ]
@@ -36,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from .builder import build_cache
 
         return build_cache
+    if name == "append_cache":
+        from .append import append_cache
+
+        return append_cache
     raise AttributeError(f"module 'shardcache' has no attribute {name!r}")
