@@ -43,9 +43,10 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from .builder import Merged, build_cache, client_for, merge_symbols, open_inputs, scan_inputs, stored_bytes
+from .builder import (Merged, build_cache, client_for, merge_symbols, open_inputs, place_clusters, scan_inputs,
+                      stored_bytes)
 from .cluster import check_cluster
-from .compute import Layout, read_arrow, write_shard
+from .compute import Layout, cluster_path, read_arrow, write_shard
 from .errors import CacheError, ShardcacheError
 from .features import required_columns, resolve_features
 from .index import valid_ranges
@@ -65,7 +66,7 @@ class _Plan:
     symbols: list[str]
     segments: np.ndarray
     segment_split: np.ndarray
-    clusters: tuple[list[str], list[int], list[int]]  # cluster files in row order, first rows, bar counts
+    clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see Layout), first rows, bar counts; row order
     tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
     kept: dict[int, int]  # tail shard -> first new row
     touched: list[int]  # shards to write, in row order
@@ -118,14 +119,14 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
                 f"{sym} bar ({_t(last)}); an append adds only later bars")
 
 
-def _plan(cache: Cache, merged: list[Merged], span: int) -> _Plan:
+def _plan(cache: Cache, merged: list[Merged], span: int, staging: str) -> _Plan:
     """Place each symbol's new bars after its stored ones (new symbols in new regions)."""
     region, shard_rows, max_gap = cache.region_rows, cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
     tails = cache.manifest.get("tails", {})
     symbols = cache.symbols
     seg, split = cache.segments.copy(), cache.segment_split.copy()
     n_old = np.bincount(seg[:, 0], weights=seg[:, 2] - seg[:, 1], minlength=len(symbols)).astype(np.int64)
-    new_segs, new_split, paths, first_rows, counts = [], [], [], [], []
+    new_segs, new_split, placed = [], [], []
     lead, kept, touched, skipped = {}, {}, [], {}
     for m in merged:
         if m.symbol not in symbols and m.n < span:
@@ -144,7 +145,7 @@ def _plan(cache: Cache, merged: list[Merged], span: int) -> _Plan:
         if n_old[i]:
             last = int(np.flatnonzero((seg[:, 0] == i) & (seg[:, 2] == r0))[0])
             lead[r0 - 1] = tails[m.symbol]
-            first_ts = int(read_arrow(m.clusters[0][0])["ts"].to_numpy()[:1].astype(np.int64)[0])
+            first_ts = int(read_arrow(cluster_path(staging, m.sym, 0))["ts"].to_numpy()[:1].astype(np.int64)[0])
             gap = first_ts - int(tails[m.symbol]["ts"])
             if int(splits[0]) == int(split[last]) and not (max_gap > 0 and gap > max_gap):
                 seg[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
@@ -154,21 +155,18 @@ def _plan(cache: Cache, merged: list[Merged], span: int) -> _Plan:
         stops = np.r_[starts[1:], r0 + m.n] if len(starts) else starts
         new_segs.append(np.stack([np.full(len(starts), i), starts, stops], axis=1))
         new_split.append(splits)
-        row = r0
-        for path, n in m.clusters:
-            paths.append(path)
-            first_rows.append(row)
-            counts.append(n)
-            row += n
+        placed.append(place_clusters(m, r0))
         touched += range(r0 // shard_rows, (r0 + m.n - 1) // shard_rows + 1)
     segments = np.concatenate([seg, *new_segs]).astype(np.int64)
     segment_split = np.concatenate([split, *new_split]).astype(np.int8)
     order = np.argsort(segments[:, 1], kind="stable")
-    order_paths = np.argsort(first_rows, kind="stable")
-    return _Plan(symbols, segments[order], segment_split[order],
-                 ([paths[j] for j in order_paths], [first_rows[j] for j in order_paths],
-                  [counts[j] for j in order_paths]),
-                 lead, kept, sorted(touched), skipped, sum(counts))
+    if placed:
+        ids, first_rows, counts = (np.concatenate(parts) for parts in zip(*placed))
+    else:
+        ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    by_row = np.argsort(first_rows, kind="stable")
+    return _Plan(symbols, segments[order], segment_split[order], (ids[by_row], first_rows[by_row], counts[by_row]),
+                 lead, kept, sorted(touched), skipped, int(counts.sum()))
 
 
 def _link_tree(src: str, dst: str) -> None:
@@ -253,7 +251,7 @@ def append_cache(
         _check_after(cache, scanned, paths)
         merged = merge_symbols(run, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
         windows = m["counts"]["windows"]
-        plan = _plan(cache, merged, windows["seq_len"] + windows["horizon"])
+        plan = _plan(cache, merged, windows["seq_len"] + windows["horizon"], staging.root)
         if not plan.new_bars:
             raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
         _stage_copy(cache, staging)
@@ -262,8 +260,8 @@ def append_cache(
                              storage_options=storage_options, create=False, region_rows=cache.region_rows,
                              segments=plan.segments, n_regions=len(plan.symbols))
         frozen = m.get("stats")
-        files, first_rows, counts = plan.clusters
-        layout = Layout(files, np.asarray(first_rows, np.int64), np.asarray(counts, np.int64), plan.segments,
+        ids, first_rows, counts = plan.clusters
+        layout = Layout(staging.root, ids, first_rows, counts, plan.segments,
                         plan.segment_split, names, writer, read_columns=read_cols, symbols=plan.symbols,
                         tails=plan.tails, kept=plan.kept)
         if frozen:

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .cluster import check_cluster
-from .compute import Layout, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
+from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .errors import ShardcacheError
 from .features import required_columns, resolve_features
 from .index import valid_ranges
@@ -52,8 +52,8 @@ from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
 
-__all__ = ["Merged", "Scanned", "build_cache", "client_for", "merge_symbols", "open_inputs", "scan_inputs",
-           "stored_bytes"]
+__all__ = ["Merged", "Scanned", "build_cache", "client_for", "merge_symbols", "open_inputs", "place_clusters",
+           "scan_inputs", "stored_bytes"]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
@@ -99,7 +99,8 @@ class Merged:
     """One symbol after the merge: its sorted cluster files, segment starts and raw last bar."""
 
     symbol: str
-    clusters: list[tuple[str, int]]
+    sym: int  # the merge job: its cluster files are ``cluster_path(staging, sym, c)``
+    cluster_rows: np.ndarray  # bars per cluster file, in time order
     n: int
     seg_starts: np.ndarray
     seg_split: np.ndarray
@@ -121,8 +122,8 @@ class Scanned:
 
 
 # -- stage 1: scan ---------------------------------------------------------------------------
-def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
-    i, src, staging, columns = job
+def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
+    i, src, staging, columns, sketch = job
     runs, sketches, names, reordered, records, dts = [], [], {}, 0, 0, []
     max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
     for k, piece in enumerate(src.pieces(max_rows)):
@@ -148,11 +149,11 @@ def _scan(job: tuple[int, Source, str, list[str]]) -> _Scan:
             run = np.array((i, k, code, sym, len(rows), part_ts[0], part_ts[-1]), dtype=_RUN)
             write_arrow(_run_path(staging, run), part)
             del part
-            idx = np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)
             if len(part_ts) > 1:
                 dts.append(int(np.median(np.diff(part_ts))))
             runs.append(run)
-            sketches.append(part_ts[idx])
+            if sketch:  # only fraction splits need it (65 timestamps per run)
+                sketches.append(part_ts[np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)])
         del piece, body
     drops = Counter(src.drops)
     return _Scan(list(names), np.array(runs, dtype=_RUN),
@@ -196,13 +197,20 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         local = np.flatnonzero(cut)
         starts.append(local + n)
         splits.append(split[local])
-        path = os.path.join(staging, "clusters", f"{sym_idx:06d}-{c:06d}.arrow")
-        write_arrow(path, table)
-        out.append((path, len(ts)))
+        write_arrow(cluster_path(staging, sym_idx, c), table)
+        out.append(len(ts))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
     tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"}}
-    return Merged(symbol, out, n, np.concatenate(starts), np.concatenate(splits), dups, tail)
+    return Merged(symbol, sym_idx, np.asarray(out, dtype=np.int64), n, np.concatenate(starts),
+                  np.concatenate(splits), dups, tail)
+
+
+def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``m``'s cluster files laid out from ``row`` on: ``(sym, c)`` ids, first rows, bar counts."""
+    n = len(m.cluster_rows)
+    ids = np.stack([np.full(n, m.sym, dtype=np.int64), np.arange(n, dtype=np.int64)], axis=1)
+    return ids, row + np.cumsum(m.cluster_rows) - m.cluster_rows, m.cluster_rows
 
 
 def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
@@ -302,15 +310,18 @@ def build_cache(
             check_cluster(client, staging.root, [out, *paths])
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
-        scanned = scan_inputs(run, srcs, staging.root, read_cols)
+        scanned = scan_inputs(run, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
         del srcs, first
         dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
-        cuts = spec.dates_ns if spec.dates_ns is not None else (
-            spec.fraction_cuts(scanned.sketch.ravel(), np.repeat(scanned.runs["n"] / _SKETCH, _SKETCH))
-            if spec.fractions and len(scanned.runs) else [])
         if frozen is not None:
             cuts = frozen.manifest["splits"]["cuts_ns"]
+        elif spec.dates_ns is not None:
+            cuts = spec.dates_ns
+        elif spec.fractions and len(scanned.runs):
+            cuts = spec.fraction_cuts(scanned.sketch.ravel(), np.repeat(scanned.runs["n"] / _SKETCH, _SKETCH))
+        else:
+            cuts = []
         scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
         merged = merge_symbols(run, staging.root, scanned, max_gap_ns, cuts)
         del scanned
@@ -452,18 +463,14 @@ def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: Spli
     shard_rows = shard_rows or auto_shard
     chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
     region = -(-REGION_ROWS // shard_rows) * shard_rows
-    paths, first_row, counts, segs, seg_split = [], [], [], [], []
+    placed, segs, seg_split = [], [], []
     for sym_id, m in enumerate(kept):
         row = sym_id * region
         starts = m.seg_starts + row
         stops = np.concatenate([starts[1:], [row + m.n]])
         segs.append(np.stack([np.full(len(starts), sym_id), starts, stops], axis=1))
         seg_split.append(m.seg_split)
-        for path, n in m.clusters:
-            paths.append(path)
-            first_row.append(row)
-            counts.append(n)
-            row += n
+        placed.append(place_clusters(m, row))
     segments = np.concatenate(segs).astype(np.int64)
     fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
     created = staging.load("created") is not None
@@ -478,8 +485,9 @@ def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: Spli
                          region_rows=region, segments=segments, n_regions=len(kept))
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
-    return Layout(paths, np.asarray(first_row, dtype=np.int64), np.asarray(counts, dtype=np.int64),
-                  segments, np.concatenate(seg_split).astype(np.int8), names, writer, train_split=train,
+    ids, first_row, counts = (np.concatenate(parts) for parts in zip(*placed))
+    return Layout(staging.root, ids, first_row, counts, segments, np.concatenate(seg_split).astype(np.int8), names,
+                  writer, train_split=train,
                   read_columns=read_cols, symbols=[m.symbol for m in kept])
 
 
@@ -500,9 +508,10 @@ def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     return specs, paths, srcs
 
 
-def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str]) -> Scanned:
-    """Stage 1 over every input (``run`` is ``Staging.run``): runs spilled, counts gathered."""
-    scans = run(_scan, [(i, s, staging, read_cols) for i, s in enumerate(srcs)], "scan",
+def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
+    """Stage 1 over every input (``run`` is ``Staging.run``): runs spilled, counts gathered; with
+    ``sketch``, timestamps sampled from every run to place fraction splits."""
+    scans = run(_scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan",
                 desc="read files", unit="file")
     runs, sketch, symbols = _gather_runs(scans)
     return Scanned(runs, sketch, symbols, [s.median_dt for s in scans if s.median_dt],

@@ -1,7 +1,7 @@
 """Per-shard work of a build or an append: a shard's features, train-split statistics, the write.
 
-Rows come from the sorted cluster files the merge stage spilled (``Layout.paths``, in row
-order). A feature that looks at the previous bar (``log_return``, ``gap``) reads one extra
+Rows come from the sorted cluster files the merge stage spilled (``Layout.clusters``, in row
+order, named by ``cluster_path``). A feature that looks at the previous bar (``log_return``, ``gap``) reads one extra
 leading row: from the clusters, or, for the first new bar of an appended symbol, from the
 raw last bar the manifest keeps per symbol (``Layout.tails``), so appended bars get the
 same features as a build that saw every bar at once. Rows of a shard that an append keeps
@@ -11,6 +11,7 @@ rows: one writer per shard, every write a whole shard.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,14 +22,21 @@ from .errors import ShardcacheError
 from .features import compute_features
 from .store import CacheWriter
 
-__all__ = ["Layout", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
+__all__ = ["Layout", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
+
+
+def cluster_path(staging: str, sym: int, c: int) -> str:
+    """The merge stage's spill file of cluster ``c`` of merge job (symbol) ``sym``; a build keeps
+    the two numbers per cluster, not thousands of path strings."""
+    return os.path.join(staging, "clusters", f"{sym:06d}-{c:06d}.arrow")
 
 
 @dataclass
 class Layout:
     """Where each row to compute comes from, and how to normalize and write it."""
 
-    paths: list[str]  # cluster files in row order
+    staging: str  # the folder holding the cluster files
+    clusters: np.ndarray  # (n, 2) int64: merge job and cluster number of each cluster file, in row order
     first_row: np.ndarray  # row of each cluster's first bar
     counts: np.ndarray  # bars per cluster
     segments: np.ndarray  # the whole segment table, in row order
@@ -55,11 +63,16 @@ def read_arrow(path: str) -> pa.Table:
     return ipc.open_file(pa.memory_map(path, "r")).read_all()
 
 
+def _cluster(layout: Layout, ci: int) -> str:
+    sym, c = layout.clusters[ci].tolist()
+    return cluster_path(layout.staging, sym, c)
+
+
 def _lead(layout: Layout, row: int) -> dict[str, np.ndarray] | None:
     """The raw bar at ``row`` as one-row columns, if it is stored in a cluster or kept as a tail."""
     ci = int(np.searchsorted(layout.first_row, row, side="right")) - 1
     if ci >= 0 and row < layout.first_row[ci] + layout.counts[ci]:
-        table = read_arrow(layout.paths[ci]).slice(row - int(layout.first_row[ci]), 1)
+        table = read_arrow(_cluster(layout, ci)).slice(row - int(layout.first_row[ci]), 1)
         return {c: table[c].to_numpy() for c in ["ts", *layout.read_columns]}
     tail = layout.tails.get(row)
     if tail is None:
@@ -75,7 +88,7 @@ def rows_features(layout: Layout, a: int, b: int, shard: int) -> tuple[np.ndarra
     parts, row = [], a
     while row < b:
         first = int(layout.first_row[ci])
-        table = read_arrow(layout.paths[ci])
+        table = read_arrow(_cluster(layout, ci))
         take = min(b, first + table.num_rows) - row
         parts.append(table.slice(row - first, take))
         row += take

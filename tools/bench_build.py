@@ -4,11 +4,13 @@ Each build runs in its own process under ``tools/profile_memory.py``'s ``profile
 peak RSS is the whole process tree's (dask's local threads included), sampled while it runs.
 The table gives bars, wall time, bars/s, peak RSS and PSS, and the cache's size against raw
 float32; the build is *flat* (PASS) when the largest scale's peak RSS is within 10 % of the
-smallest one's.
+smallest one's. Bars grow two ways: ``--scales`` multiplies the days (10x: 3,600 daily files
+of 4 symbols), ``--symbols`` the symbols in the same 360 daily files (10x: 40 symbols); each
+gets its own verdict, so growth with the bar count and growth with the file count show apart.
 
 Usage (from the repository root)::
 
-    .venv/bin/python tools/bench_build.py                 # 1x (360 files) and 10x (3600 files)
+    .venv/bin/python tools/bench_build.py                 # 1x; 10x days (3,600 files); 10x symbols (360 files)
     .venv/bin/python tools/bench_build.py --scales 1 --json build.json
 
 The samples (``make_sample(days=360 * scale)``) are generated once under ``--work`` and
@@ -71,15 +73,16 @@ class BuildResult:
         return {**asdict(self), "bars_per_s": self.bars_per_s}
 
 
-def ensure_dbn_sample(work: Path, days: int) -> Path:
-    """The ``days``-file DBN sample under ``work`` (generated once, then reused)."""
-    from shardcache.sample import make_sample
+def ensure_dbn_sample(work: Path, days: int, symbols: int = 4) -> Path:
+    """The ``days``-file DBN sample of ``symbols`` symbols under ``work`` (generated once, then reused)."""
+    from shardcache.sample import CONTRACTS, make_sample
 
-    out = work / f"dbn-{days}d"
-    done = work / f"dbn-{days}d.complete"
+    name = f"dbn-{days}d" + (f"-{symbols}s" if symbols != 4 else "")
+    out, done = work / name, work / f"{name}.complete"
     if not done.exists():
         t0 = time.perf_counter()
-        files = make_sample(out, days=days)
+        names = [c.symbol for c in CONTRACTS][:symbols] + [f"SYM{i:03d}" for i in range(symbols - len(CONTRACTS))]
+        files = make_sample(out, days=days, symbols=names)
         done.write_text(f"{len(files)}\n")
         print(f"bench: generated {len(files)} DBN files in {out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return out
@@ -285,6 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_build.py", description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="samples and caches (default: %(default)s)")
     p.add_argument("--scales", default="1,10", help="multiples of the 360-file sample (default: %(default)s)")
+    p.add_argument("--symbols", type=int, default=10,
+                   help="multiple of the 4 symbols in 360 daily files, 1 for none (default: %(default)s)")
     p.add_argument("--parquet-scales", default="1",
                    help="multiples of the 665K-row Parquet F=256 table (--features raw), '' for none "
                         "(default: %(default)s; 10x is a 6.8 GB file)")
@@ -315,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         src = ensure_dbn_sample(args.work, 360 * scale)
         out = args.work / f"build-{scale}x.zarr"
         print(f"bench: build-cache at {scale}x ({src}) ...", file=sys.stderr, flush=True)
-        results.append(measure_build(f"DBN sample {scale}x", src, out)[0])
+        results.append(measure_build(f"DBN sample {scale}x days", src, out)[0])
+    wide = []
+    if args.symbols > 1 and 1 in scales:
+        src = ensure_dbn_sample(args.work, 360, 4 * args.symbols)
+        print(f"bench: build-cache at {args.symbols}x the symbols ({src}) ...", file=sys.stderr, flush=True)
+        wide = [results[scales.index(1)],
+                measure_build(f"DBN sample {args.symbols}x symbols", src, args.work / "build-wide.zarr")[0]]
     pq_results = []
     for scale in sorted({int(s) for s in args.parquet_scales.split(",") if s.strip()}):
         f = args.parquet_features
@@ -323,15 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         out = args.work / f"build-parquet-{f}-{scale}x.zarr"
         print(f"bench: build-cache Parquet F={f} at {scale}x ({src}) ...", file=sys.stderr, flush=True)
         pq_results.append(measure_build(f"Parquet F={f} {scale}x", src, out, "--features", "raw")[0])
-    print(build_table(results + pq_results))
+    print(build_table(results + wide[1:] + pq_results))
     ok = True
-    for group in (results, pq_results):
+    for group in (results, wide, pq_results):
         if len(group) > 1:
             group_ok, text = flat_verdict(group)
             ok = ok and group_ok
             print("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps({"builds": [r.to_dict() for r in results + pq_results], "flat": ok},
+        args.json.write_text(json.dumps({"builds": [r.to_dict() for r in results + wide[1:] + pq_results], "flat": ok},
                                         indent=1) + "\n")
     return 0 if ok else 1
 
