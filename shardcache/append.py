@@ -43,13 +43,12 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from .builder import (Merged, build_cache, client_for, merge_symbols, open_inputs, place_clusters, scan_inputs,
+from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,
                       stored_bytes)
-from .cluster import check_cluster
 from .compute import Layout, cluster_path, read_arrow, write_shard
 from .errors import CacheError, ShardcacheError
 from .features import required_columns, resolve_features
-from .index import valid_ranges
+from .index import SegmentTable, valid_ranges
 from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
 from .store import Cache, CacheWriter, open_cache
 
@@ -238,12 +237,7 @@ def append_cache(
     wanted = fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
-    written = False
-    client, own_client = None, False
-    try:
-        client, own_client = client_for(scheduler)
-        if client is not None:
-            check_cluster(client, staging.root, [out, *paths])
+    with staging.guard("append"), connect(scheduler, staging.root, [out, *paths]) as client:
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         described = [s.describe() for s in srcs]
         scanned = scan_inputs(run, srcs, staging.root, read_cols)
@@ -269,43 +263,13 @@ def append_cache(
             layout.std = np.asarray(frozen["std"]).astype(np.float32)
         new_digests = run(write_shard, [(layout, s) for s in plan.touched], "write", desc="write shards",
                           unit="shard")
-        written = True
+        staging.written = True
         manifest = _manifest(cache, plan, merged, scanned, described, writer, new_digests, stats, wanted,
                              stored_bytes(staging.cache_path, storage_options), time.perf_counter() - t0)
         writer.finish(plan.segments, plan.segment_split, manifest)
         staging.publish()
         staging.remove()
-    except ShardcacheError:
-        if written or staging.resumed:
-            staging.release()
-        else:
-            staging.remove()
-        raise
-    except OSError as exc:
-        staging.release()
-        raise ShardcacheError(f"{exc.filename or out}: {exc.strerror or exc}; the finished part is kept in "
-                              f"{staging.root}: run again with --resume to continue") from None
-    except BaseException:
-        staging.release()
-        log.warning("%s: append stopped; the finished part is kept in %s: run again with --resume", out,
-                    staging.root)
-        raise
-    finally:
-        if own_client:
-            client.close()
     return open_cache(out, storage_options)
-
-
-@dataclass
-class _View:
-    """The appended segment table, as ``valid_ranges`` reads it."""
-
-    segments: np.ndarray
-    segment_split: np.ndarray
-    names: list[str]
-
-    def split_id(self, split: str | None) -> int | None:
-        return None if split is None else self.names.index(split)
 
 
 def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, described: list[dict],
@@ -323,7 +287,7 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
         dropped["duplicate timestamp"] += dups
     n_bars = cache.n_bars + plan.new_bars
     w = counts["windows"]
-    view = _View(plan.segments, plan.segment_split, names)
+    view = SegmentTable(plan.segments, plan.segment_split, names)
     raw = n_bars * cache.n_features * 4
     kept = set(plan.symbols)
     return {

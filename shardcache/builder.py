@@ -27,13 +27,14 @@ and readers never see a partial cache: see ``shardcache.staging``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +47,13 @@ from .cluster import check_cluster
 from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .errors import ShardcacheError
 from .features import required_columns, resolve_features
-from .index import valid_ranges
+from .index import SegmentTable, valid_ranges
 from .sources import Source, expand_inputs, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
 
-__all__ = ["Merged", "Scanned", "build_cache", "client_for", "merge_symbols", "open_inputs", "place_clusters",
+__all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
            "scan_inputs", "stored_bytes"]
 
 log = logging.getLogger("shardcache")
@@ -302,12 +303,7 @@ def build_cache(
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
     if isinstance(staging, Cache):
         return staging
-    written = False
-    client, own_client = None, False
-    try:
-        client, own_client = client_for(scheduler)
-        if client is not None:
-            check_cluster(client, staging.root, [out, *paths])
+    with staging.guard("build"), connect(scheduler, staging.root, [out, *paths]) as client:
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
         scanned = scan_inputs(run, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
@@ -349,7 +345,7 @@ def build_cache(
         if mean is not None:
             layout.mean, layout.std = mean.astype(np.float32), std.astype(np.float32)
         digests = run(write_shard, [(layout, s) for s in shards], "write", desc="write shards", unit="shard")
-        written = True
+        staging.written = True
         stored = stored_bytes(staging.cache_path, storage_options)
         raw = n_bars * len(names) * 4
         manifest = {
@@ -386,7 +382,8 @@ def build_cache(
                 "skipped_symbols": skipped,
                 "windows": {
                     "seq_len": seq_len, "horizon": horizon,
-                    "count": valid_ranges(_SegmentsView(layout, spec.names), seq_len, horizon, 1, None).total(),
+                    "count": valid_ranges(SegmentTable(layout.segments, layout.segment_split, spec.names),
+                                          seq_len, horizon, 1, None).total(),
                 },
             },
             "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
@@ -396,42 +393,7 @@ def build_cache(
         layout.writer.finish(layout.segments, layout.segment_split, manifest)
         staging.publish()
         staging.remove()
-    except ShardcacheError:
-        if written or staging.resumed:  # a finished cache, or earlier progress, stays resumable
-            staging.release()
-        else:
-            staging.remove()
-        raise
-    except OSError as exc:
-        staging.release()
-        raise ShardcacheError(f"{exc.filename or out}: {exc.strerror or exc}; the finished part is kept in "
-                              f"{staging.root}: run again with --resume to continue") from None
-    except BaseException:
-        staging.release()
-        log.warning("%s: build stopped; the finished part is kept in %s: run again with --resume", out,
-                    staging.root)
-        raise
-    finally:
-        if own_client:
-            client.close()
     return open_cache(out, storage_options)
-
-
-@dataclass
-class _SegmentsView:
-    layout: Layout
-    names: list[str]
-
-    @property
-    def segments(self) -> np.ndarray:
-        return self.layout.segments
-
-    @property
-    def segment_split(self) -> np.ndarray:
-        return self.layout.segment_split
-
-    def split_id(self, split: str | None) -> int | None:
-        return None if split is None else self.names.index(split)
 
 
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
@@ -546,19 +508,28 @@ def _frozen(stats_from: str | os.PathLike[str] | Cache, storage_options: dict | 
     return cache
 
 
-def client_for(scheduler: Any) -> tuple[Any, bool]:
-    """A dask.distributed client for ``scheduler`` (an address or a Client), and whether we own it."""
+@contextlib.contextmanager
+def connect(scheduler: Any, staging: str, urls: Sequence[str]) -> Iterator[Any]:
+    """The dask.distributed client for ``scheduler`` (an address or a Client; else
+    ``DASK_SCHEDULER_ADDRESS``), checked to reach ``urls`` and the staging folder; None for
+    the local scheduler. A client made here is closed on the way out."""
     if hasattr(scheduler, "submit"):
-        return scheduler, False
+        check_cluster(scheduler, staging, urls)
+        yield scheduler
+        return
     address = scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS")
     if not address:
-        return None, False
+        yield None
+        return
     from distributed import Client
 
     try:
-        return Client(address, timeout="10s"), True
+        client = Client(address, timeout="10s")
     except OSError as exc:
         raise ShardcacheError(f"--scheduler {address}: cannot connect ({exc})") from None
+    with client:
+        check_cluster(client, staging, urls)
+        yield client
 
 
 def _version() -> str:

@@ -93,15 +93,16 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
-_BUILD_DEFAULTS = {"features": None, "normalize": "zscore", "split": "none", "max_gap": "auto", "bar": None,
-                   "ts_column": None, "symbol_column": None, "columns": None, "shard_rows": None, "chunk_rows": None,
-                   "codec": "blosc-lz4", "seq_len": 60, "horizon": 1, "overwrite": False, "stats_from": None}
+_BUILD_ONLY = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
+               "shard_rows", "chunk_rows", "codec", "seq_len", "horizon", "overwrite", "stats_from")
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
     from .append import append_cache
 
-    given = [k for k, v in _BUILD_DEFAULTS.items() if getattr(args, k) != v]
+    parser = argparse.ArgumentParser()
+    _add_build_args(parser)  # the defaults, from the one place that declares them
+    given = [k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")

@@ -18,14 +18,17 @@ on their own.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Ranges", "EpochPlan", "PoolLayout", "Run", "valid_ranges", "make_plan", "pool_layout", "reader_runs"]
+from .store import spanned_shards
+
+__all__ = ["EpochPlan", "PoolLayout", "Ranges", "Run", "SegmentTable", "make_plan", "pool_layout", "reader_runs",
+           "valid_ranges"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,18 @@ class Ranges:
         return np.concatenate(
             [s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)]
         )
+
+
+@dataclass(frozen=True)
+class SegmentTable:
+    """A segment table that is not in a cache yet (a build's or an append's), as ``valid_ranges`` reads it."""
+
+    segments: np.ndarray
+    segment_split: np.ndarray
+    split_names: list[str]
+
+    def split_id(self, split: str | None) -> int | None:
+        return None if split is None else self.split_names.index(split)
 
 
 def valid_ranges(
@@ -249,11 +264,7 @@ def make_plan(
 
 def _start_shards(ranges: Ranges, shard_rows: int) -> np.ndarray:
     """Shards spanned by the runs of valid starts, ascending (a few may hold none when stride > shard)."""
-    if len(ranges.start) == 0:
-        return np.zeros(0, dtype=np.int64)
-    first = ranges.start // shard_rows
-    n = (ranges.start + ranges.stride * (ranges.count - 1)) // shard_rows - first + 1
-    return np.unique(np.repeat(first, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+    return spanned_shards(ranges.start, ranges.start + ranges.stride * (ranges.count - 1), shard_rows)
 
 
 @dataclass(frozen=True)

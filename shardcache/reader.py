@@ -20,6 +20,7 @@ caller's threads keep theirs, and the default for threads started later is put b
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import queue
 import sys
@@ -150,7 +151,9 @@ class Reader:
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
         self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
         self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
-        self.schedule = self._schedule()
+        # one walk of the runs, read twice: by the gather loop and, ahead of it, by the block schedule
+        self.runs, ahead = itertools.tee(reader_runs(plan, batches, self.run_windows))
+        self.schedule = self._schedule(ahead)
         self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
         dev = stream.device
         self.cuda = dev.type == "cuda"
@@ -168,7 +171,7 @@ class Reader:
         try:
             if not self.cuda:
                 _one_torch_thread()
-            for run in reader_runs(self.plan, self.batches, self.run_windows):
+            for run in self.runs:
                 for g in run.pools:
                     self._wait_decoded(g)
                 ready = self._gather(run)
@@ -191,10 +194,11 @@ class Reader:
                 return self.queue.put(item, timeout=_POLL)
         raise _Stopped
 
-    def _schedule(self) -> Iterator[tuple[_Pool, int]]:
-        """Every block in the order of first use: ``(pool, k)``; a pool's arena is made when reached."""
+    def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
+        """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
+        is made when reached."""
         s, newest = self.stream, -1
-        for run in reader_runs(self.plan, self.batches, self.run_windows):
+        for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue

@@ -29,6 +29,7 @@ deletes the old cache first).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -41,7 +42,7 @@ import pickle
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,6 +146,7 @@ class Staging:
         self.local = is_local(out)
         self.cache_path = os.path.join(root, "cache.zarr") if self.local else out
         self.resumed = False
+        self.written = False  # the cache's shards are all written: a failure after keeps the folder
 
     @property
     def replace(self) -> bool:
@@ -213,6 +215,29 @@ class Staging:
         _unlink(os.path.join(self.root, STATE))
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Run a build or append (``what``) on this folder. An expected error (``ShardcacheError``)
+        removes the folder unless it holds progress worth resuming; a disk error becomes one line
+        and any other failure (a kill, a bug) keeps the folder for ``--resume``."""
+        try:
+            yield
+        except ShardcacheError:
+            if self.written or self.resumed:
+                self.release()
+            else:
+                self.remove()
+            raise
+        except OSError as exc:
+            self.release()
+            raise ShardcacheError(f"{exc.filename or self.out}: {exc.strerror or exc}; the finished part is kept "
+                                  f"in {self.root}: run again with --resume to continue") from None
+        except BaseException:
+            self.release()
+            log.warning("%s: %s stopped; the finished part is kept in %s: run again with --resume", self.out,
+                        what, self.root)
+            raise
 
     def release(self) -> None:
         """Let another build of this output start."""

@@ -61,6 +61,7 @@ __all__ = [
     "open_cache",
     "dense_shards",
     "occupied_shards",
+    "spanned_shards",
     "open_group",
     "shard_digest",
 ]
@@ -120,6 +121,13 @@ def shard_digest(block: np.ndarray) -> str:
     return hashlib.blake2b(np.ascontiguousarray(block).tobytes(), digest_size=16).hexdigest()
 
 
+def spanned_shards(first: np.ndarray, last: np.ndarray, shard_rows: int) -> np.ndarray:
+    """The shards holding any row of the row intervals ``[first[i], last[i]]`` (inclusive), ascending."""
+    a = np.asarray(first, dtype=np.int64) // shard_rows
+    n = np.asarray(last, dtype=np.int64) // shard_rows - a + 1
+    return np.unique(np.repeat(a, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+
+
 def occupied_shards(segments: np.ndarray, shard_rows: int) -> np.ndarray:
     """The shards holding rows of ``segments``, as ``(shard, start, stop)`` int64 rows in row order.
 
@@ -131,9 +139,7 @@ def occupied_shards(segments: np.ndarray, shard_rows: int) -> np.ndarray:
     seg = seg[seg[:, 2] > seg[:, 1]]
     if not len(seg):
         return np.zeros((0, 3), dtype=np.int64)
-    first, last = seg[:, 1] // shard_rows, (seg[:, 2] - 1) // shard_rows
-    n = last - first + 1
-    ids = np.unique(np.repeat(first, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+    ids = spanned_shards(seg[:, 1], seg[:, 2] - 1, shard_rows)
     lo, hi = ids * shard_rows, (ids + 1) * shard_rows
     a = np.maximum(lo, seg[np.searchsorted(seg[:, 2], lo, side="right"), 1])
     b = np.minimum(hi, seg[np.searchsorted(seg[:, 1], hi, side="left") - 1, 2])
@@ -303,7 +309,7 @@ class Cache:
     @property
     def shard_table(self) -> np.ndarray:
         """``(shard, start, stop)`` of every shard that holds rows, in row order (see ``occupied_shards``)."""
-        if getattr(self, "_shard_table", None) is None:
+        if self._shard_table is None:
             self._shard_table = (dense_shards(self.n_bars, self.shard_rows) if self.region_rows is None
                                  else occupied_shards(self.segments, self.shard_rows))
         return self._shard_table
