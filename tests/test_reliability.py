@@ -225,9 +225,10 @@ def test_incomplete_cache_is_refused_everywhere(files, tmp_path, capsys):
 
 # -- readers during builds ----------------------------------------------------------------
 def _poll(out: Path, stop: Path, log: Path) -> None:
-    """Open and fully verify ``out`` until ``stop`` exists; record what each attempt saw."""
-    seen = []
-    while not stop.exists():
+    """Open and fully verify ``out`` until an attempt that began after ``stop`` appeared; record each."""
+    seen, last = [], False
+    while not last:
+        last = stop.exists()  # the final attempt starts after the writer finished, so it sees the end state
         try:
             cache = open_cache(out)
             report = verify_cache(cache)
