@@ -16,7 +16,10 @@ renamed, and a task's marker is written after its outputs (a merge deletes its i
 only after its marker), so a build killed at any moment (SIGKILL included) leaves only
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
-the same, array for array, as an uninterrupted build.
+the same, array for array, as an uninterrupted build. Markers are data, never code
+(``shardcache.markers``); a resume that finds a damaged one starts the build again, since a
+merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
+at the disk to its end, so a second build of the same output is refused while one runs.
 
 Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
 an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``

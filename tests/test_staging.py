@@ -21,13 +21,14 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import shardcache.builder as builder
 import shardcache.staging as staging
 from shardcache.builder import Merged, build_cache
 from shardcache.cli import build_cache_main
-from shardcache.compute import shard_stats, write_shard
+from shardcache.compute import read_arrow, shard_stats, write_arrow, write_shard
 from shardcache.markers import Unreadable, decode, encode
 from shardcache.sample import make_sample
 from shardcache.store import FORMAT_VERSION, open_cache
@@ -312,12 +313,12 @@ def test_refusals_name_their_flag(files, tmp_path):
 
 
 # -- a second build while the first runs -------------------------------------------------------
-def _first_build(files: list[Path], out: str, tmp_path: Path) -> subprocess.Popen:
+def _first_build(files: list[Path], out: str, tmp_path: Path, extra: list[str]) -> subprocess.Popen:
     """A real ``build-cache`` process, stopped (SIGSTOP) once it holds its staging folder."""
     state = Path(staging._root(out)) / staging.STATE
     log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "shardcache.cli", "build", *map(str, files), "--out", out,
-                             "--shard-rows", "1024", "--chunk-rows", "128", "-q"], stdout=log, stderr=log)
+    proc = subprocess.Popen([sys.executable, "-m", "shardcache.cli", "build", *_argv(files, out), *extra],
+                            stdout=log, stderr=log)
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -326,14 +327,15 @@ def _first_build(files: list[Path], out: str, tmp_path: Path) -> subprocess.Pope
     return proc
 
 
-@pytest.mark.parametrize("where", ["local", "object store"])
-def test_a_second_build_is_refused_while_the_first_runs(where, files, tmp_path, capsys):
-    out = str(tmp_path / "c.zarr") if where == "local" else f"memory://{tmp_path.name}/c.zarr"
-    proc = _first_build(files, out, tmp_path)
+def _argv(files: list[Path], out: str) -> list[str]:
+    return [*map(str, files), "--out", out, "--shard-rows", "1024", "--chunk-rows", "128", "-q"]
+
+
+def _refused_while_running(files: list[Path], out: str, tmp_path: Path, capsys, extra: list[str]) -> None:
+    proc = _first_build(files, out, tmp_path, extra)
     try:
         for flags in ([], ["--resume"], ["--overwrite"], ["--resume", "--overwrite"]):
-            code = build_cache_main([*map(str, files), "--out", out, "--shard-rows", "1024", "--chunk-rows", "128",
-                                     "-q", *flags])
+            code = build_cache_main([*_argv(files, out), *extra, *flags])
             err = capsys.readouterr().err.strip().splitlines()
             assert code == 2 and len(err) == 1, (flags, err)
             assert err[0] == (f"build-cache: error: {out}: another build of this cache is running "
@@ -342,18 +344,48 @@ def test_a_second_build_is_refused_while_the_first_runs(where, files, tmp_path, 
         proc.send_signal(signal.SIGCONT)
     assert proc.wait(120) == 0, (tmp_path / "first.log").read_text()
     assert not os.path.exists(staging._root(out))
-    if where == "local":
-        assert verify_cache(out).ok
+
+
+def test_a_second_build_is_refused_while_the_first_runs(files, tmp_path, capsys):
+    out = str(tmp_path / "c.zarr")
+    _refused_while_running(files, out, tmp_path, capsys, [])
+    assert verify_cache(out).ok
+
+
+def test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs(files, tmp_path, capsys):
+    """``memory://`` stands in for an object store: its staging folder is local, under the temp directory."""
+    _refused_while_running(files, f"memory://{tmp_path.name}/c.zarr", tmp_path, capsys, [])
+
+
+@pytest.mark.slow
+def test_a_second_build_to_s3_is_refused_while_the_first_runs(files, tmp_path, capsys, s3_bucket):
+    bucket, options = s3_bucket
+    out = f"{bucket}/c.zarr"
+    _refused_while_running(files, out, tmp_path, capsys, [f"--storage-option={k}={v}" for k, v in options.items()])
+    assert verify_cache(out, storage_options=options).ok
 
 
 def test_a_killed_build_leaves_no_lock(files, tmp_path, capsys):
     """The lock dies with its process: after SIGKILL the kept state is resumable at once."""
     out = str(tmp_path / "c.zarr")
-    proc = _first_build(files, out, tmp_path)
+    proc = _first_build(files, out, tmp_path, [])
     proc.kill()
     proc.wait()
-    argv = [*map(str, files), "--out", out, "--shard-rows", "1024", "--chunk-rows", "128", "-q"]
+    argv = _argv(files, out)
     assert build_cache_main(argv) == 2
     assert "an interrupted build is kept" in capsys.readouterr().err
     assert build_cache_main([*argv, "--resume"]) == 0
     assert open_cache(out).manifest["format_version"] == FORMAT_VERSION and verify_cache(out).ok
+
+
+def test_spill_files_with_a_pickled_arrow_extension_type_run_no_code(tmp_path):
+    """The staging folder's Arrow runs and clusters are untrusted too: pyarrow's old pickled
+    extension type (``arrow.py_extension_type``, CVE-2023-47248) is read as plain storage."""
+    sentinel = tmp_path / "pwned"
+    field = pa.field("close", pa.float64(), metadata={b"ARROW:extension:name": b"arrow.py_extension_type",
+                                                      b"ARROW:extension:metadata": _payload(sentinel)})
+    path = tmp_path / "000000-000000.arrow"
+    write_arrow(str(path), pa.table({"ts": pa.array([1, 2]), "close": pa.array([1.5, 2.5])},
+                                    schema=pa.schema([pa.field("ts", pa.int64()), field])))
+    table = read_arrow(str(path))
+    assert table["close"].to_pylist() == [1.5, 2.5] and not sentinel.exists()
