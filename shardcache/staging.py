@@ -7,7 +7,8 @@ outputs)::
     OUT.staging/
       state.json     what the build is: inputs (path, size, mtime), options, format version
       runs/          stage 1 spills, clusters/  stage 2 spills
-      done/          one pickle per finished task (scan-000003.pkl, merge-..., stats-..., write-...)
+      done/          one marker per finished task: its result as data, never code
+                     (scan-000003.npz, merge-....npz, stats-....npz, write-....json, created.json)
       cache.zarr/    the cache being written (local outputs only)
 
 ``state.json``, the markers and every zarr object are written to a temporary name and
@@ -15,7 +16,10 @@ renamed, and a task's marker is written after its outputs (a merge deletes its i
 only after its marker), so a build killed at any moment (SIGKILL included) leaves only
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
-the same, array for array, as an uninterrupted build.
+the same, array for array, as an uninterrupted build. Markers are data, never code
+(``shardcache.markers``); a resume that finds a damaged one starts the build again, since a
+merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
+at the disk to its end, so a second build of the same output is refused while one runs.
 
 Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
 an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``
@@ -38,10 +42,10 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import threading
+import typing
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +53,11 @@ from typing import Any
 import fsspec
 
 from .errors import CacheError, ShardcacheError
+from .markers import SUFFIXES, Unreadable, decode, encode
 from .store import ATTR, FORMAT_VERSION, Cache, open_group
 from .tasks import release_memory, run_tasks
 
-__all__ = ["Marked", "Staging", "digest", "fingerprint", "is_local", "local_path", "prepare"]
+__all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "is_local", "local_path", "prepare"]
 
 log = logging.getLogger("shardcache")
 STATE = "state.json"
@@ -127,7 +132,7 @@ class Marked:
     def __call__(self, item: tuple[int, Any]) -> Any:
         i, job = item
         result = self.fn(job)
-        _write_atomic(_marker(self.root, self.prefix, i), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        _write_marker(_marker(self.root, self.prefix, i), result)
         if self.then is not None:
             self.then(job)
         release_memory()
@@ -135,7 +140,36 @@ class Marked:
 
 
 def _marker(root: str, prefix: str, i: int | None) -> str:
-    return os.path.join(root, "done", f"{prefix}.pkl" if i is None else f"{prefix}-{i:06d}.pkl")
+    """A marker's path less its suffix (``.json`` or ``.npz``: ``markers.encode`` picks it)."""
+    return os.path.join(root, "done", prefix if i is None else f"{prefix}-{i:06d}")
+
+
+def _write_marker(base: str, value: Any) -> None:
+    suffix, data = encode(value)
+    _write_atomic(base + suffix, data)
+    for other in SUFFIXES:
+        if other != suffix:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(base + other)
+
+
+def _read_marker(base: str, kind: Any) -> Any:
+    """The value recorded at ``base``, or None: absent, damaged or not a ``kind`` all mean unfinished."""
+    for suffix in SUFFIXES:
+        try:
+            with open(base + suffix, "rb") as fh:
+                return decode(fh.read(), kind)
+        except (OSError, Unreadable):
+            continue
+    return None
+
+
+def _returns(fn: Callable[..., Any]) -> Any:
+    """``fn``'s annotated return type: what its markers are read back as (Any if unannotated)."""
+    try:
+        return typing.get_type_hints(fn).get("return", Any)
+    except (TypeError, NameError):
+        return Any
 
 
 class Staging:
@@ -154,29 +188,25 @@ class Staging:
         return bool(self.state.get("overwrite"))
 
     # -- markers -------------------------------------------------------------------------
-    def load(self, prefix: str, i: int | None = None) -> Any:
-        """The saved result of task ``prefix``-``i`` (or of step ``prefix``), or None if unfinished."""
-        try:
-            with open(_marker(self.root, prefix, i), "rb") as fh:
-                return pickle.load(fh)
-        except FileNotFoundError:
-            return None
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-            return None  # unreadable: the task runs again
+    def load(self, prefix: str, i: int | None = None, kind: Any = Any) -> Any:
+        """The saved result of task ``prefix``-``i`` (or of step ``prefix``) as a ``kind``, or None
+        if unfinished (a damaged or unknown marker counts as unfinished: the task runs again)."""
+        return _read_marker(_marker(self.root, prefix, i), kind)
 
     def save(self, prefix: str, value: Any) -> None:
-        """Record step ``prefix`` as finished with ``value``."""
-        _write_atomic(_marker(self.root, prefix, None), pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        """Record step ``prefix`` as finished with ``value`` (data: see ``shardcache.markers``)."""
+        _write_marker(_marker(self.root, prefix, None), value)
 
     def forget(self, prefix: str) -> None:
         """Drop the markers of every task ``prefix``-N, so they run again."""
-        for path in glob.glob(os.path.join(self.root, "done", f"{glob.escape(prefix)}-*.pkl")):
+        for path in glob.glob(os.path.join(self.root, "done", f"{glob.escape(prefix)}-*")):
             _unlink(path)
 
     def run(self, fn: Callable[[Any], Any], jobs: Sequence[Any], prefix: str, *,
             then: Callable[[Any], None] | None = None, **kwargs: Any) -> list[Any]:
         """``[fn(job) for job in jobs]`` as dask tasks, skipping tasks finished before a resume."""
-        results = [self.load(prefix, i) for i in range(len(jobs))]
+        kind = _returns(fn)
+        results = [self.load(prefix, i, kind) for i in range(len(jobs))]
         todo = [(i, job) for i, (job, r) in enumerate(zip(jobs, results)) if r is None]
         if len(todo) < len(jobs):
             log.info("%s: %d of %d already done", kwargs.get("desc", prefix), len(jobs) - len(todo), len(jobs))
@@ -290,83 +320,166 @@ def _out_state(out: str, storage_options: dict | None) -> tuple[str, dict[str, A
     return ("incomplete", attrs) if attrs and not attrs.get("complete") else ("other", {})
 
 
-def _lock(root: str, out: str) -> int:
-    fd = os.open(root, os.O_RDONLY)
+def _hold(root: str) -> tuple[int | None, bool]:
+    """The lock on the staging folder ``root`` (an open descriptor, None if there is no folder),
+    and whether another build holds it (a lock dies with its process: kills leave none)."""
+    while os.path.isdir(root):
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None, True
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(root).st_ino == os.fstat(fd).st_ino:
+                return fd, False
+        os.close(fd)  # the folder was removed (its build finished) before we held it: look again
+    return None, False
+
+
+def _fresh(root: str, out: str, state: dict[str, Any], fd: int | None) -> Staging:
+    """An empty staging folder holding only ``state.json``, locked by ``fd`` (taken here if None)."""
+    if fd is None:
+        os.makedirs(root, exist_ok=True)
+        fd, busy = _hold(root)
+        if busy or fd is None:  # another build created it first
+            raise ShardcacheError(_REFUSALS["running"].format(out=out, root=root, why=""))
+    stage = Staging(root, out, state, fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ShardcacheError(f"{out}: another build of this cache is running (it holds {root})") from None
-    return fd
-
-
-def _fresh(root: str, out: str, state: dict[str, Any]) -> Staging:
-    """An empty staging folder holding only ``state.json``."""
-    os.makedirs(root, exist_ok=True)
-    fd = _lock(root, out)
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-    for sub in ("runs", "clusters", "done"):
-        os.makedirs(os.path.join(root, sub))
-    _write_atomic(os.path.join(root, STATE), json.dumps(state, indent=1, default=str).encode())
-    return Staging(root, out, state, fd)
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        for sub in ("runs", "clusters", "done"):
+            os.makedirs(os.path.join(root, sub))
+        _write_atomic(os.path.join(root, STATE), json.dumps(state, indent=1, default=str).encode())
+    except BaseException:
+        stage.release()
+        raise
+    return stage
 
 
 def _read_state(root: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(root, STATE)) as fh:
-            return json.load(fh)
+            state = json.load(fh)
     except (FileNotFoundError, NotADirectoryError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
+
+
+# -- what a build does with what it finds ---------------------------------------------------------
+# Inputs: another build holds the staging folder; the build state kept there ("none", "same" or
+# "other" inputs and options than this build's, "same+replace": the same, started with
+# --overwrite); what is at OUT ("missing", "built": complete from these inputs and options,
+# "complete": from others, "incomplete": a cache whose build did not finish, "other");
+# --resume; --overwrite. The first row that matches decides; None matches anything.
+_KEPT = frozenset({"same", "same+replace", "other"})
+_SAME = frozenset({"same", "same+replace"})
+_THERE = frozenset({"built", "complete", "other"})
+RULES: tuple[tuple[Any, ...], ...] = (
+    # running staged                  out                                resume overwrite  outcome
+    (True,    None,                   None,                              None,  None,      "refuse:running"),
+    (False,   None,                   {"built"},                         True,  None,      "done"),
+    (False,   _KEPT,                  None,                              False, False,     "refuse:kept"),
+    (False,   {"other"},              None,                              True,  False,     "refuse:other"),
+    (False,   _SAME,                  {"missing", "incomplete"},         True,  None,      "resume"),
+    (False,   {"same+replace"},       None,                              True,  None,      "resume"),
+    (False,   {"same"},               None,                              True,  True,      "resume"),
+    (False,   {"same"},               None,                              True,  False,     "refuse:exists"),
+    (False,   None,                   {"incomplete"},                    None,  False,     "refuse:incomplete"),
+    (False,   None,                   _THERE,                            None,  False,     "refuse:exists"),
+    (False,   None,                   None,                              None,  None,      "fresh"),
+)
+_REFUSALS = {
+    "running": "{out}: another build of this cache is running (it holds {root})",
+    "kept": "{out}: an interrupted build is kept in {root}; pass --resume to continue it or --overwrite to "
+            "start again",
+    "other": "{out}: the interrupted build in {root} used other inputs or options ({why}); rerun with the same "
+             "ones, or pass --overwrite to start again",
+    "exists": "{out}: already exists; pass --overwrite to replace it",
+    "incomplete": "{out}: an incomplete cache (its build did not finish) and no build state to resume in "
+                  "{root}; pass --overwrite to build it again",
+}
+
+
+def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) -> str:
+    """What a build does (``done``, ``resume``, ``fresh`` or ``refuse:<why>``): the first row of
+    ``RULES`` that matches."""
+    for *pattern, outcome in RULES:
+        if all(p is None or (v in p if isinstance(p, (set, frozenset)) else v == p)
+               for p, v in zip(pattern, (running, staged, out, resume, overwrite))):
+            return outcome
+    raise AssertionError("RULES ends with a row that matches everything")
 
 
 def prepare(out: str, storage_options: dict | None, wanted: dict[str, Any], *,
             resume: bool, overwrite: bool) -> Staging | Cache:
     """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache.
 
-    Decides from what is on disk: continue an interrupted build (``resume``), start again
-    (``overwrite``), or refuse with a message that says which flag is needed. A ``resume``
-    of a build that already finished returns its cache.
+    Looks at the disk, then does what ``RULES`` says: continue an interrupted build
+    (``resume``), start again (``overwrite``), return the cache a ``resume`` finds already
+    built, or refuse with a message that says which flag is needed.
     """
     root = _root(out)
     try:
-        staged = _read_state(root)
-        status, manifest = _out_state(out, storage_options)
-        mine = manifest.get("build", {}).get("fingerprint") == digest(wanted)
-        if resume and status == "complete" and mine:
-            if os.path.isdir(root):  # killed while cleaning up after publishing
-                Staging(root, out, staged or {}, _lock(root, out)).remove()
-            log.info("%s: already built from these inputs and options; nothing to resume", out)
-            return Cache(out, storage_options)
-        if staged is not None and not overwrite:
-            if not resume:
-                raise ShardcacheError(
-                    f"{out}: an interrupted build is kept in {root}; pass --resume to continue it "
-                    "or --overwrite to start again")
-            if staged.get("fingerprint") != wanted:
-                raise ShardcacheError(
-                    f"{out}: the interrupted build in {root} used other inputs or options "
-                    f"({_differences(staged.get('fingerprint', {}), wanted)}); rerun with the same "
-                    "ones, or pass --overwrite to start again")
-        if staged is not None and staged.get("fingerprint") == wanted and resume:
-            replace = bool(staged.get("overwrite") or overwrite or status == "incomplete")
-            stage = Staging(root, out, {**staged, "overwrite": replace}, _lock(root, out))
-            stage.resumed = True
-            if status != "missing" and not stage.replace:
-                stage.release()
-                raise ShardcacheError(f"{out}: already exists; pass --overwrite to replace it")
-            log.info("%s: resuming the interrupted build in %s", out, root)
-            return stage
-        if status == "incomplete" and not overwrite:
-            raise ShardcacheError(
-                f"{out}: an incomplete cache (its build did not finish) and no build state to resume "
-                f"in {root}; pass --overwrite to build it again")
-        if status != "missing" and not overwrite:
-            raise ShardcacheError(f"{out}: already exists; pass --overwrite to replace it")
-        return _fresh(root, out, {"fingerprint": wanted, "overwrite": overwrite})
+        fd, running = _hold(root)
+        stage = Staging(root, out, {}, -1 if fd is None else fd)  # holds the lock until handed on
+        try:
+            return _act(stage, fd is not None, running, storage_options, wanted, resume, overwrite)
+        except BaseException:
+            stage.release()
+            raise
     except OSError as exc:
         raise ShardcacheError(f"{out}: cannot write here ({exc.strerror or exc})") from None
+
+
+def _act(held: Staging, locked: bool, running: bool, storage_options: dict | None, wanted: dict[str, Any],
+         resume: bool, overwrite: bool) -> Staging | Cache:
+    """``prepare``'s outcome, with the staging folder's lock in ``held`` (when ``locked``)."""
+    root, out = held.root, held.out
+    state = _read_state(root) if locked else None
+    status, manifest = _out_state(out, storage_options)
+    if status == "complete" and manifest.get("build", {}).get("fingerprint") == digest(wanted):
+        status = "built"
+    staged = ("none" if state is None else "other" if state.get("fingerprint") != wanted
+              else "same+replace" if state.get("overwrite") else "same")
+    outcome = decide(running, staged, status, resume, overwrite)
+    if outcome.startswith("refuse:"):
+        why = _differences(state.get("fingerprint", {}), wanted) if state else ""
+        raise ShardcacheError(_REFUSALS[outcome[len("refuse:"):]].format(out=out, root=root, why=why))
+    if outcome == "done":
+        if locked:  # killed while cleaning up after publishing
+            held.remove()
+        log.info("%s: already built from these inputs and options; nothing to resume", out)
+        return Cache(out, storage_options)
+    fd, held._lock_fd = held._lock_fd, -1  # handed on to the folder returned
+    if outcome == "fresh":
+        return _fresh(root, out, {"fingerprint": wanted, "overwrite": overwrite}, None if fd < 0 else fd)
+    replace = staged == "same+replace" or overwrite or status == "incomplete"
+    damaged = _damaged(root)
+    if damaged:  # a task that consumed its inputs (a merge) cannot run again alone: start again
+        log.warning("%s: %d damaged marker(s) in %s (first %s); starting the build again", out, len(damaged),
+                    root, damaged[0])
+        return _fresh(root, out, {"fingerprint": wanted, "overwrite": replace}, fd)
+    stage = Staging(root, out, {**state, "overwrite": replace}, fd)
+    stage.resumed = True
+    log.info("%s: resuming the interrupted build in %s", out, root)
+    return stage
+
+
+def _damaged(root: str) -> list[str]:
+    """The markers in ``root/done`` that do not read back as data with a matching digest."""
+    done = os.path.join(root, "done")
+    bad = []
+    for name in sorted(os.listdir(done)) if os.path.isdir(done) else []:
+        if not name.endswith(SUFFIXES):
+            continue  # not a marker name (an old build's .pkl, say): never read
+        try:
+            with open(os.path.join(done, name), "rb") as fh:
+                decode(fh.read())
+        except (OSError, Unreadable):
+            bad.append(name)
+    return bad

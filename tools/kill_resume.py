@@ -77,7 +77,7 @@ def timed_build(cmd: list[str]) -> tuple[float, float, dict[str, float]]:
 
 def finished(staging: Path, out: Path) -> str:
     """What the staging folder records as done when the build was killed."""
-    done = Counter(p.name.split("-")[0].removesuffix(".pkl") for p in (staging / "done").glob("*.pkl"))
+    done = Counter(p.name.split("-")[0] for p in (staging / "done").glob("*-*") if p.suffix in (".json", ".npz"))
     parts = [f"{k} {done[k]}" for k in ("scan", "merge", "stats", "write") if done[k]]
     if not staging.exists():
         parts.append("staging gone")
