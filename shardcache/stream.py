@@ -266,6 +266,7 @@ class WindowStream(IterableDataset):
         )
         self._state = torch.zeros(_WORKERS + _MAX_WORKERS, dtype=torch.int64).share_memory_()
         self._state[_SEED], self._state[_CUR] = int(seed), -1
+        self._owner = os.getpid()  # the process whose passes this state counts (and its DataLoader workers)
         self._pass_start: torch.Tensor | None = None  # in a loader()'s worker: that loader's pass
         self._dist_hint: tuple[int, int] | None = None  # in a spawned worker: the main process's rank
         self._pass_history: tuple[tuple[int, int], ...] = ()  # the current main pass's resume history
@@ -296,6 +297,7 @@ class WindowStream(IterableDataset):
     @property
     def epoch(self) -> int:
         """The epoch of the next pass."""
+        self._claim()
         return self._pass(int(self._state[_MAIN]))[0]
 
     @property
@@ -303,6 +305,12 @@ class WindowStream(IterableDataset):
         return int(self._state[_SEED])
 
     # -- plan and state ------------------------------------------------------------------
+    def _claim(self) -> None:
+        """In a process that is not the stream's owner nor its DataLoader worker (a stream pickled to
+        ``mp.spawn`` ranks), take a private copy of the state: ranks must not count each other's passes."""
+        if self._owner != os.getpid():
+            self._state, self._owner = self._state.clone().share_memory_(), os.getpid()
+
     def _history(self) -> tuple[tuple[int, int], ...]:
         n = int(self._state[_HLEN])
         h = self._state[_HIST : _HIST + 2 * n].tolist()
@@ -336,6 +344,7 @@ class WindowStream(IterableDataset):
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's plan for ``epoch`` from its start, or of the next pass by default."""
+        self._claim()
         rank, world = _rank_world(self._dist_hint)
         if epoch is None:
             return self._plan(*self._pass(int(self._state[_MAIN])), rank, world)
@@ -352,6 +361,7 @@ class WindowStream(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (from its first batch); the passes after it follow on.
         Kept as it is when it names the epoch a loaded ``state_dict`` is about to resume."""
+        self._claim()
         fresh = int(self._state[_MAIN]) == 0 and not int(self._state[_WORKERS:].sum())
         if not (fresh and int(epoch) == int(self._state[_ANCHOR])):
             self._anchor(int(epoch), ())
@@ -359,6 +369,7 @@ class WindowStream(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: its number and, per checkpoint, ``[world, batches delivered per
         rank]``, plus the settings a resume must match. The same on every rank."""
+        self._claim()
         st = self._state
         if int(st[_MAIN]) == 0:
             epoch, history = int(st[_ANCHOR]), [list(h) for h in self._history()]
@@ -381,6 +392,7 @@ class WindowStream(IterableDataset):
         if bad:
             detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in bad.items())
             raise ValueError(f"state_dict is from a different stream ({detail})")
+        self._claim()
         history = [(int(w), int(c)) for w, c in state["history"]]
         if any(w < 1 or c < 0 for w, c in history):
             raise ValueError(f"state_dict history {state['history']!r} is not [[world, batches], ...]")
@@ -397,6 +409,7 @@ class WindowStream(IterableDataset):
 
     def _begin_pass(self) -> tuple[int, tuple, int, int]:
         """Start a pass in the main process: its epoch, resume history, rank and world."""
+        self._claim()
         k = int(self._state[_MAIN])
         epoch, history = self._pass(k)
         rank, world = _rank_world(self._dist_hint)
