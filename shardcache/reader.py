@@ -19,8 +19,12 @@ the stream.
 Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
 On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
 another thread was busy (a decoder, the training loop), and limiting it would mean
-``torch.set_num_threads``, a process-wide setting the caller owns. ``numpy.take`` (one
-thread, ``mode="clip"`` so the output is not buffered) copies each input row once, straight
+``torch.set_num_threads``, a process-wide setting the caller owns. Instead each copy is cut
+so that it runs on the calling thread: narrow windows (at least ``_MIN_CHUNK`` of them in
+``_GRAIN`` elements) go through ``index_select`` in pieces of at most ``_GRAIN`` elements,
+which ATen's ``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide
+ones through ``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not
+buffered), one ``memcpy`` of ``F`` floats per bar. Each window is still copied once, straight
 into the batch, and torch's settings stay exactly as the caller left them.
 """
 
@@ -46,6 +50,8 @@ from .index import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 __all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
+_MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
 _QUEUE_RUNS = 2
 _POLL = 0.1
 
@@ -100,8 +106,8 @@ class _Pool:
         self.layout, (self.x, self.y) = layout, arena
         f = self.x.shape[1]
         self.cuda = self.x.device.type == "cuda"
+        self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
         if self.cuda:
-            self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
             self.rows = torch.from_numpy(layout.rows).to(self.x.device)
         else:  # the numpy views the gather copies from
             self.xn, self.yn = self.x.numpy(), self.y.numpy()
@@ -206,6 +212,8 @@ class Reader:
             [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
+        chunk = _GRAIN // (spec.seq_len * spec.nx)
+        self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
         self.y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
 
     # -- gather thread -------------------------------------------------------------------
@@ -351,7 +359,13 @@ class Reader:
                 if starts is not None:
                     starts[o : o + m] = pool.layout.starts[s0:s1]
                 if not self.cuda:
-                    np.take(pool.xn, rows[:, None] + self.x_steps, axis=0, out=xn[o : o + m], mode="clip")
+                    if self.chunk:
+                        trows = torch.from_numpy(rows)
+                        for i in range(0, m, self.chunk):
+                            j = min(i + self.chunk, m)
+                            torch.index_select(pool.windows, 0, trows[i:j], out=x[o + i : o + j])
+                    else:
+                        np.take(pool.xn, rows[:, None] + self.x_steps, axis=0, out=xn[o : o + m], mode="clip")
                     yrows = rows[:, None] + self.y_steps if s.multi else rows + self.y_steps[0]
                     np.take(pool.yn, yrows, axis=0, out=yn[o : o + m], mode="clip")
                     continue

@@ -230,3 +230,24 @@ def test_a_five_trial_sweep_in_one_process_leaves_nothing_behind(stream_cache):
             fds = proc.num_fds()
         elif fds is not None:
             assert proc.num_fds() <= fds
+
+
+@pytest.mark.parametrize("features", [None, ["f3", "f1"]])
+def test_both_cpu_copies_give_the_same_batches(monkeypatch, stream_bars, stream_cache, features):
+    """Narrow windows go through inline ``index_select`` pieces, wide ones through ``numpy.take``:
+    forced either way, the batches are the same, and right."""
+    import shardcache.reader as reader_mod
+
+    def run():
+        ds = WindowStream(stream_cache, 14, horizon=(1, 2), split="all", batch_size=64, features=features, meta=True)
+        batches = list(ds)
+        return (torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches]),
+                torch.cat(rows_of(ds.cache, batches)).numpy())
+
+    x, y, p = run()
+    monkeypatch.setattr(reader_mod, "_MIN_CHUNK", 10**9)
+    x2, y2, p2 = run()
+    assert torch.equal(x, x2) and torch.equal(y, y2) and np.array_equal(p, p2)
+    cols = [3, 1] if features else slice(None)
+    wins = np.moveaxis(sliding_window_view(stream_bars.features, 14, axis=0), -1, 1)[p]
+    assert np.array_equal(x.numpy(), wins[:, :, cols])
