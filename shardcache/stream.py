@@ -72,11 +72,10 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,14 +83,14 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .index import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
+from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, open_for_reading,
+                      parse_budget, rank_world, window_spec)
 from .reader import RUN_BYTES, Reader, ReadSpec
-from .store import Cache, open_cache
+from .store import Cache
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
 _LRU_BLOCKS = 4
-AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
-AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
 _MAX_HISTORY = 8  # checkpoints of one epoch a resume can chain
 _MAX_WORKERS = 256
 # the shared-memory state: anchor epoch, seed, passes since the anchor (main process), the
@@ -99,111 +98,6 @@ _MAX_WORKERS = 256
 # DataLoader worker's passes since the anchor
 _ANCHOR, _SEED, _MAIN, _CUR, _DONE, _HLEN, _HIST = 0, 1, 2, 3, 4, 5, 6
 _WORKERS = _HIST + 2 * _MAX_HISTORY
-
-
-class Batch(NamedTuple):
-    """A batch: ``x`` float32 ``[B, seq_len, F]``, ``y`` float32 ``[B, T]`` (``[B, len(horizon), T]``)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-
-
-class MetaBatch(NamedTuple):
-    """A batch with each window's place: ``index`` int64 ``[B, 2]`` (symbol, row of the window's first
-    bar in that symbol's arrays), ``symbol`` int64 ``[B]`` (into ``cache.symbols``), ``time`` int64
-    ``[B]`` (ns since the epoch of the window's last input bar)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    index: torch.Tensor
-    symbol: torch.Tensor
-    time: torch.Tensor
-
-
-def _rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
-    """Rank and world size: ``torch.distributed`` if initialized, else ``hint`` (the main process's,
-    in a spawned worker), else ``RANK``/``WORLD_SIZE``, else 0/1."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if hint is not None:
-        return hint
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_budget(value: int | str | None, device: torch.device) -> int | None:
-    """Bytes of a ``memory_budget``: an int, ``"512MiB"``/``"2GB"``, or ``"auto"`` (a fixed share of
-    available memory, or of the GPU's free memory with a CUDA device); None leaves it unset."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0] * AUTO_CUDA_FRACTION)
-        import psutil
-
-        return int(psutil.virtual_memory().available * AUTO_CPU_FRACTION)
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory_budget {value!r}: give bytes, a size such as '512MiB' or '2GB', or 'auto'")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"memory_budget {value!r} must be a positive number of bytes, a size string or 'auto'")
-    return int(value)
-
-
-def _columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:
-    """Column indices of ``names`` in the cache (None keeps every feature)."""
-    if names is None:
-        return None
-    have = {n: i for i, n in enumerate(cache.feature_names)}
-    missing = [n for n in names if n not in have]
-    if missing or not names:
-        problem = f"unknown feature(s) {', '.join(map(str, missing))}" if missing else "no feature named"
-        raise ValueError(f"{what}: {problem}; the cache has {', '.join(have)}")
-    return [have[n] for n in names]
-
-
-def _open(cache: Cache | str | os.PathLike[str], storage_options: dict | None) -> Cache:
-    if isinstance(cache, Cache) and storage_options is not None:
-        raise ValueError("storage_options apply to a path or URL; this cache is already open")
-    return open_cache(cache, storage_options)
-
-
-def _check_split(cache: Cache, split: str | None) -> str | None:
-    """A cache with several splits must be told which one: leaking val/test into training is silent."""
-    names = cache.split_names
-    if split is None and len(names) > 1:
-        raise ValueError(
-            f"{cache.url} has splits {', '.join(names)}: pass split={names[0]!r} (or another), "
-            "or split='all' for every split"
-        )
-    if split not in (None, "all"):
-        cache.split_id(split)  # an unknown split fails here, naming the cache's
-    return split
-
-
-def _spec(seq_len: int | WindowSpec, horizon: Any, stride: int, features: Any, target: Any) -> WindowSpec:
-    if isinstance(seq_len, WindowSpec):
-        if (horizon, stride, features, target) != (1, 1, None, None):
-            raise TypeError("pass horizon, stride, features and target inside the WindowSpec, not beside it")
-        return seq_len
-    return WindowSpec(seq_len, horizon if isinstance(horizon, (int, np.integer)) else tuple(horizon), stride,
-                      features, target)
-
-
-def _device(device: str | torch.device | None) -> torch.device:
-    dev = torch.device(device if device is not None else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(dev)!r}, but torch sees no CUDA device (torch {torch.__version__})")
-    return dev
-
-
-_CUDA_WORKERS = ("device='cuda' needs num_workers=0: the stream's own threads decode and copy to the GPU "
-                 "(worker processes cannot share its CUDA tensors)")
 
 
 class WindowStream(IterableDataset):
@@ -247,15 +141,15 @@ class WindowStream(IterableDataset):
         decoders = min(4, os.cpu_count() or 1) if decoders is None else int(decoders)
         if batch_size < 1 or prefetch < 0 or mix < 1 or decoders < 0:
             raise ValueError("need batch_size >= 1, prefetch >= 0, decoders >= 0 and mix >= 1")
-        self.cache = _open(cache, storage_options)
-        self.spec = _spec(seq_len, horizon, stride, features, target)
-        self.split = _check_split(self.cache, split)
+        self.cache = open_for_reading(cache, storage_options)
+        self.spec = window_spec(seq_len, horizon, stride, features, target)
+        self.split = check_split(self.cache, split)
         self.batch_size, self.shuffle, self.mix = int(batch_size), bool(shuffle), int(mix)
         self.drop_last, self.prefetch, self.decoders = bool(drop_last), int(prefetch), decoders
-        self.device = _device(device)
+        self.device = check_device(device)
         self.memory_budget = parse_budget(memory_budget, self.device)
-        xcols = _columns(self.cache, self.spec.features, "features")
-        ycols = _columns(self.cache, self.spec.target, "target")
+        xcols = columns(self.cache, self.spec.features, "features")
+        ycols = columns(self.cache, self.spec.target, "target")
         ranges = valid_ranges(self.cache, self.spec, split=self.split)
         if not ranges.total():
             raise no_windows_error(self.cache, self.spec, self.split)
@@ -288,11 +182,11 @@ class WindowStream(IterableDataset):
     @property
     def rank(self) -> int:
         """This process's rank, as a plan made now would use it."""
-        return _rank_world(self._dist_hint)[0]
+        return rank_world(self._dist_hint)[0]
 
     @property
     def world(self) -> int:
-        return _rank_world(self._dist_hint)[1]
+        return rank_world(self._dist_hint)[1]
 
     @property
     def epoch(self) -> int:
@@ -345,7 +239,7 @@ class WindowStream(IterableDataset):
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's plan for ``epoch`` from its start, or of the next pass by default."""
         self._claim()
-        rank, world = _rank_world(self._dist_hint)
+        rank, world = rank_world(self._dist_hint)
         if epoch is None:
             return self._plan(*self._pass(int(self._state[_MAIN])), rank, world)
         return self._plan(int(epoch), (), rank, world)
@@ -412,7 +306,7 @@ class WindowStream(IterableDataset):
         self._claim()
         k = int(self._state[_MAIN])
         epoch, history = self._pass(k)
-        rank, world = _rank_world(self._dist_hint)
+        rank, world = rank_world(self._dist_hint)
         self._state[_MAIN], self._state[_CUR], self._state[_DONE] = k + 1, epoch, 0
         self._pass_history, self._pass_world = history, world
         self._token += 1
@@ -445,7 +339,7 @@ class WindowStream(IterableDataset):
             epoch, history, rank, world = self._begin_pass()
             return self._iterate(self._plan(epoch, history, rank, world), 0, 1, token=self._token)
         if self.device.type == "cuda":
-            raise RuntimeError(_CUDA_WORKERS)
+            raise RuntimeError(CUDA_WORKERS)
         if self._pass_start is not None:  # a loader()'s worker: the pass its main process began
             start = self._pass_start.tolist()
             epoch, rank, world, n = start[:4]
@@ -456,7 +350,7 @@ class WindowStream(IterableDataset):
             k = int(self._state[_WORKERS + info.id])
             self._state[_WORKERS + info.id] = k + 1
             epoch, history = self._pass(k)
-            rank, world = _rank_world(self._dist_hint)
+            rank, world = rank_world(self._dist_hint)
         plan = self._plan(epoch, history, rank, world)
         return self._iterate(plan, info.id, info.num_workers, token=None)
 
@@ -503,7 +397,7 @@ class WindowStream(IterableDataset):
         if dataloader_kwargs.get("in_order") is False:
             raise ValueError("loader() needs in_order=True: batch i comes from worker i % num_workers")
         if num_workers > 0 and self.device.type == "cuda":
-            raise ValueError(_CUDA_WORKERS)
+            raise ValueError(CUDA_WORKERS)
         self._capacity(self.plan(), max(1, num_workers))  # a budget too small for the workers fails here
         return _StreamLoader(self, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
 
@@ -535,7 +429,7 @@ class WindowStream(IterableDataset):
         self._readers, self._loader_iters = weakref.WeakSet(), weakref.WeakSet()
 
     def __repr__(self) -> str:
-        rank, world = _rank_world(self._dist_hint)
+        rank, world = rank_world(self._dist_hint)
         return (
             f"WindowStream({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
             f"stride={self.stride}, split={self.split!r}, batch_size={self.batch_size}, "
@@ -606,15 +500,15 @@ class WindowDataset(Dataset):
         split: str | None = None,
         storage_options: dict | None = None,
     ) -> None:
-        self.cache = _open(cache, storage_options)
-        self.spec = _spec(seq_len, horizon, stride, features, target)
-        self.split = _check_split(self.cache, split)
+        self.cache = open_for_reading(cache, storage_options)
+        self.spec = window_spec(seq_len, horizon, stride, features, target)
+        self.split = check_split(self.cache, split)
         self._ranges = valid_ranges(self.cache, self.spec, split=self.split)
         self._n = self._ranges.total()
         if not self._n:
             raise no_windows_error(self.cache, self.spec, self.split)
-        self._xcols = _columns(self.cache, self.spec.features, "features")
-        self._ycols = _columns(self.cache, self.spec.target, "target")
+        self._xcols = columns(self.cache, self.spec.features, "features")
+        self._ycols = columns(self.cache, self.spec.target, "target")
         self._ysteps = [self.spec.seq_len - 1 + h for h in self.spec.horizons]
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
