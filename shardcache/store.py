@@ -248,7 +248,7 @@ class Cache:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_handles"] = None
+        state["_handles"] = state["_times"] = None
         return state
 
     # -- manifest views ------------------------------------------------------------------
