@@ -19,20 +19,28 @@ the stream.
 Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
 On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
 another thread was busy (a decoder, the training loop), and limiting it would mean
-``torch.set_num_threads``, a process-wide setting the caller owns. Instead each copy is cut
-so that it runs on the calling thread: narrow windows (at least ``_MIN_CHUNK`` of them in
-``_GRAIN`` elements) go through ``index_select`` in pieces of at most ``_GRAIN`` elements,
-which ATen's ``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide
-ones through ``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not
-buffered), one ``memcpy`` of ``F`` floats per bar. Each window is still copied once, straight
-into the batch, and torch's settings stay exactly as the caller left them.
+``torch.set_num_threads``, which also sets the default of every thread started later: a
+process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
+the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per
+thread; torch's default for new threads and every other thread's count stay as they are), and
+copies a run with one ``index_select`` per pool. Elsewhere each copy is cut so that it runs on
+the calling thread anyway: narrow windows (at least ``_MIN_CHUNK`` of them in ``_GRAIN``
+elements) through ``index_select`` in pieces of at most ``_GRAIN`` elements, which ATen's
+``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide ones through
+``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not buffered). Each
+window is copied once, straight into the batch, and torch's settings stay exactly as the
+caller sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import glob
 import itertools
 import mmap
+import os
 import queue
 import sys
 import threading
@@ -47,7 +55,7 @@ import torch
 
 from .index import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 
-__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output"]
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -173,6 +181,29 @@ class _Outputs:
         return [torch.from_numpy(a[:n]) for a in slot]
 
 
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> Any:
+    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def one_thread_here() -> bool:
+    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
+    count and torch's default for new threads as they are; False where that is not possible."""
+    setter = _omp_set_num_threads()
+    if setter is None:
+        return False
+    torch.get_num_threads()  # torch's per-thread initialisation first: it would undo the setting below
+    setter(1)
+    return torch.get_num_threads() == 1
+
+
 class _Stopped(Exception):
     """Raised inside the reader's threads when its iterator was closed."""
 
@@ -220,6 +251,8 @@ class Reader:
     def _run(self) -> None:
         """Thread body: every run, then the end mark; an error goes to the consumer instead."""
         try:
+            if not self.cuda and one_thread_here():
+                self.chunk = self.run_windows  # one index_select per pool: it runs on this thread
             for run in self.runs:
                 for g in run.pools:
                     self._wait_decoded(g)

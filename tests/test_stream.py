@@ -106,8 +106,13 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
     def refuse(*args):
         raise AssertionError("the stream changed torch's thread settings")
 
+    import shardcache.reader as reader_mod
+
     for name in ("set_num_threads", "set_num_interop_threads"):
         monkeypatch.setattr(torch, name, refuse)
+    inside = []
+    real = reader_mod.Reader._gather
+    monkeypatch.setattr(reader_mod.Reader, "_gather", lambda self, run: inside.append(torch.get_num_threads()) or real(self, run))
     before, seen = torch.get_num_threads(), []
     ds = WindowStream(stream_cache, 10, split="all", batch_size=256, features=["f0", "f2"])  # subsets: two arenas
     for i, _ in enumerate(ds):
@@ -116,6 +121,8 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
             t.start()
             t.join()
     assert torch.get_num_threads() == before and seen == [before]
+    if reader_mod._omp_set_num_threads() is not None:  # libgomp: the gather thread alone runs on one thread
+        assert inside and set(inside) == {1}
 
 
 def test_drop_last_and_rank_shares_from_env(monkeypatch, stream_bars, stream_cache):

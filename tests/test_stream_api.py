@@ -233,9 +233,9 @@ def test_a_five_trial_sweep_in_one_process_leaves_nothing_behind(stream_cache):
 
 
 @pytest.mark.parametrize("features", [None, ["f3", "f1"]])
-def test_both_cpu_copies_give_the_same_batches(monkeypatch, stream_bars, stream_cache, features):
-    """Narrow windows go through inline ``index_select`` pieces, wide ones through ``numpy.take``:
-    forced either way, the batches are the same, and right."""
+def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_cache, features):
+    """One index_select per pool on a one-thread gather thread (libgomp), inline index_select
+    pieces, or numpy.take: forced each way, the batches are the same, and right."""
     import shardcache.reader as reader_mod
 
     def run():
@@ -245,9 +245,12 @@ def test_both_cpu_copies_give_the_same_batches(monkeypatch, stream_bars, stream_
                 torch.cat(rows_of(ds.cache, batches)).numpy())
 
     x, y, p = run()
+    monkeypatch.setattr(reader_mod, "one_thread_here", lambda: False)
+    pieces = run()
     monkeypatch.setattr(reader_mod, "_MIN_CHUNK", 10**9)
-    x2, y2, p2 = run()
-    assert torch.equal(x, x2) and torch.equal(y, y2) and np.array_equal(p, p2)
+    taken = run()
+    for x2, y2, p2 in (pieces, taken):
+        assert torch.equal(x, x2) and torch.equal(y, y2) and np.array_equal(p, p2)
     cols = [3, 1] if features else slice(None)
     wins = np.moveaxis(sliding_window_view(stream_bars.features, 14, axis=0), -1, 1)[p]
     assert np.array_equal(x.numpy(), wins[:, :, cols])
