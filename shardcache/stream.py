@@ -10,8 +10,8 @@ How a batch is made
     has a reader (``shardcache.reader``, given a ``ReadSpec``): ``decoders`` threads read each
     mixing pool's shard blocks into one arena per pool, in plan order, as far ahead as the
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
-    thread copies runs of consecutive batches out of the arenas (``numpy.take`` on the CPU,
-    ``index_select`` on a GPU) and queues them, so each window is copied once, from the
+    thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
+    pool) and queues them, so each window is copied once, from the
     decoded bars into the batch, and the consumer only takes ready batches.
 
 Shuffling
@@ -53,8 +53,8 @@ Elastic resume
     each once, in the same order, with the same number of batches on every rank.
 
 Torch threads
-    The stream never changes torch's thread settings: on the CPU its copies run in numpy
-    (see ``shardcache.reader``).
+    The stream never changes torch's thread settings as the caller sees them: only its gather
+    thread runs on one OpenMP thread, set for that thread alone (see ``shardcache.reader``).
 
 Outputs
     Batches are ``Batch(x, y)`` (``x, y = batch`` works), or ``MetaBatch(x, y, index, symbol,
