@@ -4,7 +4,7 @@ batches copied out of it on a background thread.
 Per iterator, a *gather thread* walks the iterator's runs (``index.reader_runs``: up to
 ``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
 For each run it makes sure the pools the run draws from are decoded, copies the run's
-windows and targets with one ``numpy.take`` per pool (``index_select`` on a GPU) into new
+windows and targets with one ``index_select`` per pool (see "Torch threads") into new
 tensors and queues them,
 so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
