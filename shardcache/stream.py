@@ -31,8 +31,8 @@ Passes and epochs (one rule, whatever the loader)
     same epoch before the pass keeps the position. In-process the stream counts passes
     itself; a plain DataLoader's worker counts its own passes in the stream's shared-memory
     state (its pass count is the DataLoader's), so plain, persistent and ``loader()``
-    workers all agree. Only ``loader()`` (or in-process iteration) counts delivered batches,
-    so only they make ``state_dict()`` exact mid-epoch.
+    workers all agree (``stream.epoch`` reads their count). Only ``loader()`` (or in-process
+    iteration) counts delivered batches, so only they make ``state_dict()`` exact mid-epoch.
 
     A new ``iter()`` in the same process supersedes the previous iterator of the stream:
     the old one raises ``RuntimeError`` at its next batch (two live iterators of one stream
@@ -192,7 +192,7 @@ class WindowStream(IterableDataset):
     def epoch(self) -> int:
         """The epoch of the next pass."""
         self._claim()
-        return self._pass(int(self._state[_MAIN]))[0]
+        return self._pass(self._passes())[0]
 
     @property
     def seed(self) -> int:
@@ -209,6 +209,10 @@ class WindowStream(IterableDataset):
         n = int(self._state[_HLEN])
         h = self._state[_HIST : _HIST + 2 * n].tolist()
         return tuple((int(h[2 * i]), int(h[2 * i + 1])) for i in range(n))
+
+    def _passes(self) -> int:
+        """Passes since the anchor: the main process's, or a plain DataLoader's (its workers count them)."""
+        return max(int(self._state[_MAIN]), int(self._state[_WORKERS:].max()))
 
     def _pass(self, k: int) -> tuple[int, tuple[tuple[int, int], ...]]:
         """Epoch and resume history of the ``k``-th pass since the anchor (``set_epoch``, a loaded state)."""
@@ -241,7 +245,7 @@ class WindowStream(IterableDataset):
         self._claim()
         rank, world = rank_world(self._dist_hint)
         if epoch is None:
-            return self._plan(*self._pass(int(self._state[_MAIN])), rank, world)
+            return self._plan(*self._pass(self._passes()), rank, world)
         return self._plan(int(epoch), (), rank, world)
 
     @property
@@ -265,8 +269,9 @@ class WindowStream(IterableDataset):
         rank]``, plus the settings a resume must match. The same on every rank."""
         self._claim()
         st = self._state
-        if int(st[_MAIN]) == 0:
-            epoch, history = int(st[_ANCHOR]), [list(h) for h in self._history()]
+        if int(st[_MAIN]) == 0:  # no pass here: the anchor, or after a plain DataLoader's whole passes
+            epoch, hist = self._pass(self._passes())
+            history = [list(h) for h in hist]
         else:
             epoch, done = int(st[_CUR]), int(st[_DONE])
             n = self._current_batches()

@@ -62,6 +62,7 @@ def test_every_pass_of_any_loader_is_a_new_full_epoch(stream_cache, epoch0, pers
     with WindowStream(stream_cache, meta=True, **KW) as ds:
         plain = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
         assert [same(indices(plain), e) for e in epoch0] == [True, True, True]  # three epochs, three orders
+        assert ds.epoch == 3 and ds.state_dict()["epoch"] == 3  # the workers' pass count, seen here
         ds.set_epoch(0)
         for i, _ in enumerate(plain):
             if i == 4:
