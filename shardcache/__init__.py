@@ -19,6 +19,7 @@ __all__ = [
     "ShardcacheError",
     "SourceError",
     "WindowDataset",
+    "WindowSpec",
     "WindowStream",
     "append_cache",
     "build_cache",
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     """Load on first use: build workers never import torch (~150 MiB), training processes
     never import the builder's dask and pyarrow stack (~40 MiB)."""
-    if name in ("WindowStream", "WindowDataset"):
+    if name in ("WindowStream", "WindowDataset", "WindowSpec"):
         from . import stream
 
         return getattr(stream, name)

@@ -4,45 +4,105 @@ batches copied out of it on a background thread.
 Per iterator, a *gather thread* walks the iterator's runs (``index.reader_runs``: up to
 ``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
 For each run it makes sure the pools the run draws from are decoded, copies the run's
-windows and targets with one ``index_select`` per pool into new tensors and queues them,
+windows and targets with one ``index_select`` per pool (see "Torch threads") into new
+tensors and queues them,
 so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
 ``index.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
 ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
 ``close()`` joins every thread it started.
 
-Torch threads: the gather thread runs torch with one intra-op thread. On the 2-core machine
-``index_select`` spread over two threads ran 3-8x slower as soon as another thread was
-busy (a decoder, the training loop). Under OpenMP the setting is per thread, so the
-caller's threads keep theirs, and the default for threads started later is put back.
+What a reader reads is a ``ReadSpec`` (the window shape, the columns, the device, whether
+batches carry metadata), made by ``WindowStream``; the reader touches no private state of
+the stream.
+
+Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
+On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
+another thread was busy (a decoder, the training loop), and limiting it would mean
+``torch.set_num_threads``, which also sets the default of every thread started later: a
+process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
+the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per
+thread; torch's default for new threads and every other thread's count stay as they are), and
+copies a run with one ``index_select`` per pool. Elsewhere each copy is cut so that it runs on
+the calling thread anyway: narrow windows (at least ``_MIN_CHUNK`` of them in ``_GRAIN``
+elements) through ``index_select`` in pieces of at most ``_GRAIN`` elements, which ATen's
+``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide ones through
+``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not buffered). Each
+window is copied once, straight into the batch, and torch's settings stay exactly as the
+caller sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import glob
 import itertools
 import mmap
+import os
 import queue
 import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from .index import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
+from .index import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 
-if TYPE_CHECKING:
-    from .stream import WindowStream
-
-__all__ = ["RUN_BYTES", "Ready", "Reader"]
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
+_MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
 _QUEUE_RUNS = 2
 _POLL = 0.1
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """Everything a reader needs to know about its stream: the cache and its valid windows, the
+    window shape, the input/target columns (None: every column), the device, and whether
+    batches carry each window's symbol, row and time (``meta``)."""
+
+    cache: Any
+    ranges: Ranges
+    seq_len: int
+    horizons: tuple[int, ...]
+    multi: bool  # y has a horizon axis: [B, len(horizons), T]
+    xcols: list[int] | None
+    ycols: list[int] | None
+    nx: int
+    ny: int
+    device: torch.device
+    meta: bool
+
+    @property
+    def same_columns(self) -> bool:
+        """Inputs and targets are every column: one arena serves both."""
+        return self.xcols is None and self.ycols is None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded bar in a pool's arena(s)."""
+        return 4 * (self.nx if self.same_columns else self.nx + self.ny)
+
+    def y_shape(self, n: int) -> tuple[int, ...]:
+        return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
+
+
+def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
+    """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
+    does, so sending it to the main process costs no copy."""
+    if not shared:
+        return torch.empty(shape, device=device)
+    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
+    return torch.empty(0).set_(storage, 0, shape)
 
 
 class _Pool:
@@ -53,8 +113,13 @@ class _Pool:
         n = layout.n_rows
         self.layout, (self.x, self.y) = layout, arena
         f = self.x.shape[1]
+        self.cuda = self.x.device.type == "cuda"
         self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
-        self.rows = torch.from_numpy(layout.rows).to(self.x.device)
+        if self.cuda:
+            self.rows = torch.from_numpy(layout.rows).to(self.x.device)
+        else:  # the numpy views the gather copies from
+            self.xn, self.yn = self.x.numpy(), self.y.numpy()
+            self.rows = layout.rows
         self.submitted = 0
         self.nbytes = 0
         self.pending: list[Future] = []
@@ -64,13 +129,13 @@ class _Pool:
 
 class Ready(NamedTuple):
     """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
-    of ``x``, ``y`` and ``index`` (window start rows; None unless asked); ``event`` (CUDA) marks
-    the copies done."""
+    of ``x``, ``y`` and ``meta`` (``index`` ``[n, 2]``, ``symbol``, ``time``; None unless asked);
+    ``event`` (CUDA) marks the copies done."""
 
     batches: list[tuple[int, int, int]]
     x: torch.Tensor
     y: torch.Tensor
-    index: torch.Tensor | None
+    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     event: Any
 
 
@@ -116,17 +181,31 @@ class _Outputs:
         return [torch.from_numpy(a[:n]) for a in slot]
 
 
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> Any:
+    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def one_thread_here() -> bool:
+    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
+    count and torch's default for new threads as they are; False where that is not possible."""
+    setter = _omp_set_num_threads()
+    if setter is None:
+        return False
+    torch.get_num_threads()  # torch's per-thread initialisation first: it would undo the setting below
+    setter(1)
+    return torch.get_num_threads() == 1
+
+
 class _Stopped(Exception):
     """Raised inside the reader's threads when its iterator was closed."""
-
-
-def _one_torch_thread() -> None:
-    """Run torch on one intra-op thread in the calling thread only (see the module docstring)."""
-    before = torch.get_num_threads()  # what a new thread starts with
-    torch.set_num_threads(1)
-    restore = threading.Thread(target=torch.set_num_threads, args=(before,))
-    restore.start()  # set_num_threads also sets the default of later threads: put it back
-    restore.join()
 
 
 class Reader:
@@ -140,10 +219,10 @@ class Reader:
     """
 
     def __init__(
-        self, stream: "WindowStream", plan: EpochPlan, batches: range, capacity: int, *,
+        self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
         decoders: int = 0, run_windows: int = 1, shared: bool = False,
     ) -> None:
-        self.stream, self.plan, self.batches, self.capacity = stream, plan, batches, capacity
+        self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
         self.used = 0
         self.stop = threading.Event()
@@ -155,22 +234,25 @@ class Reader:
         self.runs, ahead = itertools.tee(reader_runs(plan, batches, self.run_windows))
         self.schedule = self._schedule(ahead)
         self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
-        dev = stream.device
+        dev = spec.device
         self.cuda = dev.type == "cuda"
         self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
         self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
         runs = self.run_windows
         self.outputs = None if self.cuda or shared else _Outputs(
-            [(runs, stream.seq_len, stream._nx), (runs, stream._ny), (runs,)],
-            [np.float32, np.float32, np.int64], keep=_QUEUE_RUNS + 3,
+            [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
         )
+        self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
+        chunk = _GRAIN // (spec.seq_len * spec.nx)
+        self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
+        self.y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
 
     # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
         """Thread body: every run, then the end mark; an error goes to the consumer instead."""
         try:
-            if not self.cuda:
-                _one_torch_thread()
+            if not self.cuda and one_thread_here():
+                self.chunk = self.run_windows  # one index_select per pool: it runs on this thread
             for run in self.runs:
                 for g in run.pools:
                     self._wait_decoded(g)
@@ -197,13 +279,13 @@ class Reader:
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
         is made when reached."""
-        s, newest = self.stream, -1
+        s, newest = self.spec, -1
         for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue
                 newest = g
-                layout = pool_layout(self.plan, g, s._ranges, s.cache.shard_rows)
+                layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
                 pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
                 for k in range(len(layout.lo)):
                     yield pool, k
@@ -212,7 +294,7 @@ class Reader:
         """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
         same). On the CPU each is a memory map of its own: only the decoded blocks' pages are
         resident, and a dropped pool's pages go back to the OS at once."""
-        s = self.stream
+        s = self.spec
 
         def make(cols: int) -> torch.Tensor:
             if not self.cuda:
@@ -222,8 +304,8 @@ class Reader:
             t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
             return t
 
-        x = make(s._nx)
-        return x, x if s._xcols is None and s._ycols is None else make(s._ny)
+        x = make(s.nx)
+        return x, x if s.same_columns else make(s.ny)
 
     def _drop(self, g: int) -> None:
         """Forget pool ``g`` (its arena is freed) and take its bytes out of the count."""
@@ -237,7 +319,7 @@ class Reader:
         if self.upcoming is None:
             return False
         pool, k = self.upcoming
-        nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.stream._row_bytes
+        nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
         if not force and self.used + nbytes > self.capacity:
             return False
         self.upcoming = None
@@ -265,22 +347,23 @@ class Reader:
 
     def _decode(self, pool: _Pool, k: int) -> None:
         """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena."""
-        s = self.stream
+        s = self.spec
         if self.stop.is_set():
             raise _Stopped
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
+        if not self.cuda:  # numpy only: no torch thread pool
+            xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
+            if pool.y is pool.x:  # every column: straight into the arena
+                s.cache.read_rows(lo, hi, out=xn)
+                return
+            arr = s.cache.read_rows(lo, hi)
+            xn[:] = arr if s.xcols is None else arr[:, s.xcols]
+            yn[:] = arr if s.ycols is None else arr[:, s.ycols]
+            return
         x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
-        if not self.cuda and pool.y is pool.x:  # every column: straight into the arena
-            s.cache.read_rows(lo, hi, out=x.numpy())
-            return
         arr = s.cache.read_rows(lo, hi)
-        hx = torch.from_numpy(arr if s._xcols is None else np.ascontiguousarray(arr[:, s._xcols]))
-        hy = hx if pool.y is pool.x else torch.from_numpy(arr if s._ycols is None else np.ascontiguousarray(arr[:, s._ycols]))
-        if not self.cuda:
-            x.copy_(hx)
-            if pool.y is not pool.x:
-                y.copy_(hy)
-            return
+        hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
+        hy = hx if pool.y is pool.x else torch.from_numpy(arr if s.ycols is None else np.ascontiguousarray(arr[:, s.ycols]))
         host = [hx.pin_memory()] + ([] if hy is hx else [hy.pin_memory()])
         with torch.cuda.stream(self.copy_stream):
             x.copy_(host[0], non_blocking=True)
@@ -293,30 +376,48 @@ class Reader:
 
     def _gather(self, run: Run) -> Ready:
         """Copy the run's windows and targets from its pools' arenas into new tensors."""
-        s, off = self.stream, self.plan.pool_offsets
-        n, yoff = run.b - run.a, s.seq_len - 1 + s.horizon
+        s, off = self.spec, self.plan.pool_offsets
+        n = run.b - run.a
         with torch.cuda.stream(self.gather_stream) if self.cuda else contextlib.nullcontext():
             if self.outputs is not None:
-                x, y, index = self.outputs.take(n)
+                x, y = self.outputs.take(n)
             else:
-                x, y, index = s._empty((n, s.seq_len, s._nx), self.shared), s._empty((n, s._ny), self.shared), None
-            index = (index if index is not None else torch.empty(n, dtype=torch.int64)) if s.return_index else None
+                x, y = new_output((n, s.seq_len, s.nx), s.device, self.shared), new_output(s.y_shape(n), s.device, self.shared)
+            starts = np.empty(n, dtype=np.int64) if s.meta else None
+            xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
                 pool = self.pools[g]
+                s0, s1 = max(run.a - int(off[g]), 0), min(run.b - int(off[g]), len(pool.rows))
+                o, m, rows = int(off[g]) + s0 - run.a, s1 - s0, pool.rows[s0:s1]
+                if starts is not None:
+                    starts[o : o + m] = pool.layout.starts[s0:s1]
+                if not self.cuda:
+                    if self.chunk:
+                        trows = torch.from_numpy(rows)
+                        for i in range(0, m, self.chunk):
+                            j = min(i + self.chunk, m)
+                            torch.index_select(pool.windows, 0, trows[i:j], out=x[o + i : o + j])
+                    else:
+                        np.take(pool.xn, rows[:, None] + self.x_steps, axis=0, out=xn[o : o + m], mode="clip")
+                    yrows = rows[:, None] + self.y_steps if s.multi else rows + self.y_steps[0]
+                    np.take(pool.yn, yrows, axis=0, out=yn[o : o + m], mode="clip")
+                    continue
                 for event in pool.events:
                     self.gather_stream.wait_event(event)  # type: ignore[union-attr]
-                s0, s1 = max(run.a - int(off[g]), 0), min(run.b - int(off[g]), len(pool.rows))
-                o, rows = int(off[g]) + s0 - run.a, pool.rows[s0:s1]
-                torch.index_select(pool.windows, 0, rows, out=x[o : o + s1 - s0])
-                torch.index_select(pool.y, 0, rows + yoff, out=y[o : o + s1 - s0])
-                if index is not None:
-                    index[o : o + s1 - s0] = torch.from_numpy(pool.layout.starts[s0:s1])
+                torch.index_select(pool.windows, 0, rows, out=x[o : o + m])
+                yrows = (rows[:, None] + torch.from_numpy(self.y_steps).to(rows.device)).reshape(-1)
+                torch.index_select(pool.y, 0, yrows, out=y[o : o + m].view(-1, s.ny))
             event = None
             if self.cuda:
                 event = torch.cuda.Event()
                 event.record(self.gather_stream)
+        meta = None
+        if starts is not None:
+            symbol, local = s.cache.locate(starts)
+            index = torch.from_numpy(np.stack([symbol, local], axis=1))
+            meta = (index, torch.from_numpy(symbol), torch.from_numpy(s.cache.bar_times(starts + s.seq_len - 1)))
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
-        return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, index, event)
+        return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, meta, event)
 
     # -- consumer side -------------------------------------------------------------------
     def start(self) -> None:

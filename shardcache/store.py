@@ -248,7 +248,7 @@ class Cache:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_handles"] = None
+        state["_handles"] = state["_times"] = None
         return state
 
     # -- manifest views ------------------------------------------------------------------
@@ -371,6 +371,31 @@ class Cache:
         from .index import valid_ranges
 
         return valid_ranges(self, seq_len, horizon, stride, split).total()
+
+    # -- batch metadata (format 2; format 3 replaces these) -----------------------------
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol (index into ``symbols``) and row in that symbol's own bars of each cache row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.region_rows is not None:
+            return np.divmod(rows, self.region_rows)
+        seg = self.segments[np.argsort(self.segments[:, 1], kind="stable")]
+        k = np.clip(np.searchsorted(seg[:, 1], rows, side="right") - 1, 0, None)
+        symbol = seg[k, 0]
+        first = np.full(int(seg[:, 0].max()) + 1 if len(seg) else 0, np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first, seg[:, 0], seg[:, 1])
+        return symbol, rows - first[symbol]
+
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times (int64 ns since the epoch) of cache rows; the stored ``ts`` is read once and kept."""
+        if getattr(self, "_times", None) is None:
+            table = self.shard_table
+            self._times = (np.concatenate([np.asarray(self.ts[a:b], dtype=np.int64) for _, a, b in table])
+                           if len(table) else np.zeros(0, np.int64), table)
+        times, table = self._times
+        rows = np.asarray(rows, dtype=np.int64)
+        k = np.searchsorted(table[:, 1], rows, side="right") - 1
+        before = np.concatenate([[0], np.cumsum(table[:, 2] - table[:, 1])])
+        return times[before[k] + rows - table[k, 1]]
 
     def shards(self) -> "list[ShardInfo]":
         """Per-shard table of the shards holding rows: object key, rows, symbols, time range, stored size.

@@ -152,12 +152,13 @@ def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: st
     import torch.distributed as dist
 
     from shardcache.stream import WindowStream
+    from stream_helpers import rows_of
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        ds = WindowStream(cache_path, return_index=True, **kwargs)
+        ds = WindowStream(cache_path, meta=True, **kwargs)
         assert (ds.rank, ds.world) == (rank, world), (ds.rank, ds.world)
-        idx = [b[2] for b in ds.loader(1)]
+        idx = rows_of(ds.cache, ds.loader(1))
         counts = [None] * world
         dist.all_gather_object(counts, len(idx))
         np.save(os.path.join(out_dir, f"rank{rank}.npy"), torch.cat(idx).numpy())
@@ -173,13 +174,14 @@ def _resume(cache_path: str, state_file: str, workers: int, out: str, kwargs: di
     import torch
 
     from shardcache.stream import WindowStream
+    from stream_helpers import rows_of
 
     with open(state_file) as f:
         state = json.load(f)
-    with WindowStream(cache_path, return_index=True, **kwargs) as ds:
+    with WindowStream(cache_path, meta=True, **kwargs) as ds:
         ds.load_state_dict(state)
         ds.set_epoch(state["epoch"])
-        idx = [b[2] for b in ds.loader(workers)]
+        idx = rows_of(ds.cache, ds.loader(workers))
         np.save(out, torch.cat(idx).numpy() if idx else np.zeros(0, np.int64))
 
 

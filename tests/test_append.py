@@ -70,11 +70,11 @@ def test_two_appends_equal_one_build_at_once(files, tmp_path):
     assert sum(x["bars"] for x in a["appends"]) == appended.n_bars - first.n_bars > 0
     assert verify_cache(out).ok
     assert appended.n_windows(60) == whole.n_windows(60) > first.n_windows(60)
-    with WindowStream(appended, seq_len=60, batch_size=4096, shuffle=False) as stream:
+    with WindowStream(appended, seq_len=60, split="all", batch_size=4096, shuffle=False) as stream:
         assert sum(len(x) for x, _ in stream) == appended.n_windows(60)
-    ds = WindowDataset(appended, seq_len=60)
+    ds = WindowDataset(appended, seq_len=60, split="all")
     x, _ = ds[len(ds) - 1]
-    np.testing.assert_array_equal(x.numpy(), WindowDataset(whole, seq_len=60)[len(ds) - 1][0].numpy())
+    np.testing.assert_array_equal(x.numpy(), WindowDataset(whole, seq_len=60, split="all")[len(ds) - 1][0].numpy())
 
 
 def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):

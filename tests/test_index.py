@@ -179,3 +179,27 @@ def test_pools_between_and_empty_plan():
     assert len(plan.pools_between(0, 0)) == 0
     with pytest.raises(ValueError):
         make_plan(r, 1000, SHARD, batch_size=8, rank=2, world=2)
+
+
+@pytest.mark.parametrize("w1,done,w2,batch,drop_last",
+                         [(2, 3, 1, 64, False), (1, 5, 2, 50, False), (4, 2, 2, 33, False), (1, 7, 2, 64, False),
+                          (3, 1, 2, 16, True), (2, 0, 3, 100, False), (2, 10**6, 2, 64, False)])
+def test_an_elastic_resume_deals_out_what_no_rank_delivered(bars, w1, done, w2, batch, drop_last):
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    kw = dict(batch_size=batch, seed=5, epoch=2, mix=2, drop_last=drop_last)
+    old = [make_plan(r, 5000, SHARD, rank=k, world=w1, **kw) for k in range(w1)]
+    epoch = np.concatenate([_rank_sequence(p, r) for p in old])
+    delivered = np.concatenate([_rank_sequence(p, r)[: p.batch_bounds[min(done, p.n_batches)]] for p in old])
+    new = [make_plan(r, 5000, SHARD, rank=k, world=w2, history=[(w1, done)], **kw) for k in range(w2)]
+    rest = [_rank_sequence(p, r) for p in new]
+    served = np.concatenate([delivered, *rest])
+    assert len({p.n_batches for p in new}) == 1  # equal batches per rank
+    assert len(np.unique(served)) == len(served)  # none twice
+    if drop_last:
+        assert set(served) <= set(epoch) and all(np.diff(p.batch_bounds).min() == batch for p in new if p.n_batches)
+    else:
+        assert np.array_equal(np.sort(served), np.sort(epoch))  # every window of the epoch
+        assert np.array_equal(np.concatenate(rest), epoch[~np.isin(epoch, delivered)])  # in the original order
+    if w1 == w2:  # the same world: each rank simply continues its own sequence
+        for p, q in zip(old, new):
+            assert np.array_equal(_rank_sequence(q, r), _rank_sequence(p, r)[p.batch_bounds[min(done, p.n_batches)]:])

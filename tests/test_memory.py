@@ -103,7 +103,7 @@ def _tree(path: str, workers: int, batches: int) -> None:
     """Stream ``batches`` batches through ``workers`` DataLoader workers; the parent samples the tree."""
     from shardcache import WindowStream
 
-    with WindowStream(path, 16, batch_size=512, mix=4, prefetch=2) as ds:
+    with WindowStream(path, 16, split="all", batch_size=512, mix=4, prefetch=2) as ds:
         for i, _ in enumerate(ds.loader(workers)):
             if i + 1 == batches:
                 break
@@ -119,7 +119,7 @@ def _trials(path: str) -> dict:
     shapes = [(16, 256, 4), (60, 128, 2), (32, 512, 8), (8, 1024, 4), (45, 64, 1)] * 2
     for seq_len, batch, mix in shapes:
         cache = open_cache(path)
-        ds = WindowStream(cache, seq_len, batch_size=batch, mix=mix, shuffle=True)
+        ds = WindowStream(cache, seq_len, split="all", batch_size=batch, mix=mix, shuffle=True)
         for i, (x, _y) in enumerate(ds):
             if i == 40:
                 break
@@ -140,7 +140,7 @@ def _random(path: str, n: int) -> dict:
     from shardcache.stream import _LRU_BLOCKS
 
     proc = psutil.Process()
-    ds = WindowDataset(path, 60)
+    ds = WindowDataset(path, 60, split="all")
     base = peak = proc.memory_info().rss
     for i in np.random.default_rng(0).integers(0, len(ds), n).tolist():
         ds[i]

@@ -211,7 +211,7 @@ def _incomplete(out: Path) -> None:
 def test_incomplete_cache_is_refused_everywhere(files, tmp_path, capsys):
     out = tmp_path / "c.zarr"
     _incomplete(out)
-    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4), lambda p: WindowDataset(p, seq_len=4),
+    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4, split="all"), lambda p: WindowDataset(p, seq_len=4, split="all"),
                    verify_cache):
         with pytest.raises(CacheError, match="incomplete .*--resume .*--overwrite"):
             opener(out)
@@ -462,7 +462,7 @@ def test_newer_format_version_is_refused(clean, tmp_path, capsys):
     meta = json.loads((out / "zarr.json").read_text())
     meta["attributes"]["shardcache"]["format_version"] = 99
     (out / "zarr.json").write_text(json.dumps(meta))
-    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4), verify_cache):
+    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4, split="all"), verify_cache):
         with pytest.raises(CacheError, match="format version 99 is newer .*upgrade shardcache"):
             opener(out)
     assert main(["verify", str(out)]) == 2

@@ -153,7 +153,7 @@ def test_memory_url_build_and_stream(sample, reference):
     url = f"memory://{uuid.uuid4().hex}/c.zarr"
     cache = build_cache(sample, url, progress=False, **OPTS)
     assert_same_cache(open_cache(url), reference)
-    with WindowStream(cache, 30, batch_size=500) as a, WindowStream(reference, 30, batch_size=500) as b:
+    with WindowStream(cache, 30, split="all", batch_size=500) as a, WindowStream(reference, 30, split="all", batch_size=500) as b:
         assert all(torch.equal(x, y) for u, v in zip(a, b) for x, y in zip(u, v))
 
 
@@ -161,7 +161,7 @@ def test_stream_from_s3_equals_local(reference, s3_bucket):
     bucket, options = s3_bucket
     s3fs_for(options).put(f"{reference.url}/", f"{bucket}/c.zarr/", recursive=True)
     cache = open_cache(f"{bucket}/c.zarr", options)
-    kw = {"seq_len": 30, "batch_size": 512, "split": "train", "return_index": True}
+    kw = {"seq_len": 30, "batch_size": 512, "split": "train", "meta": True}
     with WindowStream(reference, **kw) as local:
         want = list(local)
     for workers in (0, 2):

@@ -16,13 +16,16 @@ from helpers import brute_starts, make_cache, synthetic_bars
 from shardcache.errors import CacheError
 from shardcache.store import Cache
 from shardcache.stream import WindowDataset, WindowStream
+from stream_helpers import rows_of
 
 
 def collect(ds):
-    """All batches of one pass, kept (outputs must stay valid), concatenated in served order."""
+    """All batches of one pass (``meta=True``), kept (outputs must stay valid), concatenated in
+    served order, with each window's start row."""
     batches = list(ds)
-    assert all(b[0].dtype == torch.float32 and b[-1].dtype == torch.int64 for b in batches)
-    xs, ys, idx = (torch.cat([b[k] for b in batches]).numpy() for k in range(3))
+    assert all(b.x.dtype == torch.float32 and b.index.dtype == torch.int64 for b in batches)
+    xs, ys = (torch.cat([b[k] for b in batches]).numpy() for k in range(2))
+    idx = torch.cat(rows_of(ds.cache, batches)).numpy()
     return batches, xs, ys, idx
 
 
@@ -52,9 +55,8 @@ def reader_threads():
 def test_every_window_once_with_exact_content(
     stream_bars, stream_cache, seq_len, horizon, stride, split, batch, shuffle
 ):
-    ds = WindowStream(
-        stream_cache, seq_len, horizon, stride, split, batch_size=batch, shuffle=shuffle, return_index=True
-    )
+    ds = WindowStream(stream_cache, seq_len, horizon=horizon, stride=stride, split=split or "all", batch_size=batch,
+                      shuffle=shuffle, meta=True)
     batches, x, y, idx = collect(ds)
     ref = brute_starts(stream_bars, seq_len, horizon, stride, split)
     assert len(batches) == len(ds) == ds.n_batches == -(-len(ref) // batch)
@@ -70,52 +72,62 @@ def test_every_window_once_with_exact_content(
 
 
 def test_feature_and_target_subsets(stream_bars, stream_cache):
-    ds = WindowStream(stream_cache, 12, 3, batch_size=50, features=["f3", "f0"], target=["f1"], return_index=True)
+    ds = WindowStream(stream_cache, 12, horizon=3, split="all", batch_size=50, features=["f3", "f0"], target=["f1"],
+                      meta=True)
     _, x, y, idx = collect(ds)
     rx, ry = reference(stream_bars, idx, 12, 3, [3, 0], [1])
     assert x.shape[2] == 2 and y.shape[1] == 1
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
-    _, x, y, idx = collect(WindowStream(stream_cache, 12, 3, batch_size=50, target=["f4", "f2"], return_index=True))
+    _, x, y, idx = collect(WindowStream(stream_cache, 12, horizon=3, split="all", batch_size=50, target=["f4", "f2"],
+                                        meta=True))
     rx, ry = reference(stream_bars, idx, 12, 3, None, [4, 2])
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
     with pytest.raises(ValueError, match="nope"):
-        WindowStream(stream_cache, 12, features=["f0", "nope"])
+        WindowStream(stream_cache, 12, split="all", features=["f0", "nope"])
     with pytest.raises(TypeError):
-        WindowStream(stream_cache, 12, target="f1")
+        WindowStream(stream_cache, 12, split="all", target="f1")
 
 
 @pytest.mark.parametrize("run_bytes", [1, 40_000, 1 << 30])
 def test_runs_of_batches_give_the_same_batches(monkeypatch, stream_bars, stream_cache, run_bytes):
     """Single batches, short runs and runs as long as a pool: the same batches, right content."""
     monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
-    batches, x, y, idx = collect(WindowStream(stream_cache, 11, 2, batch_size=64, return_index=True, mix=2))
+    batches, x, y, idx = collect(WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2))
     rx, ry = reference(stream_bars, idx, 11, 2)
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
     monkeypatch.setattr(stream_mod, "RUN_BYTES", 1)
-    single = collect(WindowStream(stream_cache, 11, 2, batch_size=64, return_index=True, mix=2))[0]
-    assert [b[2].tolist() for b in batches] == [b[2].tolist() for b in single]
+    single = collect(WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2))[0]
+    assert [b.index.tolist() for b in batches] == [b.index.tolist() for b in single]
 
 
-def test_gather_thread_runs_one_torch_thread_and_leaves_the_callers_alone(monkeypatch, stream_cache):
+def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cache):
+    """Not even briefly: every call that could change them fails the test, and a thread started
+    while the stream runs sees the caller's default."""
+    def refuse(*args):
+        raise AssertionError("the stream changed torch's thread settings")
+
     import shardcache.reader as reader_mod
 
-    seen = []
+    for name in ("set_num_threads", "set_num_interop_threads"):
+        monkeypatch.setattr(torch, name, refuse)
+    inside = []
     real = reader_mod.Reader._gather
-    monkeypatch.setattr(reader_mod.Reader, "_gather", lambda self, run: seen.append(torch.get_num_threads()) or real(self, run))
-    later = []
-    before = torch.get_num_threads()
-    for _ in WindowStream(stream_cache, 10, batch_size=256):
-        pass
-    t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
-    t.start()
-    t.join()
-    assert seen and set(seen) == {1}
-    assert torch.get_num_threads() == before and later == [before]
+    monkeypatch.setattr(reader_mod.Reader, "_gather", lambda self, run: inside.append(torch.get_num_threads()) or real(self, run))
+    before, seen = torch.get_num_threads(), []
+    ds = WindowStream(stream_cache, 10, split="all", batch_size=256, features=["f0", "f2"])  # subsets: two arenas
+    for i, _ in enumerate(ds):
+        if i == 3:
+            t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+            t.start()
+            t.join()
+    assert torch.get_num_threads() == before and seen == [before]
+    if reader_mod._omp_set_num_threads() is not None:  # libgomp: the gather thread alone runs on one thread
+        assert inside and set(inside) == {1}
 
 
 def test_drop_last_and_rank_shares_from_env(monkeypatch, stream_bars, stream_cache):
     ref = brute_starts(stream_bars, 20, 1, 1, None)
-    ds = WindowStream(stream_cache, 20, batch_size=128, drop_last=True, return_index=True)
+    ds = WindowStream(stream_cache, 20, split="all", batch_size=128, drop_last=True, meta=True)
     batches, _, _, idx = collect(ds)
     assert len(batches) == len(ref) // 128 and all(len(b[0]) == 128 for b in batches)
     assert len(idx) == len(np.unique(idx)) > len(ref) - 128
@@ -123,7 +135,7 @@ def test_drop_last_and_rank_shares_from_env(monkeypatch, stream_bars, stream_cac
     for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "3")
-        ds = WindowStream(stream_cache, 20, batch_size=100, return_index=True)
+        ds = WindowStream(stream_cache, 20, split="all", batch_size=100, meta=True)
         assert (ds.rank, ds.world) == (rank, 3)
         batches, _, _, idx = collect(ds)
         seen.append(idx)
@@ -137,10 +149,10 @@ def test_order_depends_on_seed_and_epoch(stream_cache):
     def order(ds):
         return collect(ds)[3]
 
-    a = WindowStream(stream_cache, 10, batch_size=64, seed=1, return_index=True)
+    a = WindowStream(stream_cache, 10, split="all", batch_size=64, seed=1, meta=True)
     first = order(a)
-    assert np.array_equal(first, order(WindowStream(stream_cache, 10, batch_size=64, seed=1, return_index=True)))
-    assert not np.array_equal(first, order(WindowStream(stream_cache, 10, batch_size=64, seed=2, return_index=True)))
+    assert np.array_equal(first, order(WindowStream(stream_cache, 10, split="all", batch_size=64, seed=1, meta=True)))
+    assert not np.array_equal(first, order(WindowStream(stream_cache, 10, split="all", batch_size=64, seed=2, meta=True)))
     a.set_epoch(3)
     third = order(a)
     assert not np.array_equal(first, third) and np.array_equal(np.sort(first), np.sort(third))
@@ -148,35 +160,75 @@ def test_order_depends_on_seed_and_epoch(stream_cache):
     assert np.array_equal(first, order(a))
 
 
-def test_in_process_position_resume_and_epoch_advance(stream_cache):
-    full = WindowStream(stream_cache, 10, batch_size=64, return_index=True)
-    want = [b[2] for b in full]
-    ds = WindowStream(stream_cache, 10, batch_size=64, return_index=True)
+def _idx(batches):
+    return [b.index for b in batches]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_every_pass_is_a_full_new_epoch_and_state_resumes(stream_cache):
+    full = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
+    want = _idx(full)
+    assert full.epoch == 1 and len(want) == full.n_batches
+    ds = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
     it = iter(ds)
-    head = [next(it)[2] for _ in range(3)]
-    del it
-    assert ds.state_dict()["consumed"] == 3 and ds.epoch == 0
-    other = WindowStream(stream_cache, 10, batch_size=64, return_index=True)
+    head = [next(it).index for _ in range(3)]
+    assert ds.state_dict()["history"] == [[1, 3]] and ds.state_dict()["epoch"] == 0
+    other = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
     other.load_state_dict(ds.state_dict())
-    ds.set_epoch(0)  # the usual call at the top of an epoch keeps the position
-    tail = [b[2] for b in ds]
-    assert all(torch.equal(u, v) for u, v in zip(head + tail, want)) and len(head + tail) == len(want)
-    assert all(torch.equal(u, v) for u, v in zip([b[2] for b in other], want[3:]))
-    nxt = [b[2] for b in ds]  # a new pass after a finished epoch is the next epoch
-    assert ds.epoch == 1 and not all(torch.equal(u, v) for u, v in zip(nxt, want))
+    other.set_epoch(0)  # the usual call at the top of an epoch keeps the loaded position
+    assert _same(head + _idx(other), want)
+    del it
+    again = _idx(ds)  # a new pass after a break: a whole epoch (epoch 1), not the rest of epoch 0
+    assert len(again) == len(want) and not _same(again, want)
+    ds.set_epoch(0)  # back to epoch 0, from its first batch, even though it is "the current epoch"
+    assert _same(_idx(ds), want)
+    assert ds.state_dict()["epoch"] == 1 and ds.state_dict()["history"] == []
+
+
+def test_a_peek_never_shortens_the_next_pass(stream_cache):
+    ds = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
+    x, y, *_ = next(iter(ds))
+    ds.set_epoch(0)
+    assert len(list(ds)) == len(ds) == ds.n_batches
+    peeked = WindowStream(stream_cache, 10, split="all", batch_size=64)
+    x, y = next(iter(peeked))  # default batches unpack as (x, y)
+    assert len(list(peeked)) == peeked.n_batches
+
+
+def test_break_in_validation_then_full_pass_same_order(stream_cache):
+    val = WindowStream(stream_cache, 10, split="val", batch_size=32, shuffle=False, meta=True)
+    whole = _idx(val)
+    for i, _ in enumerate(val):
+        if i == 4:
+            break
+    assert _same(_idx(val), whole) and _same(_idx(val), whole)  # every pass: the same windows, same order
+
+
+def test_a_newer_iterator_supersedes_the_older(stream_cache):
+    ds = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
+    first = iter(ds)
+    next(first)
+    second = iter(ds)
+    got = _idx(second)
+    with pytest.raises(RuntimeError, match="superseded"):
+        next(first)
+    assert len(got) == ds.n_batches and ds.state_dict()["history"] == []  # the count is the newer pass's
 
 
 def test_state_dict_rejects_another_stream(stream_cache):
-    state = WindowStream(stream_cache, 10, batch_size=64).state_dict()
+    state = WindowStream(stream_cache, 10, split="all", batch_size=64).state_dict()
     assert set(state) >= {
-        "epoch", "seed", "consumed", "seq_len", "horizon", "stride", "split", "batch_size", "world", "n_windows"
+        "epoch", "seed", "history", "seq_len", "horizon", "stride", "split", "batch_size", "n_windows"
     }
     with pytest.raises(ValueError, match="batch_size"):
-        WindowStream(stream_cache, 10, batch_size=32).load_state_dict(state)
+        WindowStream(stream_cache, 10, split="all", batch_size=32).load_state_dict(state)
     with pytest.raises(ValueError, match="split"):
         WindowStream(stream_cache, 10, batch_size=64, split="train").load_state_dict(state)
-    with pytest.raises(ValueError, match="consumed"):
-        WindowStream(stream_cache, 10, batch_size=64).load_state_dict({**state, "consumed": 10**6})
+    with pytest.raises(ValueError, match="history"):
+        WindowStream(stream_cache, 10, split="all", batch_size=64).load_state_dict({**state, "history": [[0, 1]]})
 
 
 def test_one_zarr_call_per_block(monkeypatch, stream_cache):
@@ -188,7 +240,7 @@ def test_one_zarr_call_per_block(monkeypatch, stream_cache):
         return real(self, start, stop, out)
 
     monkeypatch.setattr(Cache, "read_rows", counted)
-    ds = WindowStream(stream_cache, 30, batch_size=16)
+    ds = WindowStream(stream_cache, 30, split="all", batch_size=16)
     n = sum(len(x) for x, _ in ds)
     plan = ds.plan()
     assert len(calls) == len(plan.shards) < n / 50  # one read per shard piece, never per window
@@ -198,11 +250,11 @@ def test_one_zarr_call_per_block(monkeypatch, stream_cache):
 
 
 def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
-    ds = WindowStream(stream_cache, 30, batch_size=64, mix=2)
+    ds = WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2)
     block = (stream_cache.shard_rows + ds.span - 1) * 5 * 4
     need = ds.plan().max_open_pieces()
     with pytest.raises(ValueError, match="memory_budget"):
-        WindowStream(stream_cache, 30, batch_size=64, mix=2, memory_budget=need * block - 1)
+        WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=need * block - 1)
     peak = []
     real = stream_mod.Reader._decode
 
@@ -212,28 +264,28 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
 
     monkeypatch.setattr(stream_mod.Reader, "_decode", watched)
     budget = need * block
-    n = sum(len(x) for x, _ in WindowStream(stream_cache, 30, batch_size=64, mix=2, memory_budget=budget))
+    n = sum(len(x) for x, _ in WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=budget))
     assert n == ds.plan().n_windows and max(u for u, _ in peak) <= budget
     assert all(c == budget for _, c in peak)
-    loose = WindowStream(stream_cache, 30, batch_size=64, mix=2, memory_budget=budget * 2)
+    loose = WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=budget * 2)
     with pytest.raises(ValueError, match="each of 3 reader"):
         loose.loader(3)  # a budget is shared by the DataLoader workers
     loose.loader(2)
 
 
 def test_explicit_cpu_device(stream_cache):
-    a = WindowStream(stream_cache, 8, batch_size=64, device="cpu", return_index=True)
-    b = WindowStream(stream_cache, 8, batch_size=64, return_index=True)
-    for (xa, ya, ia), (xb, yb, ib) in zip(a, b):
+    a = WindowStream(stream_cache, 8, split="all", batch_size=64, device="cpu", meta=True)
+    b = WindowStream(stream_cache, 8, split="all", batch_size=64, meta=True)
+    for (xa, ya, ia, *_), (xb, yb, ib, *_) in zip(a, b):
         assert xa.device.type == "cpu" and torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(ia, ib)
 
 
 def test_window_dataset_matches_stream(monkeypatch, stream_bars, stream_cache):
-    ds = WindowDataset(stream_cache, 25, 2, split="train", features=["f1", "f0"], target=["f4"])
+    ds = WindowDataset(stream_cache, 25, horizon=2, split="train", features=["f1", "f0"], target=["f4"])
     ref = brute_starts(stream_bars, 25, 2, 1, "train")
     assert len(ds) == len(ref) and ds.row(-1) == ref[-1]
     _, x, y, idx = collect(
-        WindowStream(stream_cache, 25, 2, split="train", features=["f1", "f0"], target=["f4"], return_index=True)
+        WindowStream(stream_cache, 25, horizon=2, split="train", features=["f1", "f0"], target=["f4"], meta=True)
     )
     pos = {int(p): k for k, p in enumerate(idx)}
     for i in range(0, len(ds), 97):
@@ -244,7 +296,7 @@ def test_window_dataset_matches_stream(monkeypatch, stream_bars, stream_cache):
     calls = []
     real = Cache.read_rows
     monkeypatch.setattr(Cache, "read_rows", lambda self, a, b: calls.append(a) or real(self, a, b))
-    fresh = WindowDataset(stream_cache, 25, 2, split="train")
+    fresh = WindowDataset(stream_cache, 25, horizon=2, split="train")
     for i in range(400):
         fresh[i]
     assert len(calls) <= 2  # nearby windows come from the decoded-shard LRU
@@ -254,14 +306,14 @@ def test_window_dataset_matches_stream(monkeypatch, stream_bars, stream_cache):
 
 def test_close_and_garbage_collection_stop_the_reader(stream_cache):
     before = len(reader_threads())
-    ds = WindowStream(stream_cache, 10, batch_size=8)
+    ds = WindowStream(stream_cache, 10, split="all", batch_size=8)
     it = iter(ds)
     next(it)
     assert len(reader_threads()) == before + 1
     del it
     gc.collect()
     assert len(reader_threads()) == before
-    with WindowStream(stream_cache, 10, batch_size=8) as ds2:
+    with WindowStream(stream_cache, 10, split="all", batch_size=8) as ds2:
         it2 = iter(ds2)
         next(it2)
     assert len(reader_threads()) == before
@@ -279,7 +331,7 @@ def test_reader_error_reaches_the_consumer(tmp_path):
     data[100:140] = bytes(40)
     open(shard, "wb").write(bytes(data))
     with pytest.raises(CacheError, match="checksum"):  # a crc32c mismatch, raised in the reader thread
-        for _ in WindowStream(cache, 10, batch_size=32, shuffle=False):
+        for _ in WindowStream(cache, 10, split="all", batch_size=32, shuffle=False):
             pass
     assert not reader_threads()
 
@@ -291,8 +343,9 @@ def test_batches_kept_in_part_are_never_overwritten(monkeypatch, stream_bars, st
     if run_bytes:
         monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
     kept = []
-    ds = WindowStream(stream_cache, 12, 1, batch_size=32, return_index=True, mix=2)
-    for i, (x, y, idx) in enumerate(ds):
+    ds = WindowStream(stream_cache, 12, split="all", batch_size=32, meta=True, mix=2)
+    for i, b in enumerate(ds):
+        x, y, idx = b.x, b.y, rows_of(ds.cache, [b])[0]
         if i % 3 == 0:
             kept.append((x[:, -2:, 1:3], y[::2], idx[::2], idx.clone()))
         elif i % 7 == 0:

@@ -17,12 +17,13 @@ from torch.utils.data import DataLoader, get_worker_info
 from helpers import brute_starts, ddp_rank, make_cache, run_helper, synthetic_bars
 from shardcache.store import Cache
 from shardcache.stream import WindowStream
+from stream_helpers import rows_of
 
-KW = {"seq_len": 10, "horizon": 2, "batch_size": 64}
+KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}
 
 
 def indices(batches):
-    return [b[2] for b in batches]
+    return [b.index for b in batches]
 
 
 def same(a, b):
@@ -32,38 +33,52 @@ def same(a, b):
 @pytest.fixture(scope="module")
 def epoch0(stream_cache):
     """Index batches of epoch 0 and 1, in-process: the order every other setup must reproduce."""
-    ds = WindowStream(stream_cache, return_index=True, **KW)
+    ds = WindowStream(stream_cache, meta=True, **KW)
     first = indices(ds)
     ds.set_epoch(1)
-    return first, indices(ds)
+    second = indices(ds)
+    return first, second, indices(ds)
 
 
 def test_order_is_the_same_for_any_number_of_workers(stream_bars, stream_cache, epoch0):
     ref = brute_starts(stream_bars, 10, 2, 1, None)
-    assert np.array_equal(np.sort(torch.cat(epoch0[0]).numpy()), ref)
+    ds = WindowStream(stream_cache, meta=True, **KW)
+    assert np.array_equal(np.sort(torch.cat(rows_of(ds.cache, ds)).numpy()), ref)
     for workers in (0, 1, 2):
-        ds = WindowStream(stream_cache, return_index=True, **KW)
+        ds = WindowStream(stream_cache, meta=True, **KW)
         got = indices(ds.loader(workers))
         assert same(got, epoch0[0]), workers
-        assert ds.state_dict()["consumed"] == ds.n_batches
-        plain_ds = WindowStream(stream_cache, return_index=True, **KW)
+        assert ds.state_dict()["epoch"] == 1 and ds.state_dict()["history"] == []
+        plain_ds = WindowStream(stream_cache, meta=True, **KW)
         plain = indices(DataLoader(plain_ds, batch_size=None, num_workers=workers))
         assert same(plain, epoch0[0]), workers
         ds.close()
 
 
-def test_persistent_workers_follow_epochs_and_positions(stream_cache, epoch0):
-    with WindowStream(stream_cache, return_index=True, **KW) as ds:
-        dl = ds.loader(2, persistent_workers=True)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_every_pass_of_any_loader_is_a_new_full_epoch(stream_cache, epoch0, persistent):
+    """A plain 2-worker DataLoader without set_epoch reshuffles every pass, like loader() and
+    in-process iteration; a break never shortens the next pass; set_epoch pins the next one."""
+    with WindowStream(stream_cache, meta=True, **KW) as ds:
+        plain = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+        assert [same(indices(plain), e) for e in epoch0] == [True, True, True]  # three epochs, three orders
+        assert ds.epoch == 3 and ds.state_dict()["epoch"] == 3  # the workers' pass count, seen here
+        ds.set_epoch(0)
+        for i, _ in enumerate(plain):
+            if i == 4:
+                break
+        assert same(indices(plain), epoch0[1])  # the pass after the break: all of epoch 1
+        dl = ds.loader(2, persistent_workers=persistent)
+        ds.set_epoch(1)
         head = []
         for b in dl:
-            head.append(b[2])
+            head.append(b.index)
             if len(head) == 4:
                 break
-        rest = indices(dl)  # the same workers continue at batch 4
-        assert same(head + rest, epoch0[0])
-        ds.set_epoch(1)
-        assert same(indices(dl), epoch0[1])
+        assert same(head, epoch0[1][:4]) and ds.state_dict()["history"] == [[1, 4]]
+        assert same(indices(dl), epoch0[2])
+        ds.set_epoch(0)
+        assert same(indices(dl), epoch0[0])
 
 
 class _LateSecondWorker(WindowStream):
@@ -80,48 +95,54 @@ class _LateSecondWorker(WindowStream):
 def test_a_late_worker_starts_at_the_first_batch_of_the_pass(stream_cache, epoch0, persistent):
     """A worker takes its position from the pass start, not from the count that moves as batches
     arrive (it once read consumed=1 after a slow start and served batches 2, 4, ... as 1, 3, ...)."""
-    with _LateSecondWorker(stream_cache, return_index=True, **KW) as ds:
+    with _LateSecondWorker(stream_cache, meta=True, **KW) as ds:
         dl = ds.loader(2, persistent_workers=persistent)
         head = []
         for b in dl:  # first pass: the workers start
-            head.append(b[2])
+            head.append(b.index)
             if len(head) == 3:
                 break
         assert same(head, epoch0[0][:3])
-        assert same(head + indices(dl), epoch0[0])  # persistent: the same workers resume at batch 3
+        state = ds.state_dict()
+        assert same(indices(dl), epoch0[1])  # the next pass is a whole new epoch
+        ds.load_state_dict(state)
+        assert same(head + indices(dl), epoch0[0])  # a loaded state resumes at batch 3
 
 
 def test_spawned_workers_share_the_position(stream_cache, epoch0):
     """With the spawn start method the pickled stream still sees the main process's state."""
-    with WindowStream(stream_cache, return_index=True, **KW) as ds:
+    with WindowStream(stream_cache, meta=True, **KW) as ds:
         dl = ds.loader(1, multiprocessing_context="spawn", persistent_workers=True)
         head = []
         for b in dl:
-            head.append(b[2])
+            head.append(b.index)
             if len(head) == 2:
                 break
-        assert ds.state_dict()["consumed"] == 2
+        assert ds.state_dict()["history"] == [[1, 2]]
+        ds.load_state_dict(ds.state_dict())
         assert same(head + indices(dl), epoch0[0])
         assert same(indices(dl), epoch0[1])  # a pass after a finished epoch is the next epoch
-        assert ds.epoch == 1
+        assert ds.epoch == 2
 
 
 @pytest.mark.parametrize("stop_workers,resume_workers", [(0, 2), (2, 0)])
 def test_resume_in_a_new_process(tmp_path, stream_cache, epoch0, stop_workers, resume_workers):
-    ds = WindowStream(stream_cache, return_index=True, **KW)
+    ds = WindowStream(stream_cache, meta=True, **KW)
     head = []
     for b in ds.loader(stop_workers):
-        head.append(b[2])
+        head.append(b)
         if len(head) == 7:
             break
     state = ds.state_dict()
+    head = rows_of(ds.cache, head)
     ds.close()
-    assert state["consumed"] == 7 and state["epoch"] == 0
+    assert state["history"] == [[1, 7]] and state["epoch"] == 0
     (tmp_path / "state.json").write_text(json.dumps(state))
     out = tmp_path / "rest.npy"
     run_helper("resume", stream_cache.url, tmp_path / "state.json", resume_workers, out, json.dumps(KW))
     whole = torch.cat(head).numpy().tolist() + np.load(out).tolist()
-    assert whole == torch.cat(epoch0[0]).numpy().tolist()  # no repeat, no gap, same order
+    want = rows_of(stream_cache, [type("B", (), {"index": i})() for i in epoch0[0]])
+    assert whole == torch.cat(want).numpy().tolist()  # no repeat, no gap, same order
 
 
 def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache):
@@ -137,9 +158,9 @@ def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache)
     assert np.isin(union, ref).all() and meta[0]["dropped"] == len(ref) % 2
 
 
-@pytest.mark.parametrize("prefetch", [0, 1, 3])
-def test_reader_decodes_up_to_prefetch_blocks_at_once(monkeypatch, stream_cache, epoch0, prefetch):
-    """Slow reads (as from object storage) overlap, at most ``prefetch`` at once, in the same order;
+@pytest.mark.parametrize("decoders", [0, 1, 3])
+def test_reader_decodes_up_to_decoders_blocks_at_once(monkeypatch, stream_cache, epoch0, decoders):
+    """Slow reads (as from object storage) overlap, at most ``decoders`` at once, in the same order;
     closing the stream mid-epoch joins every decoder."""
     lock, active, peak = threading.Lock(), [0], [0]
     real = Cache.read_rows
@@ -156,13 +177,13 @@ def test_reader_decodes_up_to_prefetch_blocks_at_once(monkeypatch, stream_cache,
                 active[0] -= 1
 
     monkeypatch.setattr(Cache, "read_rows", slow)
-    with WindowStream(stream_cache, return_index=True, prefetch=prefetch, **KW) as ds:
+    with WindowStream(stream_cache, meta=True, prefetch=3, decoders=decoders, **KW) as ds:
         assert same(indices(ds), epoch0[0])
-    if prefetch < 2:
+    if decoders < 2:
         assert peak[0] == 1  # one at a time: on the reader thread (0) or one decoder (1)
     else:
-        assert 2 <= peak[0] <= prefetch
-    ds = WindowStream(stream_cache, return_index=True, prefetch=prefetch, **KW)
+        assert 2 <= peak[0] <= decoders
+    ds = WindowStream(stream_cache, meta=True, prefetch=3, decoders=decoders, **KW)
     it = iter(ds)
     next(it)
     ds.close()
@@ -171,7 +192,7 @@ def test_reader_decodes_up_to_prefetch_blocks_at_once(monkeypatch, stream_cache,
 
 def _lifecycle(cache, i, proc, before):
     """Open a stream and a 2-worker loader, take a few batches, then close or just drop them."""
-    ds = WindowStream(cache.url, 16, batch_size=64, seed=i)
+    ds = WindowStream(cache.url, 16, split="all", batch_size=64, seed=i)
     dl = ds.loader(2)
     it = iter(dl)
     for _ in range(3):
@@ -232,7 +253,7 @@ def rss_caches(tmp_path_factory):
 
 
 def test_streaming_rss_does_not_grow_with_bars(tmp_path, rss_caches):
-    kw = {"seq_len": 16, "batch_size": 512, "mix": 4, "prefetch": 2}
+    kw = {"seq_len": 16, "batch_size": 512, "mix": 4, "prefetch": 2, "split": "all"}
     peaks = {}
     for n, path in rss_caches.items():
         out = tmp_path / f"{n}.json"

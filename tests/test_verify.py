@@ -73,9 +73,9 @@ def test_flipped_bytes_are_named_by_verify_and_raised_by_readers(cache, capsys):
         c.read_rows(3 * SHARD - 10, 4 * SHARD)
     assert np.isfinite(c.read_rows(0, SHARD)).all()  # sound shards still read
     with pytest.raises(CacheError, match=r"features/c/[13]/0\) is corrupt"):
-        for _ in WindowStream(c, seq_len=30, batch_size=512, shuffle=False):
+        for _ in WindowStream(c, seq_len=30, split="all", batch_size=512, shuffle=False):
             pass
-    ds = WindowDataset(c, seq_len=30)
+    ds = WindowDataset(c, seq_len=30, split="all")
     with pytest.raises(CacheError, match=r"features/c/3/0"):
         ds[int(np.searchsorted([ds.row(i) for i in range(0, len(ds), 10)], 3 * SHARD + 100)) * 10]
 
@@ -92,7 +92,7 @@ def test_missing_and_truncated_shards(cache, capsys):
     with pytest.raises(CacheError, match=r"shard 2 \(features/c/2/0\) is missing"):
         c.read_rows(2 * SHARD + 5, 2 * SHARD + 50)  # zarr alone would return NaN here
     with pytest.raises(CacheError, match="features/c/2/0"):
-        WindowDataset(c, seq_len=30)[int(2.2 * SHARD)]
+        WindowDataset(c, seq_len=30, split="all")[int(2.2 * SHARD)]
 
 
 def test_rewritten_rows_fail_their_digest(cache, capsys):

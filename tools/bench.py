@@ -168,7 +168,7 @@ def _ram(spec: dict) -> dict[str, Any]:
 def _stream(spec: dict) -> dict[str, Any]:
     """E: the stream in-process, or through ``DataLoader(batch_size=None)`` workers; a full epoch or ``batches``."""
     def open_data() -> Iterator[tuple]:
-        ds = WindowStream(spec["cache"], SEQ_LEN, HORIZON, batch_size=BATCH, shuffle=True, seed=spec["round"])
+        ds = WindowStream(spec["cache"], SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True, seed=spec["round"])
         loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"]) if spec["workers"] else ds
         with ds:
             yield from itertools.islice(loader, spec["batches"] or None)

@@ -98,7 +98,7 @@ def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 def _stream(cache: Cache, workers: int, seq_len: int, batch_size: int) -> tuple[float, int]:
     """Seconds to the first batch of one epoch, and its windows."""
-    with WindowStream(cache, seq_len, batch_size=batch_size) as ds:
+    with WindowStream(cache, seq_len, split="all", batch_size=batch_size) as ds:
         t0 = time.perf_counter()
         first, n = None, 0
         for x, _y in ds.loader(workers):

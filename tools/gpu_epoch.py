@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     rss0 = peak_rss = proc.memory_info().rss
     t0 = time.perf_counter()
     n, first = 0, 0.0
-    with WindowStream(args.cache, args.seq_len, batch_size=args.batch_size, shuffle=True, device=device) as ds:
+    with WindowStream(args.cache, args.seq_len, split="all", batch_size=args.batch_size, shuffle=True, device=device) as ds:
         for x, _y in ds:
             n += x.shape[0]
             if not first:

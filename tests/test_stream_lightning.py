@@ -1,0 +1,65 @@
+"""The README's LightningDataModule under a real Lightning Trainer (CPU, a few steps): every
+validation pass sees the whole val split, successive training epochs see different orders."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardcache import build_cache
+from shardcache.index import n_windows
+from shardcache.sample import make_sample
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_path, monkeypatch, workers):
+    L = pytest.importorskip("lightning")
+    section = README.read_text().split("### With Lightning", 1)[1]
+    classes, run = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    cache = build_cache(make_sample(tmp_path / "dbn", days=4), tmp_path / "data/sample/cache.zarr",
+                        split="train=0.8,val=0.1,test=0.1", progress=False)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(classes, "README.md", "exec"), scope)
+    seen: dict[str, list] = {"train": [], "val": []}
+
+    def key(x):  # a window's fingerprint: its last input bar
+        return [tuple(r) for r in x[:, -1].tolist()]
+
+    class Recording(scope["Forecaster"]):
+        def on_train_epoch_start(self):
+            seen["train"].append([])
+
+        def on_validation_epoch_start(self):
+            seen["val"].append((self.trainer.sanity_checking, []))
+
+        def training_step(self, batch, i):
+            seen["train"][-1].extend(key(batch[0]))
+            return super().training_step(batch, i)
+
+        def validation_step(self, batch, i):
+            seen["val"][-1][1].extend(key(batch[0]))
+            return super().validation_step(batch, i)
+
+    scope["Forecaster"] = Recording
+    assert 'Bars("data/sample/cache.zarr")' in run and "limit_train_batches=200" in run
+    run = run.replace("limit_train_batches=200", "limit_train_batches=3")
+    run = run.replace('Bars("data/sample/cache.zarr")', f'Bars("data/sample/cache.zarr", workers={workers})')
+    run += "\ntrainer.save_checkpoint('last.ckpt')\n"
+    exec(compile(run, "README.md", "exec"), {**scope, "L": L})
+    val_windows = n_windows(cache, 60, split="val")
+    sanity, passes = seen["val"][0], seen["val"][1:]
+    assert sanity[0] and len(sanity[1]) == 2 * 256 and len(passes) == 3
+    assert all(not s and len(v) == val_windows for s, v in passes)  # every real validation: the whole val split
+    assert all(v == passes[0][1] for _, v in passes)  # in the same order
+    train = seen["train"]
+    assert len(train) == 3 and all(len(t) == 3 * 256 for t in train)
+    assert train[0] != train[1] != train[2] and train[0] != train[2]  # a new shuffle every epoch
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["Bars"]["train"]
+    assert state["epoch"] == 2 and state["history"] == [[1, 3]]  # checkpointed: epoch 2, 3 batches in
