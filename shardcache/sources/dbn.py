@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SourceError
-from . import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
+from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, one_line, parse_duration
 from .files import is_url, open_input
 
 __all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
@@ -107,6 +107,11 @@ SCHEMAS: dict[str, tuple[str, int | None, tuple[int, ...]]] = {
     "bbo-1s": ("bbo", SECOND, (0xC3,)),
     "bbo-1m": ("bbo", MINUTE, (0xC4,)),
 }
+_RTYPE_NAMES = {0x00: "trades", 0x01: "mbp-1", 0x0A: "mbp-10", 0x11: "ohlcv", 0x12: "status", 0x13: "definition",
+                0x14: "imbalance", 0x15: "error", 0x16: "symbol mapping", 0x17: "system", 0x18: "statistics",
+                0x20: "ohlcv-1s", 0x21: "ohlcv-1m", 0x22: "ohlcv-1h", 0x23: "ohlcv-1d", 0x24: "ohlcv-eod",
+                0xA0: "mbo", 0xB1: "cmbp-1", 0xC0: "cbbo-1s", 0xC1: "cbbo-1m", 0xC2: "tcbbo", 0xC3: "bbo-1s",
+                0xC4: "bbo-1m", 0xC5: "tbbo"}
 _SUPPORTED = "shardcache builds from ohlcv-*, trades, tbbo, mbp-1, bbo-1s, bbo-1m"
 _OHLCV = ["open", "high", "low", "close", "volume"]
 _COLUMNS = {
@@ -126,6 +131,11 @@ def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size + 8 * ts_out})
 
 
+def _rtype_name(rtype: int) -> str:
+    """A record type's schema name for a drop reason (its hex code when unknown)."""
+    return _RTYPE_NAMES.get(rtype, f"rtype 0x{rtype:02x}")
+
+
 def _prices(px: np.ndarray) -> np.ndarray:
     """Fixed-point prices as float64 (``px / 1e9``), ``UNDEF_PRICE`` as NaN."""
     out = px.astype(np.float64)
@@ -133,11 +143,6 @@ def _prices(px: np.ndarray) -> np.ndarray:
     out /= 1e9
     out[undefined] = np.nan
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class _Stream:
@@ -154,7 +159,7 @@ class _Stream:
             self.zstd = self.file.read(4) == ZSTD_MAGIC
             self.file.seek(0)
         except OSError as exc:
-            raise SourceError(path, f"cannot read: {_one_line(exc)}") from None
+            raise SourceError(path, f"cannot read: {one_line(exc)}") from None
         self.stream = pa.CompressedInputStream(self.file, "zstd") if self.zstd else self.file
         self.records = 0
 
@@ -170,7 +175,7 @@ class _Stream:
                 n -= buf.size
         except OSError as exc:
             what = "truncated" if "truncated" in str(exc).lower() else "corrupt"
-            problem = f"{what} DBN data after {self.records} records ({_one_line(exc)})"
+            problem = f"{what} DBN data after {self.records} records ({one_line(exc)})"
             raise SourceError(self.path, problem) from None
         if len(parts) == 1:
             return parts[0]
@@ -201,14 +206,19 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
     try:
         meta = dbn.Metadata.decode(prelude + body, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
     except (dbn.DBNError, ValueError) as exc:
-        raise SourceError(path, f"corrupt DBN metadata ({_one_line(exc)})") from None
+        raise SourceError(path, f"corrupt DBN metadata ({one_line(exc)})") from None
     return version, meta
 
 
 class _Symbols:
-    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised)."""
+    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised).
 
-    def __init__(self, mappings: dict[str, list[dict]]) -> None:
+    A symbol that maps several instruments on one date (a parent symbol such as ``ES.FUT``)
+    is refused: its instruments' bars would fall into one series. Records of an id with no
+    mapping, or outside its mapping's dates, are counted in ``unmapped`` / ``outside``.
+    """
+
+    def __init__(self, path: str, mappings: dict[str, list[dict]]) -> None:
         rows = []
         for key, intervals in mappings.items():
             for iv in intervals:
@@ -221,6 +231,7 @@ class _Symbols:
                     continue
                 start, end = ((d - _EPOCH).days for d in (iv["start_date"], iv["end_date"]))
                 rows.append((iid, min(max(start, 0), _DAYS - 1), end, name))
+        _refuse_parents(path, rows)
         rows.sort()
         self.names: list[str] = sorted({r[3] for r in rows})
         index = {n: i for i, n in enumerate(self.names)}
@@ -229,7 +240,10 @@ class _Symbols:
         self.code = np.array([index[r[3]] for r in rows], dtype=np.int64)
         self.start = np.array([r[1] for r in rows], dtype=np.int64)
         self.keys = (self.iid << 20) | self.start
-        self.unmapped: dict[int, int] = {}
+        self.unmapped: dict[int, int] = {}  # id -> its code (its number as the symbol)
+        self.unmapped_records: Counter = Counter()
+        self.outside = 0  # records dated outside every interval of their id (took the nearest one)
+        self.mapped = {int(r[0]): r[3] for r in rows}
 
     def codes(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Symbol code of each record (instrument ``iid`` at time ``ts``)."""
@@ -248,7 +262,8 @@ class _Symbols:
                 codes[todo] = self._by_date(iid[todo], ts[todo])
         missing = codes < 0
         if missing.any():
-            ids, inverse = np.unique(iid[missing], return_inverse=True)
+            ids, inverse, counts = np.unique(iid[missing], return_inverse=True, return_counts=True)
+            self.unmapped_records.update(dict(zip(ids.tolist(), counts.tolist())))
             for v in ids.tolist():
                 if v not in self.unmapped:
                     self.unmapped[v] = len(self.names)
@@ -265,6 +280,8 @@ class _Symbols:
         after = np.clip(i + 1, 0, m - 1)
         same = (i >= 0) & (self.iid[here] == iid)
         later = (i + 1 < m) & (self.iid[after] == iid)
+        inside = same & (day < self.end[here])
+        self.outside += int(np.count_nonzero((same | later) & ~inside))
         return np.where(same, self.code[here], np.where(later, self.code[after], -1))
 
     def _steady(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -287,6 +304,24 @@ class _Symbols:
 
     def column(self, codes: np.ndarray) -> pa.Array:
         return pc.take(pa.array(self.names, pa.string()), pa.array(codes))
+
+
+def _refuse_parents(path: str, rows: list[tuple[int, int, int, str]]) -> None:
+    """SourceError for a symbol mapped to several instruments over overlapping dates (a parent symbol)."""
+    by_name: dict[str, list[tuple[int, int, int]]] = {}
+    for iid, start, end, name in rows:
+        by_name.setdefault(name, []).append((start, end, iid))
+    for name, spans in by_name.items():
+        if len({iid for _, _, iid in spans}) < 2:
+            continue
+        spans.sort()
+        for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+            if a != b and s1 < e0:
+                ids = sorted({iid for _, _, iid in spans})
+                shown = ", ".join(map(str, ids[:6])) + (f", ... ({len(ids)} in all)" if len(ids) > 6 else "")
+                raise SourceError(path, f"symbol '{name}' maps {len(ids)} instruments at once (ids {shown}): a "
+                                        "parent symbol; request the contracts by raw symbol (stype_in raw_symbol, "
+                                        "e.g. ESH4) or one continuous series (stype_in continuous, e.g. ES.c.0)")
 
 
 def _pick(t: np.ndarray, valid: np.ndarray, starts: np.ndarray, group: np.ndarray, first: bool) -> np.ndarray:
@@ -330,6 +365,7 @@ def _fold(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "high": np.fmax.reduceat(f["high"], starts),
         "low": np.fmin.reduceat(f["low"], starts),
         "close": _take(f["close"], _pick(f["t1"], np.isfinite(f["close"]), starts, group, False)),
+        "iid": f["iid"][np.maximum.reduceat(np.arange(n), starts)],
     }
     for name in ("volume", "count"):
         if name in f:
@@ -390,6 +426,7 @@ class _Bars:
         start = ts - 1 if layout == "bbo" else ts
         f["bar"] = start - start % self.bar_ns
         f["t0"] = f["t1"] = ts
+        f["iid"] = recs["instrument_id"].astype(np.int64)
         f["code"] = symbols.codes(recs["instrument_id"], ts)
         return f
 
@@ -505,19 +542,24 @@ class DbnSource(Source):
             o += length
         offs = np.array(offsets, dtype=np.int64)
         stream.records += len(offs)
-        mine = offs[np.isin(raw[offs + 1], self.rtypes)] if len(offs) else offs
+        is_mine = np.isin(raw[offs + 1], self.rtypes) if len(offs) else np.zeros(0, dtype=bool)
+        if not is_mine.all():
+            kinds, counts = np.unique(raw[offs[~is_mine] + 1], return_counts=True)
+            for kind, count in zip(kinds.tolist(), counts.tolist()):
+                self.drops[f"other record type ({_rtype_name(kind)})"] += count
+        mine = offs[is_mine]
         if (raw[mine] != size // 4).any():
             raise SourceError(self.path, f"corrupt DBN data: a {self.schema} record is not {size} bytes long")
         recs = raw[mine[:, None] + np.arange(size)].view(self.dtype).reshape(len(mine))
         return recs, o
 
-    def _table(
-        self, codes: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: _Symbols
-    ) -> pa.Table:
+    def _table(self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray],
+               symbols: _Symbols) -> pa.Table:
         cols = {}
         for name in self.columns:
             cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
-        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols})
+        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols,
+                         "instrument": pa.array(iid.astype(np.int64), pa.int64())})
 
     def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: _Symbols) -> pa.Table | None:
         if f is None or not len(f["bar"]):
@@ -525,7 +567,7 @@ class DbnSource(Source):
         traded = np.isfinite(f["open"])
         if not traded.all():
             f = {k: v[traded] for k, v in f.items()}
-        return self._table(f["code"], f["bar"], f, symbols)
+        return self._table(f["code"], f["iid"], f["bar"], f, symbols)
 
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         if max_rows < 1:
@@ -533,7 +575,7 @@ class DbnSource(Source):
         self.drops.clear()
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
         with _Stream(self.path, self.storage_options) as stream:
-            symbols = _Symbols(_read_metadata(self.path, stream)[1].mappings)
+            symbols = _Symbols(self.path, _read_metadata(self.path, stream)[1].mappings)
             for recs in self._blocks(stream, max_rows):
                 if bars is not None:
                     table = self._bars_table(bars.add(recs, symbols), symbols)
@@ -541,10 +583,14 @@ class DbnSource(Source):
                     ts = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
                     values = {n: _prices(recs[n]) for n in self.columns if n != "volume"}
                     values["volume"] = recs["volume"].astype(np.float64)
-                    table = self._table(symbols.codes(recs["instrument_id"], ts), ts, values, symbols)
+                    iid = recs["instrument_id"]
+                    table = self._table(symbols.codes(iid, ts), iid, ts, values, symbols)
                 yield from self._emit(table, max_rows)
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
+        unmapped = dict(symbols.unmapped_records)
+        self.symbology = {"unmapped": unmapped, "outside": symbols.outside,
+                          "ids": {i: n for i, n in symbols.mapped.items()} if unmapped or symbols.mapped else {}}
 
     def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
         if table is None:
