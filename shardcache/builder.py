@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped
+from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
 from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .errors import ShardcacheError
@@ -301,6 +301,7 @@ def build_cache(
     check_options(seq_len=seq_len, horizon=horizon, shard_rows=shard_rows, chunk_rows=chunk_rows, workers=workers,
                   bar=bar, max_gap=max_gap)
     spec = parse_split(split)
+    stats_of = stats_source(spec, normalize, stats_from is not None)
     specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
                                      symbol_column=symbol_column, columns=columns)
     first = srcs[0]
@@ -347,7 +348,7 @@ def build_cache(
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
             raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped})")
         split_bars = _split_bars(kept, len(spec.names))
-        stats_of = check_splits(spec, normalize, dict(zip(spec.names, split_bars)), frozen is not None)
+        check_splits(spec, stats_of, dict(zip(spec.names, split_bars)))
         rolls = {m.symbol: m.rolls for m in kept if m.rolls}
         layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
                        storage_options, staging)
@@ -372,11 +373,11 @@ def build_cache(
             "feature_names": names,
             "symbols": [m.symbol for m in kept],
             "normalize": normalize,
-            "stats": None if mean is None else {"mean": mean.tolist(), "std": std.tolist(), "count": n_train,
-                                                "split": stats_of},
+            "stats": None if mean is None else {"mean": mean.tolist(), "std": std.tolist(), "count": n_train},
             "splits": {
                 "spec": spec.text,
                 "names": spec.names,
+                "stats_from": stats_of,  # where zscore statistics come from: train, all (no splits) or stats_from
                 "cuts_ns": [int(c) for c in cuts],
                 "cuts": [str(np.datetime64(int(c), "ns")) for c in cuts],
                 "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())

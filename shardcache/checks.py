@@ -17,7 +17,7 @@ from .errors import ShardcacheError
 from .sources import Source, format_duration, parse_duration
 from .splits import SplitSpec
 
-__all__ = ["check_options", "check_bar_sizes", "resolve_unmapped", "check_splits"]
+__all__ = ["check_options", "check_bar_sizes", "resolve_unmapped", "stats_source", "check_splits"]
 
 log = logging.getLogger("shardcache")
 
@@ -123,12 +123,9 @@ def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbolo
             "outside_mapping_dates": outside}
 
 
-def check_splits(spec: SplitSpec, normalize: str, bars: dict[str, int], frozen: bool) -> str | None:
-    """Where z-score statistics come from (``"train"`` or ``"all"``, None without them); refuse a
-    layout that leaves them undefined, and warn about splits with no bars."""
-    for name in spec.names:
-        if name != "train" and len(spec.names) > 1 and not bars.get(name):
-            log.warning("split %s has no bars (its dates are after all data?); it will give no windows", name)
+def stats_source(spec: SplitSpec, normalize: str, frozen: bool) -> str | None:
+    """Where z-score statistics come from: ``"train"``, ``"all"`` (no splits), ``"stats_from"`` or
+    None (no normalization); refuse, before any input is read, a layout with splits but no train."""
     if normalize != "zscore":
         return None
     if frozen:
@@ -138,7 +135,14 @@ def check_splits(spec: SplitSpec, normalize: str, bars: dict[str, int], frozen: 
     if "train" not in spec.names:
         raise ShardcacheError(f"--split {spec.text!r}: --normalize zscore takes its statistics from a split named "
                               "train, and this layout has none; name one train, or pass --normalize none")
-    if not bars.get("train"):
+    return "train"
+
+
+def check_splits(spec: SplitSpec, stats_of: str | None, bars: dict[str, int]) -> None:
+    """Refuse z-score statistics over an empty train split; warn about other splits with no bars."""
+    if stats_of == "train" and not bars.get("train"):
         raise ShardcacheError(f"--split {spec.text!r}: the train split has no bars, so --normalize zscore has no "
                               "statistics; move the split dates later, or pass --normalize none")
-    return "train"
+    for name in spec.names:
+        if len(spec.names) > 1 and not bars.get(name):
+            log.warning("split %s has no bars (its dates are after all data?); it will give no windows", name)

@@ -97,12 +97,25 @@ _BUILD_ONLY = ("features", "normalize", "split", "max_gap", "bar", "ts_column", 
                "shard_rows", "chunk_rows", "codec", "seq_len", "horizon", "overwrite", "stats_from")
 
 
+def _explicit(argv: Sequence[str]) -> set[str]:
+    """The build options that ``argv`` names itself, whatever their values (``--split none`` included)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    _add_build_args(parser)  # the options, from the one place that declares them
+    dests = vars(parser.parse_known_args(argv)[0])
+    unset = object()  # not a string, so argparse does not convert it
+    parser.set_defaults(**dict.fromkeys(dests, unset))
+    return {k for k, v in vars(parser.parse_known_args(argv)[0]).items() if v is not unset}
+
+
 def _cmd_append(args: argparse.Namespace) -> int:
     from .append import append_cache
 
-    parser = argparse.ArgumentParser()
-    _add_build_args(parser)  # the defaults, from the one place that declares them
-    given = [k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)]
+    explicit = getattr(args, "explicit", None)
+    if explicit is None:  # called without the command line: compare with the defaults
+        parser = argparse.ArgumentParser()
+        _add_build_args(parser)
+        explicit = {k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)}
+    given = [k for k in _BUILD_ONLY if k in explicit]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
@@ -116,7 +129,10 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from .builder import build_cache
+    from .checks import check_options
 
+    check_options(seq_len=args.seq_len, horizon=args.horizon, shard_rows=args.shard_rows, chunk_rows=args.chunk_rows,
+                  workers=args.workers, bar=args.bar, max_gap=args.max_gap)
     if args.append:
         return _cmd_append(args)
     if args.stats is not None:
@@ -185,9 +201,20 @@ def format_info(info: dict[str, Any]) -> str:
     skipped = c.get("skipped_symbols") or {}
     if skipped:
         lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
+    rolls = c.get("rolls") or 0
+    if rolls:
+        lines.append(f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
+                     "(manifest['rolls'] has their times and instruments)")
+    unmapped = c.get("unmapped") or {}
+    if unmapped:
+        lines.append(f"unmapped  {unmapped.get('records', 0):,} records of {unmapped.get('instruments', 0)} "
+                     f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
+                     "outside their mapping dates")
     stats = info["stats"]
+    source = {"all": "all bars", "stats_from": "the --stats-from cache"}.get(
+        info["splits"].get("stats_from") or "train", "the train split")
     lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
-                 + ("; mean and std of the train split, in source units)" if stats else ")"))
+                 + (f"; mean and std of {source}, in source units)" if stats else ")"))
     if stats:
         rows = [(n, f"{stats[n]['mean']:+.6g}", f"{stats[n]['std']:.6g}") for n in info["features"]]
         lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
@@ -227,6 +254,9 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .store import open_cache
 
+    if args.seq_len < 1 or args.horizon < 0:
+        flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
+        raise ShardcacheError(f"{flag} {value}: must be at least {1 if flag == '--seq-len' else 0}")
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     _print_info(cache.info(args.seq_len, args.horizon), args.json)
     return 0
@@ -354,7 +384,10 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``shardcache``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.command == "build":
+        args.explicit = _explicit(argv[argv.index("build") + 1:])
     return _run(args.func, args, "shardcache")
 
 
@@ -362,7 +395,10 @@ def build_cache_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``build-cache``."""
     p = argparse.ArgumentParser(prog="build-cache", description="Build a shardcache from DBN or Parquet files.")
     _add_build_args(p)
-    return _run(_cmd_build, p.parse_args(argv), "build-cache")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
+    args.explicit = _explicit(argv)
+    return _run(_cmd_build, args, "build-cache")
 
 
 if __name__ == "__main__":
