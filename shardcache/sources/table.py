@@ -49,8 +49,9 @@ def _listing(names: list[str]) -> str:
 
 
 def _is_numeric(t: pa.DataType) -> bool:
+    """Columns read as float features (a null-typed column holds no value: refused when read)."""
     types = pa.types
-    return types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
+    return types.is_null(t) or types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
 
 
 def _is_time(t: pa.DataType) -> bool:
@@ -207,7 +208,7 @@ class TabularSource(Source):
             valid = ~np.isnan(values)
             whole = valid & (values == np.round(values)) & (np.abs(values) < _EXACT)
             if (valid & ~whole).any():
-                bad = values[valid & ~whole][0]
+                bad = float(values[valid & ~whole][0])
                 raise SourceError(self.path, f"symbol column '{name}' holds {bad!r}, not a whole number; "
                                              "symbols must be text or whole numbers")
             ints = pa.array(np.where(valid, values, 0).astype(np.int64), mask=~valid)
