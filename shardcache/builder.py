@@ -49,7 +49,7 @@ from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stat
 from .errors import ShardcacheError
 from .features import required_columns, resolve_features
 from .index import SegmentTable, valid_ranges
-from .sources import Source, expand_inputs, open_sources, parse_duration
+from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
@@ -301,7 +301,7 @@ def build_cache(
     check_options(seq_len=seq_len, horizon=horizon, shard_rows=shard_rows, chunk_rows=chunk_rows, workers=workers,
                   bar=bar, max_gap=max_gap)
     spec = parse_split(split)
-    stats_of = stats_source(spec, normalize, stats_from is not None)
+    stats_of = stats_source(spec, normalize)
     specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
                                      symbol_column=symbol_column, columns=columns)
     first = srcs[0]
@@ -327,6 +327,8 @@ def build_cache(
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
         scanned = scan_inputs(run, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
         bar_ns = check_bar_sizes(srcs, scanned.steps, bar)
+        resampled = sorted({format_duration(s.interval) for s in srcs
+                            if getattr(s, "layout", None) == "ohlcv" and s.bar_ns != s.interval})
         del srcs, first
         dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
@@ -348,7 +350,7 @@ def build_cache(
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
             raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped})")
         split_bars = _split_bars(kept, len(spec.names))
-        check_splits(spec, stats_of, dict(zip(spec.names, split_bars)))
+        check_splits(spec, stats_of if frozen is None else None, dict(zip(spec.names, split_bars)))
         rolls = {m.symbol: m.rolls for m in kept if m.rolls}
         layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
                        storage_options, staging)
@@ -401,6 +403,7 @@ def build_cache(
                                if any(m.duplicates for m in merged) else {})},
                 "reordered": reordered,
                 "rolls": sum(len(r) for r in rolls.values()),
+                **({"resampled": {"from": resampled, "to": format_duration(bar_ns)}} if resampled else {}),
                 **({"unmapped": unmapped} if unmapped else {}),
                 "windows": {
                     "seq_len": seq_len, "horizon": horizon,

@@ -123,13 +123,11 @@ def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbolo
             "outside_mapping_dates": outside}
 
 
-def stats_source(spec: SplitSpec, normalize: str, frozen: bool) -> str | None:
-    """Where z-score statistics come from: ``"train"``, ``"all"`` (no splits), ``"stats_from"`` or
-    None (no normalization); refuse, before any input is read, a layout with splits but no train."""
+def stats_source(spec: SplitSpec, normalize: str) -> str | None:
+    """Where z-score statistics come from: ``"train"``, ``"all"`` (no splits) or None (no
+    normalization); refuse, before any input is read, a layout with splits but no train."""
     if normalize != "zscore":
         return None
-    if frozen:
-        return "stats_from"
     if spec.names == ["all"]:
         return "all"
     if "train" not in spec.names:

@@ -201,6 +201,9 @@ def format_info(info: dict[str, Any]) -> str:
     skipped = c.get("skipped_symbols") or {}
     if skipped:
         lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
+    resampled = c.get("resampled")
+    if resampled:
+        lines.append(f"resampled {', '.join(resampled['from'])} bars into {resampled['to']} bars (--bar)")
     rolls = c.get("rolls") or 0
     if rolls:
         lines.append(f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
@@ -211,8 +214,7 @@ def format_info(info: dict[str, Any]) -> str:
                      f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
                      "outside their mapping dates")
     stats = info["stats"]
-    source = {"all": "all bars", "stats_from": "the --stats-from cache"}.get(
-        info["splits"].get("stats_from") or "train", "the train split")
+    source = "all bars" if info["splits"].get("stats_from") == "all" else "the train split"
     lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
                  + (f"; mean and std of {source}, in source units)" if stats else ")"))
     if stats:

@@ -21,7 +21,6 @@ import pytest
 
 from shardcache import WindowDataset, WindowStream, build_cache
 from shardcache.cli import build_cache_main, main
-from shardcache.errors import ShardcacheError
 from shardcache.sample import _Interval, _Mapping, _records, write_dbn
 
 MIN = 60 * 10**9
@@ -211,8 +210,12 @@ def test_bar_on_table_inputs_is_refused_unless_it_is_their_step(tmp_path, capsys
 def test_dbn_bars_resampled_coarser_say_so_and_finer_is_refused(tmp_path, capsys):
     ts = T0 + MIN * np.arange(120)
     path = write_dbn(tmp_path / "m.dbn", "ohlcv-1m", bars(ts, np.full(120, 10.0), 7), symbols={7: "ESH4"})
-    cache = build_cache([path], tmp_path / "c.zarr", bar="5m", features="close", normalize="none", progress=False)
+    out = tmp_path / "c.zarr"
+    cache = build_cache([path], out, bar="5m", features="close", normalize="none", progress=False)
     assert cache.n_bars == 24 and cache.manifest["build"]["bar_ns"] == 5 * MIN
+    assert cache.manifest["counts"]["resampled"] == {"from": ["1m"], "to": "5m"}
+    rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
+    assert "resampled 1m bars into 5m bars (--bar)" in text
     assert "cannot make 30s bars from ohlcv-1m" in refused(capsys, tmp_path / "d.zarr", str(path), "--bar", "30s")
 
 

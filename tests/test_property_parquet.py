@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardcache import open_cache
-from shardcache.cli import build_cache_main
+from shardcache.cli import build_cache_main, format_info
 from shardcache.sources import PRICE_COLUMNS
 from shardcache.verify import verify_cache
 
@@ -143,4 +144,5 @@ def test_generated_parquet_builds_equal_or_refuse_in_one_line(case):
         event("built")
         cache = open_cache(out)
         assert verify_cache(out).ok
+        assert format_info(cache.info()) and json.dumps(cache.info(), default=str)  # info works on every cache
         _check_equal(cache, table, truth)
