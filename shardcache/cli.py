@@ -27,6 +27,13 @@ __all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 log = logging.getLogger("shardcache")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error rule: a malformed argument is one line on stderr and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
@@ -53,10 +60,11 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst) or Parquet files, directories or globs")
+    p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
     p.add_argument("--features", default=None,
-                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw'")
+                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw', "
+                        "alone or with names (default,close)")
     p.add_argument("--normalize", choices=["zscore", "none"], default="zscore",
                    help="z-score with train-split statistics (default) or none")
     p.add_argument("--split", default="none",
@@ -64,10 +72,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-gap", default="auto",
                    help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); "
                         "auto = max(1h, 5 bars)")
-    p.add_argument("--bar", default=None, help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...")
-    p.add_argument("--ts-column", default=None, help="Parquet timestamp column (default: detected)")
-    p.add_argument("--symbol-column", default=None, help="Parquet symbol column (default: detected)")
-    p.add_argument("--columns", default=None, help="Parquet value columns to read (comma-separated)")
+    p.add_argument("--bar", default=None,
+                   help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...; resamples DBN OHLCV "
+                        "bars to a multiple of their interval")
+    p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
+    p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
+    p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
     p.add_argument("--codec", choices=["blosc-lz4", "zstd", "lz4", "none"], default="blosc-lz4")
@@ -334,7 +344,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardcache", description=__doc__.splitlines()[0])
+    p = _Parser(prog="shardcache", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build a cache (same as build-cache)")
     _add_build_args(b)
@@ -395,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_cache_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``build-cache``."""
-    p = argparse.ArgumentParser(prog="build-cache", description="Build a shardcache from DBN or Parquet files.")
+    p = _Parser(prog="build-cache", description="Build a shardcache from DBN, Parquet or CSV files.")
     _add_build_args(p)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)

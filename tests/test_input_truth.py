@@ -229,6 +229,8 @@ def two_symbols(n: int = 100) -> dict:
 @pytest.mark.parametrize("symbols, expected", [
     (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary()), ["ES", "NQ"]),
     (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.large_binary()), ["ES", "NQ"]),
+    (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary(2)), ["ES", "NQ"]),
+    (pa.array([7] * 100 + [2**40] * 100, pa.uint64()), ["1099511627776", "7"]),
     (pa.array([1] * 100 + [2] * 100, pa.int32()), ["1", "2"]),
     (pa.array([1.0] * 100 + [2.0] * 100, pa.float64()), ["1", "2"]),
     (pa.array(["ES"] * 100 + ["NQ"] * 100).dictionary_encode(), ["ES", "NQ"]),
@@ -365,3 +367,49 @@ def test_zscore_needs_train_bars_and_a_train_split(tmp_path, capsys, caplog):
     rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "e.zarr"), "-q", "--split", "a=0.5,b=0.5",
                      "--normalize", "none")
     assert rc == 0 and os.path.isdir(tmp_path / "e.zarr")
+
+
+@pytest.mark.parametrize("bar", [None, "5m"])
+def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
+    """Daily downloads of ES.c.0: each file maps the symbol to that day's instrument; bars resampled or not."""
+    d1, d2 = DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=2)
+    first = T0 + MIN * np.arange(120)  # 22:00 .. 23:59 on DAY0
+    second = T0 + 2 * HOUR + MIN * np.arange(120)  # 00:00 .. 01:59 on the next day
+    a = dbn_file(tmp_path / "day0.dbn", "ohlcv-1m", bars(first, np.full(120, 5000.0), 100),
+                 [("ES.c.0", [(DAY0, d1, "100")])], dbn.SType.CONTINUOUS)
+    b = dbn_file(tmp_path / "day1.dbn", "ohlcv-1m", bars(second, np.full(120, 5100.0), 200),
+                 [("ES.c.0", [(d1, d2, "200")])], dbn.SType.CONTINUOUS)
+    cache = build_cache([a, b], tmp_path / "c.zarr", bar=bar, features="close", normalize="none", max_gap="1h",
+                        progress=False)
+    per = 1 if bar is None else 5
+    assert cache.manifest["rolls"] == {"ES.c.0": [[T0 + 2 * HOUR, 100, 200]]}
+    assert len(cache.segments) == 2 and int(cache.segments[0, 2] - cache.segments[0, 1]) == 120 // per
+    ds = WindowDataset(cache, seq_len=10, horizon=1)
+    assert len(ds) == 2 * (120 // per - 10)
+    assert all(len(set(np.concatenate([ds[i][0].numpy().ravel(), ds[i][1].numpy()]).tolist())) == 1
+               for i in range(len(ds)))
+
+
+def test_source_readers_never_import_their_package():
+    """The readers import the shared base; only the package imports the readers (no import circle)."""
+    import ast
+
+    import shardcache.sources as pkg
+
+    folder = Path(pkg.__file__).parent
+    for path in folder.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.level == 1 and node.module is None), f"{path.name} imports its package"
+                assert node.module not in ("shardcache.sources",), f"{path.name} imports its package"
+
+
+@pytest.mark.parametrize("args", [["--seq-len", "abc"], ["--workers", "1.5"], ["--codec", "brotli"]])
+def test_malformed_arguments_are_one_line_too(tmp_path, capsys, args):
+    with pytest.raises(SystemExit) as exit_:
+        build_cache_main([str(tmp_path / "x.dbn"), "--out", str(tmp_path / "c.zarr"), *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and args[0] in err
+    assert not (tmp_path / "c.zarr").exists()

@@ -62,8 +62,13 @@ def _is_symbol(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     types = pa.types
-    return (types.is_string(t) or types.is_large_string(t) or types.is_binary(t) or types.is_large_binary(t)
-            or types.is_integer(t) or types.is_floating(t))
+    return (types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t)
+            or types.is_floating(t))
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    types = pa.types
+    return types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t)
 
 
 def _int_unit(values: np.ndarray) -> str | None:
@@ -197,9 +202,9 @@ class TabularSource(Source):
             col = col.dictionary_decode()
         t = col.type
         name = self.symbol_column
-        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        if _is_bytes(t):
             try:
-                return col.cast(pa.string())
+                return col.cast(pa.binary()).cast(pa.string())
             except pa.ArrowInvalid:
                 raise SourceError(self.path, f"symbol column '{name}' holds bytes that are not UTF-8 text; "
                                              "write the symbols as strings") from None
