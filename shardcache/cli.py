@@ -208,9 +208,6 @@ def format_info(info: dict[str, Any]) -> str:
     drop_desc = ", ".join(f"{k}: {v:,}" for k, v in dropped.items()) or "none"
     lines.append(f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
                  f"{c.get('reordered', 0):,} out of order (sorted)")
-    skipped = c.get("skipped_symbols") or {}
-    if skipped:
-        lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
     resampled = c.get("resampled")
     if resampled:
         lines.append(f"resampled {', '.join(resampled['from'])} bars into {resampled['to']} bars (--bar)")

@@ -41,7 +41,6 @@ quote in ``tbbo``/``mbp-1`` is only skipped. Bars are then cleaned like any piec
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections import Counter
 from collections.abc import Iterator
@@ -49,11 +48,11 @@ from collections.abc import Iterator
 import databento_dbn as dbn
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import SourceError
 from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, one_line, parse_duration
 from .files import is_url, open_input
+from .symbology import Symbols
 
 __all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
 
@@ -62,8 +61,6 @@ LATE_NS = 60_000_000_000
 _STEP = 8 << 20  # bytes asked of the zstd stream at once
 BLOCK_ROWS = 1 << 16  # records decoded at once: fits the CPU caches better than bigger blocks
 SECOND, MINUTE, HOUR, DAY = (parse_duration(t) for t in ("1s", "1m", "1h", "1d"))
-_EPOCH = dt.date(1970, 1, 1)
-_DAYS = 1 << 20  # mapping dates are packed below the instrument id in one int64 key
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 # (name, numpy format, byte offset) of the record fields, after the DBN specification.
@@ -210,120 +207,6 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
     return version, meta
 
 
-class _Symbols:
-    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised).
-
-    A symbol that maps several instruments on one date (a parent symbol such as ``ES.FUT``)
-    is refused: its instruments' bars would fall into one series. Records of an id with no
-    mapping, or outside its mapping's dates, are counted in ``unmapped`` / ``outside``.
-    """
-
-    def __init__(self, path: str, mappings: dict[str, list[dict]]) -> None:
-        rows = []
-        for key, intervals in mappings.items():
-            for iv in intervals:
-                sym = str(iv["symbol"])
-                if sym.isdigit():
-                    iid, name = int(sym), key
-                elif key.isdigit() and sym:
-                    iid, name = int(key), sym
-                else:
-                    continue
-                start, end = ((d - _EPOCH).days for d in (iv["start_date"], iv["end_date"]))
-                rows.append((iid, min(max(start, 0), _DAYS - 1), end, name))
-        _refuse_parents(path, rows)
-        rows.sort()
-        self.names: list[str] = sorted({r[3] for r in rows})
-        index = {n: i for i, n in enumerate(self.names)}
-        self.iid = np.array([r[0] for r in rows], dtype=np.int64)
-        self.end = np.array([r[2] for r in rows], dtype=np.int64)
-        self.code = np.array([index[r[3]] for r in rows], dtype=np.int64)
-        self.start = np.array([r[1] for r in rows], dtype=np.int64)
-        self.keys = (self.iid << 20) | self.start
-        self.unmapped: dict[int, int] = {}  # id -> its code (its number as the symbol)
-        self.unmapped_records: Counter = Counter()
-        self.outside = 0  # records dated outside every interval of their id (took the nearest one)
-        self.mapped = {int(r[0]): r[3] for r in rows}
-
-    def codes(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Symbol code of each record (instrument ``iid`` at time ``ts``)."""
-        iid = iid.astype(np.int64)
-        codes = np.full(len(iid), -1, dtype=np.int64)
-        if len(self.keys) and len(iid):
-            steady = self._steady(ts)
-            if steady is not None:
-                ids, code = steady
-                at = np.clip(np.searchsorted(ids, iid), 0, len(ids) - 1)
-                codes = np.where(ids[at] == iid, code[at], -1)
-            todo = codes < 0
-            if todo.all():
-                codes = self._by_date(iid, ts)
-            elif todo.any():
-                codes[todo] = self._by_date(iid[todo], ts[todo])
-        missing = codes < 0
-        if missing.any():
-            ids, inverse, counts = np.unique(iid[missing], return_inverse=True, return_counts=True)
-            self.unmapped_records.update(dict(zip(ids.tolist(), counts.tolist())))
-            for v in ids.tolist():
-                if v not in self.unmapped:
-                    self.unmapped[v] = len(self.names)
-                    self.names.append(str(v))
-            codes[missing] = np.array([self.unmapped[v] for v in ids.tolist()], dtype=np.int64)[inverse]
-        return codes
-
-    def _by_date(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Codes from the mapping interval holding each record's UTC date, else the id's nearest one."""
-        m = len(self.keys)
-        day = np.maximum(ts, 0) // DAY
-        i = np.searchsorted(self.keys, (iid << 20) | day, side="right") - 1
-        here = np.clip(i, 0, m - 1)
-        after = np.clip(i + 1, 0, m - 1)
-        same = (i >= 0) & (self.iid[here] == iid)
-        later = (i + 1 < m) & (self.iid[after] == iid)
-        inside = same & (day < self.end[here])
-        self.outside += int(np.count_nonzero((same | later) & ~inside))
-        return np.where(same, self.code[here], np.where(later, self.code[after], -1))
-
-    def _steady(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ids, codes) when every instrument mapped during ``ts``'s days keeps one mapping for all of them.
-
-        The common case (a daily file, or a block inside one mapping interval): the symbol
-        then depends on the id alone, which is much cheaper to look up.
-        """
-        lo, hi = int(ts.min()), int(ts.max())
-        if lo < 0:
-            return None
-        first, last = lo // DAY, hi // DAY
-        overlap = (self.start <= last) & (self.end > first)
-        ids = self.iid[overlap]
-        if not len(ids) or len(np.unique(ids)) != len(ids):
-            return None
-        if (self.start[overlap] > first).any() or (self.end[overlap] <= last).any():
-            return None
-        return ids, self.code[overlap]
-
-    def column(self, codes: np.ndarray) -> pa.Array:
-        return pc.take(pa.array(self.names, pa.string()), pa.array(codes))
-
-
-def _refuse_parents(path: str, rows: list[tuple[int, int, int, str]]) -> None:
-    """SourceError for a symbol mapped to several instruments over overlapping dates (a parent symbol)."""
-    by_name: dict[str, list[tuple[int, int, int]]] = {}
-    for iid, start, end, name in rows:
-        by_name.setdefault(name, []).append((start, end, iid))
-    for name, spans in by_name.items():
-        if len({iid for _, _, iid in spans}) < 2:
-            continue
-        spans.sort()
-        for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
-            if a != b and s1 < e0:
-                ids = sorted({iid for _, _, iid in spans})
-                shown = ", ".join(map(str, ids[:6])) + (f", ... ({len(ids)} in all)" if len(ids) > 6 else "")
-                raise SourceError(path, f"symbol '{name}' maps {len(ids)} instruments at once (ids {shown}): a "
-                                        "parent symbol; request the contracts by raw symbol (stype_in raw_symbol, "
-                                        "e.g. ESH4) or one continuous series (stype_in continuous, e.g. ES.c.0)")
-
-
 def _pick(t: np.ndarray, valid: np.ndarray, starts: np.ndarray, group: np.ndarray, first: bool) -> np.ndarray:
     """Per group, the row of the earliest (or latest) valid ``t``; out-of-range when none is valid."""
     n = len(t)
@@ -388,7 +271,7 @@ class _Bars:
         self.cutoff = _I64_MIN
         self.newest = _I64_MIN
 
-    def _rows(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+    def _rows(self, recs: np.ndarray, symbols: Symbols) -> dict[str, np.ndarray]:
         """One row per usable record, in the shape of a partial bar."""
         layout = self.layout
         ts = np.ascontiguousarray(recs["ts_recv" if layout == "bbo" else "ts_event"]).view(np.int64)
@@ -430,7 +313,7 @@ class _Bars:
         f["code"] = symbols.codes(recs["instrument_id"], ts)
         return f
 
-    def add(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+    def add(self, recs: np.ndarray, symbols: Symbols) -> dict[str, np.ndarray]:
         """Fold a block of records in; return the bars now closed."""
         f = self._rows(recs, symbols)
         late = f["bar"] < self.cutoff
@@ -554,14 +437,14 @@ class DbnSource(Source):
         return recs, o
 
     def _table(self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray],
-               symbols: _Symbols) -> pa.Table:
+               symbols: Symbols) -> pa.Table:
         cols = {}
         for name in self.columns:
             cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
         return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols,
                          "instrument": pa.array(iid.astype(np.int64), pa.int64())})
 
-    def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: _Symbols) -> pa.Table | None:
+    def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: Symbols) -> pa.Table | None:
         if f is None or not len(f["bar"]):
             return None
         traded = np.isfinite(f["open"])
@@ -575,7 +458,7 @@ class DbnSource(Source):
         self.drops.clear()
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
         with _Stream(self.path, self.storage_options) as stream:
-            symbols = _Symbols(self.path, _read_metadata(self.path, stream)[1].mappings)
+            symbols = Symbols(self.path, _read_metadata(self.path, stream)[1].mappings)
             for recs in self._blocks(stream, max_rows):
                 if bars is not None:
                     table = self._bars_table(bars.add(recs, symbols), symbols)
