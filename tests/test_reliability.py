@@ -371,7 +371,8 @@ PARQUET_CASES = {
     "named column missing": ({"ts": [T0], "close": [1.0]}, ["--columns", "close,vwap"], "no column 'vwap'"),
     "non-numeric feature column": ({"ts": [T0], "venue": ["X"]}, ["--columns", "venue"], "must be numeric"),
     "no numeric columns": ({"ts": [T0], "venue": ["X"]}, [], "no numeric feature columns"),
-    "symbol column of fractions": ({"ts": [T0], "close": [1.5]}, ["--symbol-column", "close"], "not a whole number"),
+    "symbol column of fractions": ({"ts": [T0], "sym": [1.5], "close": [1.0]}, ["--symbol-column", "sym"],
+                                   "not a whole number"),
     "feature needs absent columns": ({"ts": [T0], "close": [1.0]}, ["--features", "log_range"], "needs source"),
 }
 
