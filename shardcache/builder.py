@@ -159,9 +159,10 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
             if len(part_ts) > 1:
                 diffs = np.diff(part_ts)
                 dts.append(int(np.median(diffs)))
-                values, counts = np.unique(diffs[diffs > 0], return_counts=True)
-                top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
-                steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+                if src.bar_ns is None:  # a table's bar size: the most common step (DBN files know theirs)
+                    values, counts = np.unique(diffs[diffs > 0], return_counts=True)
+                    top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
+                    steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
             runs.append(run)
             if sketch:  # only fraction splits need it (65 timestamps per run)
                 sketches.append(part_ts[np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)])

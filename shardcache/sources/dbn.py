@@ -7,11 +7,14 @@ How a file is read:
   are viewed as numpy structured arrays (:func:`record_dtype`). The record layouts of the
   schemas read here are the same in DBN versions 1, 2 and 3. A body that mixes record
   types (e.g. live data with system records) is walked record by record and only the
-  schema's records are kept.
+  schema's records are kept; the others are counted as ``other record type (NAME)``.
 * Prices are fixed-point (1e-9) int64: ``UNDEF_PRICE`` becomes NaN, the rest ``px / 1e9``.
 * Symbols come from the metadata's symbol mappings, honouring each mapping's dates
-  (instrument id and UTC date of the record); an id with no mapping on that date takes its
-  nearest mapping, and an id never mapped keeps its number as its symbol.
+  (instrument id and UTC date of the record, :mod:`.symbology`); an id with no mapping on
+  that date takes its nearest mapping, and an id never mapped keeps its number as its
+  symbol, both counted in ``symbology`` (the build names such an id from another file's
+  mapping when one has it). Each piece carries the records' instrument ids, so the build
+  cuts a continuous symbol's series at its rolls. A parent symbol is refused.
 
 What becomes a bar (``ts`` is always the bar start; bars are aligned to the epoch, UTC):
 
@@ -471,9 +474,8 @@ class DbnSource(Source):
                 yield from self._emit(table, max_rows)
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
-        unmapped = dict(symbols.unmapped_records)
-        self.symbology = {"unmapped": unmapped, "outside": symbols.outside,
-                          "ids": {i: n for i, n in symbols.mapped.items()} if unmapped or symbols.mapped else {}}
+        unmapped = dict(symbols.unmapped_records)  # read by the build, to name them from other files
+        self.symbology = {"unmapped": unmapped, "outside": symbols.outside, "ids": dict(symbols.mapped)}
 
     def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
         if table is None:
