@@ -80,7 +80,7 @@ class _Scan:
     records: int
     median_dt: int | None
     step: int | None  # the most common step between a symbol's consecutive bars (tabular inputs' bar size)
-    symbology: dict  # what the source learned about symbols (DBN: unmapped instruments)
+    symbology: dict[str, Any]  # what the source learned about symbols (DBN: unmapped instruments), plain JSON
 
 
 @dataclass(slots=True)
@@ -110,7 +110,7 @@ class Merged:
     seg_split: np.ndarray
     duplicates: int
     tail: dict  # the last bar's timestamp and source values: the "previous bar" of a later append
-    rolls: list = field(default_factory=list)  # [ts_ns, from instrument, to instrument] where it changes
+    rolls: list[list[int]] = field(default_factory=list)  # [ts_ns, from instrument, to instrument] at each change
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Scanned:
     reordered: int
     drops: Counter
     steps: list[int | None]  # per input: the most common step between a symbol's bars
-    unmapped: dict  # DBN instruments with no symbol mapping (see ``checks.resolve_unmapped``)
+    unmapped: dict[str, int]  # DBN instruments with no symbol mapping (see ``checks.resolve_unmapped``)
 
 
 # -- stage 1: scan ---------------------------------------------------------------------------

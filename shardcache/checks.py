@@ -88,13 +88,13 @@ def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: st
     return next(iter(sizes), None)
 
 
-def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbology: Sequence[dict]) -> dict:
+def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbology: Sequence[dict]) -> dict[str, int]:
     """Name each DBN file's unmapped instruments from another file's mappings where one has them.
 
     ``symbols[i]`` (file i's symbol names) is renamed in place. Warns once per file and
     returns the counts for the manifest (empty when every record was mapped).
     """
-    names: dict[int, set[str]] = {}
+    names: dict[int, set[str]] = {}  # ids come as strings (plain JSON)
     for info in symbology:
         for iid, name in (info.get("ids") or {}).items():
             names.setdefault(int(iid), set()).add(name)

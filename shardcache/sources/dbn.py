@@ -474,8 +474,9 @@ class DbnSource(Source):
                 yield from self._emit(table, max_rows)
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
-        unmapped = dict(symbols.unmapped_records)  # read by the build, to name them from other files
-        self.symbology = {"unmapped": unmapped, "outside": symbols.outside, "ids": dict(symbols.mapped)}
+        # read by the build, to name unmapped ids from other files; string keys keep it plain JSON
+        self.symbology = {"unmapped": {str(i): n for i, n in symbols.unmapped_records.items()},
+                          "outside": symbols.outside, "ids": {str(i): n for i, n in symbols.mapped.items()}}
 
     def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
         if table is None:
