@@ -7,9 +7,11 @@ intervals, continuous and parent symbology); Parquet and CSV with pyarrow.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import json
 import os
+import re
 from pathlib import Path
 
 import databento_dbn as dbn
@@ -252,7 +254,8 @@ def test_symbol_columns_of_every_type_keep_symbols_apart(tmp_path, capsys, symbo
                                                                           r"leave it out with --columns close"),
     ({"symbol": ["ES"] * 200, "vol": np.full(200, np.nan)}, r"column 'vol' is entirely null or NaN"),
     ({"symbol": ["ES"] * 200, "ts_recv": pa.array(np.full(200, 2**60), pa.int64())},
-     r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); leave it out with --columns close"),
+     r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); "
+     r"leave it out with --columns close"),
     ({"symbol": ["ES"] * 200, "ts_event": pa.array(np.full(200, T0), pa.timestamp("ns"))},
      r"several timestamp columns: 'ts' \(int64\), 'ts_event' \(timestamp\[ns\]\); name the right one with --ts-column"),
     ({"symbol": ["ES"] * 200, "ticker": pa.array(np.arange(200), pa.int64())},
@@ -263,7 +266,7 @@ def test_parquet_column_problems_are_one_line_naming_the_column(tmp_path, capsys
     table = pa.table({**two_symbols(), **cols})
     path = tmp_path / "x.parquet"
     pq.write_table(table, path)
-    assert pytest.importorskip("re").search(message, refused(capsys, tmp_path / "c.zarr", str(path)))
+    assert re.search(message, refused(capsys, tmp_path / "c.zarr", str(path)))
 
 
 def test_duplicate_column_names_are_refused(tmp_path, capsys):
@@ -324,7 +327,8 @@ def test_csv_follows_the_same_bad_input_rules(tmp_path, capsys):
 @pytest.mark.parametrize("args, flag", [
     (["--seq-len", "0"], "--seq-len 0"), (["--seq-len", "-5"], "--seq-len -5"), (["--horizon", "-1"], "--horizon -1"),
     (["--shard-rows", "0"], "--shard-rows 0"), (["--shard-rows", "-8"], "--shard-rows -8"),
-    (["--chunk-rows", "0"], "--chunk-rows 0"), (["--workers", "-1"], "--workers -1"), (["--workers", "0"], "--workers 0"),
+    (["--chunk-rows", "0"], "--chunk-rows 0"), (["--workers", "-1"], "--workers -1"),
+    (["--workers", "0"], "--workers 0"),
     (["--split", "train"], "--split 'train'"), (["--split", "train=0.5,val=0.2"], "--split 'train=0.5,val=0.2'"),
     (["--split", "val=2024-13-45"], "--split 'val=2024-13-45'"), (["--bar", "5 minutes"], "--bar '5 minutes'"),
     (["--bar", "0"], "--bar '0'"), (["--max-gap", "soon"], "--max-gap 'soon'"),
@@ -392,8 +396,6 @@ def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
 
 def test_source_readers_never_import_their_package():
     """The readers import the shared base; only the package imports the readers (no import circle)."""
-    import ast
-
     import shardcache.sources as pkg
 
     folder = Path(pkg.__file__).parent

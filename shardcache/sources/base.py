@@ -17,8 +17,8 @@ import pyarrow as pa
 from ..errors import SourceError
 from .files import is_url, stat_input
 
-__all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration", "one_line",
-           "PRICE_COLUMNS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
+__all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration",
+           "one_line", "PRICE_COLUMNS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
 
 PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
 TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
