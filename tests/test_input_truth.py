@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import gzip
 import json
 import os
 import re
@@ -415,3 +416,32 @@ def test_malformed_arguments_are_one_line_too(tmp_path, capsys, args):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and args[0] in err
     assert not (tmp_path / "c.zarr").exists()
+
+
+CSV_ROWS = [T0 + MIN * i for i in range(20)]
+
+
+@pytest.mark.parametrize("header, row, message", [
+    ("ts,close,close", lambda t: f"{t},1.0,2.0", r"duplicate column name 'close'"),
+    ("ts,Close,close", lambda t: f"{t},1.0,2.0", r"columns 'Close', 'close' differ only in case"),
+    ("ts_event,ts,close", lambda t: f"{t},{t},1.0", r"several timestamp columns: 'ts_event' \(int64\), 'ts' \(int64\)"),
+    ("ts,close,ts_recv", lambda t: f"{t},1.0,{2**60}", r"column 'ts_recv' holds integers above 2\*\*53"),
+    ("ts,symbol,close", lambda t: f"{t},1.5,1.0", r"symbol column 'symbol' holds 1.5, not a whole number"),
+    ("ts,close", lambda t: f"{t // 10**12},1.0", r"holds integers around \d+, which are not seconds, ms, us or ns"),
+])
+def test_csv_refusals_match_parquet(tmp_path, capsys, header, row, message):
+    path = tmp_path / "x.csv"
+    path.write_text(header + "\n" + "".join(row(t) + "\n" for t in CSV_ROWS))
+    assert re.search(message, refused(capsys, tmp_path / "c.zarr", str(path)))
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_csv_integer_timestamps_and_capitalised_columns(tmp_path, unit):
+    scale = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[unit]
+    lines = ["Time,Symbol,Open,High,Low,Close,Volume"]
+    lines += [f"{t // scale},{sym},10,11,9,10.5,{i + 1}" for sym in ("ES", "NQ") for i, t in enumerate(CSV_ROWS)]
+    path = tmp_path / "bars.csv.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    cache = build_cache([path], tmp_path / "c.zarr", normalize="none", progress=False)
+    assert cache.symbols == ["ES", "NQ"] and cache.n_bars == 40 and len(cache.feature_names) == 9
+    np.testing.assert_array_equal(times(cache, np.arange(20)), CSV_ROWS)
