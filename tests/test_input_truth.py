@@ -445,3 +445,13 @@ def test_csv_integer_timestamps_and_capitalised_columns(tmp_path, unit):
     cache = build_cache([path], tmp_path / "c.zarr", normalize="none", progress=False)
     assert cache.symbols == ["ES", "NQ"] and cache.n_bars == 40 and len(cache.feature_names) == 9
     np.testing.assert_array_equal(times(cache, np.arange(20)), CSV_ROWS)
+
+
+def test_blank_symbols_are_trimmed_and_empty_ones_missing(tmp_path, capsys):
+    ts = np.concatenate([T0 + MIN * np.arange(10)] * 3)
+    path = parquet(tmp_path / "x.parquet", ts=pa.array(ts, pa.int64()), symbol=[""] * 10 + [" ES"] * 10 + ["  "] * 10,
+                   close=np.ones(30))
+    out = tmp_path / "c.zarr"
+    cache = build_cache([path], out, features="close", normalize="none", progress=False)
+    assert cache.symbols == ["ES"] and cache.manifest["counts"]["dropped"] == {"missing symbol": 20}
+    published_ok(capsys, out)

@@ -7,7 +7,8 @@ Columns, from the file's Arrow schema:
   (midnight UTC) and integers are accepted; an integer column's unit (s, ms, us or ns since
   the epoch) is read from its values, the only unit that puts them in 1980-2100.
 * **symbol**: ``symbol_column``, else the column named (ignoring case) one of
-  :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats. With none,
+  :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats, trimmed of
+  surrounding blanks; an empty symbol counts as missing (the row is dropped, ``missing symbol``). With none,
   the symbol comes from a ``symbol=...`` folder of a hive-partitioned layout, else from the
   file name (``ESH3.parquet`` -> ``ESH3``).
 * **values**: ``columns`` (each must exist and be numeric) or every numeric column but
@@ -197,7 +198,12 @@ class TabularSource(Source):
         return clean_piece(table, self.drops, finite), n - ts_col.null_count, n - sym.null_count
 
     def _symbols(self, col: pa.Array) -> pa.Array:
-        """The symbol column as strings: text as is, bytes decoded as UTF-8, numbers as whole numbers."""
+        """The symbol column as strings, surrounding blanks trimmed; an empty symbol is missing (null)."""
+        sym = pc.utf8_trim_whitespace(self._text(col))
+        return pc.if_else(pc.equal(sym, ""), pa.scalar(None, pa.string()), sym)
+
+    def _text(self, col: pa.Array) -> pa.Array:
+        """The symbol column as text: strings as they are, bytes decoded as UTF-8, numbers as whole numbers."""
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
         t = col.type
