@@ -455,3 +455,15 @@ def test_blank_symbols_are_trimmed_and_empty_ones_missing(tmp_path, capsys):
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
     assert cache.symbols == ["ES"] and cache.manifest["counts"]["dropped"] == {"missing symbol": 20}
     published_ok(capsys, out)
+
+
+def test_csv_column_of_whole_numbers_may_hold_a_fraction_later(tmp_path):
+    n = 300_000  # more than one 4 MiB block of text
+    ts = T0 + MIN * np.arange(n)
+    volume = np.arange(n, dtype=np.float64)
+    volume[-1] = 0.5
+    path = tmp_path / "ES.csv"
+    path.write_text("ts,close,volume\n" + "".join(f"{t},100,{v:g}\n" for t, v in zip(ts.tolist(), volume.tolist())))
+    cache = build_cache([path], tmp_path / "c.zarr", features="volume", normalize="none", progress=False)
+    got = np.concatenate([cache.read_rows(int(a), int(b)) for _, a, b in cache.segments])[:, 0]
+    np.testing.assert_array_equal(got, volume.astype(np.float32))

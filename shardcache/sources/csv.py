@@ -2,7 +2,9 @@
 
 Columns are found, typed and cleaned exactly as for Parquet (:mod:`.table`); their types
 are what ``pyarrow.csv`` infers from the first block (ISO-8601 times become timestamps,
-whole numbers int64). The file is read block by block (``open_csv``), never whole.
+whole numbers int64), except that value columns are then read as float64, so a fraction
+after the first block is no error (integers above 2**53 are still refused). The file is
+read block by block (``open_csv``), never whole.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ class CsvSource(TabularSource):
         super().__init__(path, schema, ts_column=ts_column, symbol_column=symbol_column, columns=columns, bar=bar)
 
     def _reader(self, columns: list[str] | None = None) -> pcsv.CSVStreamingReader:
+        """A block reader; with ``columns``, the value columns are read as float64 whatever the first
+        block suggested (a column of whole numbers may hold a fraction further down)."""
         raw = open_input(self.path, self.storage_options)
         stream = pa.input_stream(pa.PythonFile(raw, mode="r"),
                                  compression="gzip" if self.path.lower().endswith(".gz") else None)
-        convert = pcsv.ConvertOptions(include_columns=columns, timestamp_parsers=[pcsv.ISO8601])
+        types = {n: pa.float64() for n in self._source_name.values()} if columns else None
+        convert = pcsv.ConvertOptions(include_columns=columns, column_types=types, timestamp_parsers=[pcsv.ISO8601])
         try:
             return pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=_BLOCK), convert_options=convert)
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:

@@ -119,6 +119,8 @@ class TabularSource(Source):
                     self._source_name[_canonical(n)] = n
             if not self._source_name:
                 raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
+        # value columns of whole numbers, read as floats by a reader (CSV) that cannot know a later block's type
+        self._whole = {c for c, n in self._source_name.items() if pa.types.is_integer(self._types[n])}
         self.bar_request = None if bar is None else parse_duration(bar)
         self._unit: str | None = None
         super().__init__(path, self.kind, list(self._source_name), None)
@@ -264,9 +266,8 @@ class TabularSource(Source):
 
     def _value(self, name: str, col: pa.Array) -> pa.Array:
         t = col.type
-        if pa.types.is_float64(t) or pa.types.is_float32(t):
-            return col
-        if pa.types.is_integer(t) and len(col) - col.null_count:
+        whole = pa.types.is_integer(t) or name in self._whole
+        if whole and len(col) - col.null_count:
             bounds = pc.min_max(col)
             top = max(abs(bounds["min"].as_py()), abs(bounds["max"].as_py()))
             if top > _EXACT:
@@ -275,6 +276,8 @@ class TabularSource(Source):
                 raise SourceError(self.path, f"column '{self._source_name[name]}' holds integers above 2**53 "
                                              f"(up to {top:.0f}), which float64 features cannot hold exactly "
                                              f"(the file is not corrupt); {hint}")
+        if pa.types.is_float64(t) or pa.types.is_float32(t):
+            return col
         try:
             return col.cast(pa.float32() if pa.types.is_float16(t) else pa.float64())
         except pa.ArrowInvalid as exc:
