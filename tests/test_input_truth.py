@@ -467,3 +467,21 @@ def test_csv_column_of_whole_numbers_may_hold_a_fraction_later(tmp_path):
     cache = build_cache([path], tmp_path / "c.zarr", features="volume", normalize="none", progress=False)
     got = np.concatenate([cache.read_rows(int(a), int(b)) for _, a, b in cache.segments])[:, 0]
     np.testing.assert_array_equal(got, volume.astype(np.float32))
+
+
+@pytest.mark.parametrize("texts, expected", [
+    (["2024-03-04T14:30:00Z", "2024-03-04T14:31:00Z"], [0, MIN]),
+    (["2024-03-04 14:30:00", "2024-03-04 14:31:00"], [0, MIN]),  # no zone: UTC
+    (["2024-03-04T15:30:00+01:00", "2024-03-04T15:31:00+01:00"], [0, MIN]),
+])
+def test_iso_text_timestamps_in_parquet(tmp_path, texts, expected):
+    path = parquet(tmp_path / "ES.parquet", ts=pa.array(texts * 1), close=np.ones(2))
+    cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
+    t0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))
+    np.testing.assert_array_equal(times(cache, np.arange(2)), t0 + np.asarray(expected))
+
+
+def test_text_timestamps_that_are_not_iso_are_refused(tmp_path, capsys):
+    (tmp_path / "x.csv").write_text("time,close\n03/04/2024 14:30,1.0\n03/04/2024 14:31,1.0\n")
+    line = refused(capsys, tmp_path / "c.zarr", str(tmp_path / "x.csv"))
+    assert "timestamp column 'time' holds '03/04/2024 14:30', not an ISO-8601 time" in line

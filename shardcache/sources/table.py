@@ -4,7 +4,8 @@ Columns, from the file's Arrow schema:
 
 * **timestamp**: ``ts_column``, else the column whose name (ignoring case) is one of
   :data:`TS_NAMES`. Timestamp types of any unit and time zone (stored as UTC), dates
-  (midnight UTC) and integers are accepted; an integer column's unit (s, ms, us or ns since
+  (midnight UTC), ISO-8601 text (a zone or offset converted, none taken as UTC) and
+  integers are accepted; an integer column's unit (s, ms, us or ns since
   the epoch) is read from its values, the only unit that puts them in 1980-2100.
 * **symbol**: ``symbol_column``, else the column named (ignoring case) one of
   :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats, trimmed of
@@ -56,7 +57,9 @@ def _is_numeric(t: pa.DataType) -> bool:
 
 
 def _is_time(t: pa.DataType) -> bool:
-    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t)
+    types = pa.types
+    return (types.is_timestamp(t) or types.is_date(t) or types.is_integer(t) or types.is_string(t)
+            or types.is_large_string(t))
 
 
 def _is_symbol(t: pa.DataType) -> bool:
@@ -93,7 +96,7 @@ class TabularSource(Source):
         ts_type = self._types[self.ts_column]
         if not _is_time(ts_type):
             raise SourceError(path, f"timestamp column '{self.ts_column}' has type {ts_type}; expected a "
-                                    "timestamp, a date or integers since the epoch (s, ms, us or ns)")
+                                    "timestamp, a date, ISO-8601 text or integers since the epoch (s, ms, us or ns)")
         self.symbol_column = self._find(symbol_column, SYMBOL_NAMES, "symbol", "--symbol-column", names)
         if self.symbol_column is not None and not _is_symbol(self._types[self.symbol_column]):
             raise SourceError(path, f"symbol column '{self.symbol_column}' has type "
@@ -229,7 +232,9 @@ class TabularSource(Source):
         return col.cast(pa.string())
 
     def _ts_ns(self, col: pa.Array) -> np.ndarray:
-        """A timestamp, date or integer column as int64 ns; nulls and overflows as -1 (out of range)."""
+        """A timestamp, date, text or integer column as int64 ns; nulls and overflows as -1 (out of range)."""
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = self._parse_times(col)
         t = col.type
         if pa.types.is_timestamp(t):
             scale = _NS_PER[t.unit]
@@ -253,6 +258,20 @@ class TabularSource(Source):
             return values
         limit = np.iinfo(np.int64).max // scale
         return np.where((values < 0) | (values > limit), -1, values * scale)
+
+    def _parse_times(self, col: pa.Array) -> pa.Array:
+        """ISO-8601 text as timestamps: with a zone or offset (``Z``, ``+01:00``) converted to UTC, without one
+        taken as UTC; a text that is neither is refused with an example."""
+        for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+            try:
+                return col.cast(kind)
+            except pa.ArrowInvalid:
+                continue
+        head = col.slice(0, 10_000).to_pylist()  # an example for the message, found in bounded time
+        bad = next((v for v in head if v is not None and not _iso(v)), head[0])
+        raise SourceError(self.path, f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
+                                     "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps "
+                                     "or integers since the epoch")
 
     def _int_scale(self, values: np.ndarray) -> int:
         """ns per unit of integer timestamps: detected from the first values read, then kept for the file."""
@@ -283,6 +302,17 @@ class TabularSource(Source):
         except pa.ArrowInvalid as exc:
             raise SourceError(self.path, f"column '{self._source_name[name]}' ({t}) cannot be read as numbers "
                                          f"({str(exc).splitlines()[0]})") from None
+
+
+def _iso(text: str) -> bool:
+    """Whether one text parses as an ISO-8601 time (with or without a zone)."""
+    for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+        try:
+            pa.array([text]).cast(kind)
+            return True
+        except pa.ArrowInvalid:
+            continue
+    return False
 
 
 def _canonical(name: str) -> str:
