@@ -90,7 +90,7 @@ def test_named_columns(tmp_path: Path) -> None:
     [
         ({}, {"when": [T0], "close": [1.0]}, r"x\.parquet: no timestamp column \(looked for ts_event, timestamp, time, ts, datetime; use --ts-column\)$"),
         ({"ts_column": "stamp"}, {"ts": [T0], "close": [1.0]}, r"no timestamp column 'stamp' \(columns are: ts, close"),
-        ({}, {"ts": ["2023-01-02"], "close": [1.0]}, r"timestamp column 'ts' has type string"),
+        ({}, {"ts": ["last tuesday"], "close": [1.0]}, r"timestamp column 'ts' holds 'last tuesday', not an ISO-8601 time"),
         ({"symbol_column": "who"}, {"ts": [T0], "close": [1.0]}, r"no symbol column 'who'"),
         ({"symbol_column": "flag"}, {"ts": [T0], "close": [1.0], "flag": [True]}, r"symbol column 'flag' has type bool"),
         ({"columns": ["close", "vwap"]}, {"ts": [T0], "close": [1.0]}, r"no column 'vwap' \(columns are: ts, close\)"),
