@@ -1,5 +1,5 @@
 """A property over generated Parquet schemas and values (column types, names and their case, nulls,
-timestamp units, symbol column types): every build either gives a cache whose values and
+timestamp types and units, ISO text included, symbol column types): every build either gives a cache whose values and
 timestamps equal the source's rows (less those the value policy drops), or exits 2 with one line,
 no traceback and nothing at ``--out``."""
 
@@ -42,11 +42,14 @@ def tables(draw) -> tuple[pa.Table, dict]:
     rows_sym = np.repeat(np.arange(n_sym), n)
     ts_ns = np.concatenate([T0 + MIN * (np.arange(n) + draw(st.integers(0, 5))) for _ in range(n_sym)])
     cols: dict[str, pa.Array] = {}
-    ts_kind = draw(st.sampled_from(["timestamp", "timestamp_tz", "int"]))
+    ts_kind = draw(st.sampled_from(["timestamp", "timestamp_tz", "int", "text"]))
     unit = draw(st.sampled_from(list(UNITS)))
     ts_name = _case(draw, draw(st.sampled_from(["ts_event", "timestamp", "time", "ts", "datetime"])))
     if ts_kind == "int":
         cols[ts_name] = pa.array(ts_ns // UNITS[unit], pa.int64())
+    elif ts_kind == "text":  # ISO-8601, with or without a zone
+        text = np.datetime_as_string(ts_ns.astype("datetime64[ns]"), unit="s")
+        cols[ts_name] = pa.array([t + "Z" for t in text] if draw(st.booleans()) else text.tolist())
     else:
         tz = "UTC" if ts_kind == "timestamp_tz" else None
         cols[ts_name] = pa.array(ts_ns // UNITS[unit], pa.timestamp(unit, tz=tz))
