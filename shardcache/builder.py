@@ -189,7 +189,10 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
             hi = run.ts_max
     out, starts, splits, dups, n, last_ts, last_split, last_inst, rolls = [], [], [], 0, 0, None, None, None, []
     for c, members in enumerate(clusters):
-        table = pa.concat_tables([read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)])
+        parts = [read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)]
+        if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
+            parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
+        table = pa.concat_tables(parts)
         ts = table["ts"].to_numpy()
         if len(members) > 1:
             order = np.argsort(ts, kind="stable")

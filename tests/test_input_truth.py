@@ -485,3 +485,15 @@ def test_text_timestamps_that_are_not_iso_are_refused(tmp_path, capsys):
     (tmp_path / "x.csv").write_text("time,close\n03/04/2024 14:30,1.0\n03/04/2024 14:31,1.0\n")
     line = refused(capsys, tmp_path / "c.zarr", str(tmp_path / "x.csv"))
     assert "timestamp column 'time' holds '03/04/2024 14:30', not an ISO-8601 time" in line
+
+
+def test_dbn_and_parquet_bars_of_one_symbol_build_together(tmp_path):
+    ts = T0 + MIN * np.arange(100)
+    a = write_dbn(tmp_path / "a.dbn", "ohlcv-1m", bars(ts, np.full(100, 10.0), 7), symbols={7: "ESH4"})
+    later = ts + 50 * MIN  # overlaps the DBN file's last 50 bars: one cluster of both kinds
+    b = parquet(tmp_path / "b.parquet", ts=pa.array(later, pa.int64()), symbol=["ESH4"] * 100,
+                open=np.full(100, 11.0), high=np.full(100, 11.0), low=np.full(100, 11.0), close=np.full(100, 11.0),
+                volume=np.ones(100))
+    cache = build_cache([a, b], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
+    assert cache.n_bars == 150 and cache.manifest["counts"]["dropped"] == {"duplicate timestamp": 50}
+    assert cache.manifest["rolls"] == {}
