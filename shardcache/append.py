@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import logging
 import os
 import shutil
 import time
@@ -54,7 +53,6 @@ from .store import Cache, CacheWriter, open_cache
 
 __all__ = ["STATS", "append_cache"]
 
-log = logging.getLogger("shardcache")
 STATS = ("frozen", "recompute")
 
 
@@ -69,7 +67,6 @@ class _Plan:
     tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
     kept: dict[int, int]  # tail shard -> first new row
     touched: list[int]  # shards to write, in row order
-    skipped: dict[str, int]
     new_bars: int
 
 
@@ -118,7 +115,7 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
                 f"{sym} bar ({_t(last)}); an append adds only later bars")
 
 
-def _plan(cache: Cache, merged: list[Merged], span: int, staging: str) -> _Plan:
+def _plan(cache: Cache, merged: list[Merged], staging: str) -> _Plan:
     """Place each symbol's new bars after its stored ones (new symbols in new regions)."""
     region, shard_rows, max_gap = cache.region_rows, cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
     tails = cache.manifest.get("tails", {})
@@ -126,12 +123,8 @@ def _plan(cache: Cache, merged: list[Merged], span: int, staging: str) -> _Plan:
     seg, split = cache.segments.copy(), cache.segment_split.copy()
     n_old = np.bincount(seg[:, 0], weights=seg[:, 2] - seg[:, 1], minlength=len(symbols)).astype(np.int64)
     new_segs, new_split, placed = [], [], []
-    lead, kept, touched, skipped = {}, {}, [], {}
-    for m in merged:
-        if m.symbol not in symbols and m.n < span:
-            skipped[m.symbol] = m.n
-            log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", m.symbol, m.n, span)
-            continue
+    lead, kept, touched = {}, {}, []
+    for m in merged:  # a symbol shorter than a window is kept, as in a build
         if m.symbol not in symbols:
             symbols = [*symbols, m.symbol]
             n_old = np.r_[n_old, 0]
@@ -165,7 +158,7 @@ def _plan(cache: Cache, merged: list[Merged], span: int, staging: str) -> _Plan:
         ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     by_row = np.argsort(first_rows, kind="stable")
     return _Plan(symbols, segments[order], segment_split[order], (ids[by_row], first_rows[by_row], counts[by_row]),
-                 lead, kept, sorted(touched), skipped, int(counts.sum()))
+                 lead, kept, sorted(touched), int(counts.sum()))
 
 
 def _link_tree(src: str, dst: str) -> None:
@@ -244,8 +237,7 @@ def append_cache(
         del srcs
         _check_after(cache, scanned, paths)
         merged = merge_symbols(run, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
-        windows = m["counts"]["windows"]
-        plan = _plan(cache, merged, windows["seq_len"] + windows["horizon"], staging.root)
+        plan = _plan(cache, merged, staging.root)
         if not plan.new_bars:
             raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
         _stage_copy(cache, staging)
@@ -297,6 +289,8 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
                                            for i, n in enumerate(names)}},
         "sources": [*m["sources"], *described],
         "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in kept}},
+        "rolls": {**m.get("rolls", {}), **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls]
+                                           for x in merged if x.rolls}},
         "counts": {
             **counts,
             "bars": n_bars,
@@ -305,7 +299,7 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
             "segments": int(len(plan.segments)),
             "dropped": {k: int(v) for k, v in dropped.items()},
             "reordered": counts.get("reordered", 0) + scanned.reordered,
-            "skipped_symbols": {**counts.get("skipped_symbols", {}), **plan.skipped},
+            "rolls": counts.get("rolls", 0) + sum(len(x.rolls) for x in merged),
             "windows": {**w, "count": valid_ranges(view, w["seq_len"], w["horizon"], 1, None).total()},
         },
         "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},

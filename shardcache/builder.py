@@ -35,7 +35,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -43,12 +43,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
 from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .errors import ShardcacheError
 from .features import required_columns, resolve_features
 from .index import SegmentTable, valid_ranges
-from .sources import Source, expand_inputs, open_sources, parse_duration
+from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
@@ -78,6 +79,8 @@ class _Scan:
     reordered: int
     records: int
     median_dt: int | None
+    step: int | None  # the most common step between a symbol's consecutive bars (tabular inputs' bar size)
+    symbology: dict[str, Any]  # what the source learned about symbols (DBN: unmapped instruments), plain JSON
 
 
 @dataclass(slots=True)
@@ -107,6 +110,7 @@ class Merged:
     seg_split: np.ndarray
     duplicates: int
     tail: dict  # the last bar's timestamp and source values: the "previous bar" of a later append
+    rolls: list[list[int]] = field(default_factory=list)  # [ts_ns, from instrument, to instrument] at each change
 
 
 @dataclass
@@ -120,12 +124,14 @@ class Scanned:
     records: int
     reordered: int
     drops: Counter
+    steps: list[int | None]  # per input: the most common step between a symbol's bars
+    unmapped: dict[str, int]  # DBN instruments with no symbol mapping (see ``checks.resolve_unmapped``)
 
 
 # -- stage 1: scan ---------------------------------------------------------------------------
 def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
     i, src, staging, columns, sketch = job
-    runs, sketches, names, reordered, records, dts = [], [], {}, 0, 0, []
+    runs, sketches, names, reordered, records, dts, steps = [], [], {}, 0, 0, [], Counter()
     max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
     for k, piece in enumerate(src.pieces(max_rows)):
         records += piece.num_rows
@@ -141,7 +147,7 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
         reordered += int(np.count_nonzero(same & (grouped_ts[1:] < grouped_ts[:-1])))
         order = np.lexsort((ts, codes))
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
-        body = piece.select(["ts", *columns])
+        body = piece.select(["ts", *(["instrument"] if "instrument" in piece.column_names else []), *columns])
         for rows in np.split(order, bounds):
             code = int(codes[rows[0]])
             sym = names.setdefault(symbols[code], len(names))
@@ -151,7 +157,12 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
             write_arrow(_run_path(staging, run), part)
             del part
             if len(part_ts) > 1:
-                dts.append(int(np.median(np.diff(part_ts))))
+                diffs = np.diff(part_ts)
+                dts.append(int(np.median(diffs)))
+                if src.bar_ns is None:  # a table's bar size: the most common step (DBN files know theirs)
+                    values, counts = np.unique(diffs[diffs > 0], return_counts=True)
+                    top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
+                    steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
             runs.append(run)
             if sketch:  # only fraction splits need it (65 timestamps per run)
                 sketches.append(part_ts[np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)])
@@ -159,7 +170,8 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
     drops = Counter(src.drops)
     return _Scan(list(names), np.array(runs, dtype=_RUN),
                  np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
-                 drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None)
+                 drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None,
+                 steps.most_common(1)[0][0] if steps else None, dict(src.symbology))
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
@@ -175,9 +187,12 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         else:
             clusters.append([run])
             hi = run.ts_max
-    out, starts, splits, dups, n, last_ts, last_split = [], [], [], 0, 0, None, None
+    out, starts, splits, dups, n, last_ts, last_split, last_inst, rolls = [], [], [], 0, 0, None, None, None, []
     for c, members in enumerate(clusters):
-        table = pa.concat_tables([read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)])
+        parts = [read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)]
+        if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
+            parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
+        table = pa.concat_tables(parts)
         ts = table["ts"].to_numpy()
         if len(members) > 1:
             order = np.argsort(ts, kind="stable")
@@ -193,6 +208,14 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         cut = split != prev_split
         if max_gap > 0:
             cut |= (ts - prev_ts) > max_gap
+        if "instrument" in table.column_names:  # a continuous symbol rolls: no window crosses contracts
+            inst = table["instrument"].to_numpy()
+            prev_inst = np.concatenate([[last_inst if last_inst is not None else inst[0]], inst[:-1]])
+            rolled = np.flatnonzero(inst != prev_inst)
+            cut[rolled] = True
+            rolls += [[int(ts[r]), int(prev_inst[r]), int(inst[r])] for r in rolled]
+            last_inst = int(inst[-1])
+            table = table.drop_columns(["instrument"])
         if last_ts is None:
             cut[0] = True
         local = np.flatnonzero(cut)
@@ -204,7 +227,7 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         last_ts, last_split = int(ts[-1]), split[-1]
     tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"}}
     return Merged(symbol, sym_idx, np.asarray(out, dtype=np.int64), n, np.concatenate(starts),
-                  np.concatenate(splits), dups, tail)
+                  np.concatenate(splits), dups, tail, rolls)
 
 
 def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -269,27 +292,27 @@ def build_cache(
     ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars); ``normalize="zscore"``
     standardizes every feature with train-split statistics stored in the manifest, or with
     those of the cache ``stats_from`` (whose split cut times are then kept too).
-    ``seq_len``/``horizon`` only size the summary's window count and the short-symbol skip:
-    windows are chosen at read time. See the README for the store layout.
+    ``seq_len``/``horizon`` only size the summary's window count: windows are chosen at read
+    time, and a symbol shorter than one window is kept (it gives no windows at that length).
+    A DBN continuous symbol's series is cut where it rolls to another instrument; the rolls
+    are in ``manifest["rolls"]``. See the README for the store layout.
     """
     t0 = time.perf_counter()
     if normalize not in ("zscore", "none"):
         raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
     if codec not in CODECS:
         raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
+    check_options(seq_len=seq_len, horizon=horizon, shard_rows=shard_rows, chunk_rows=chunk_rows, workers=workers,
+                  bar=bar, max_gap=max_gap)
     spec = parse_split(split)
-    if bar is not None:
-        try:
-            if parse_duration(bar) <= 0:
-                raise ValueError("must be a positive duration such as 1s, 1m or 5m")
-        except ValueError as exc:
-            raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
+    stats_of = stats_source(spec, normalize)
     specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
                                      symbol_column=symbol_column, columns=columns)
     first = srcs[0]
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
-    bar_ns = first.bar_ns
+    known = [s for s in srcs if s.bar_ns is not None]
+    check_bar_sizes(known, [None] * len(known), bar)  # DBN files know theirs: refused before reading any
     out = os.fspath(out)
     frozen = None if stats_from is None else _frozen(stats_from, storage_options, names, normalize, spec)
     options = {
@@ -307,6 +330,9 @@ def build_cache(
         run = functools.partial(staging.run, workers=workers, client=client, show=progress)
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
         scanned = scan_inputs(run, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
+        bar_ns = check_bar_sizes(srcs, scanned.steps, bar)
+        resampled = sorted({format_duration(s.interval) for s in srcs
+                            if getattr(s, "layout", None) == "ohlcv" and s.bar_ns != s.interval})
         del srcs, first
         dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
@@ -320,17 +346,16 @@ def build_cache(
             cuts = []
         scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
         merged = merge_symbols(run, staging.root, scanned, max_gap_ns, cuts)
+        unmapped = scanned.unmapped
         del scanned
-        span = seq_len + horizon
-        kept = [m for m in merged if m.n >= span]
-        skipped = {m.symbol: m.n for m in merged if m.n < span}
-        for sym, n in skipped.items():
-            log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", sym, n, span)
+        kept = merged  # a symbol shorter than a window is kept: windows are chosen at read time
         n_bars = sum(m.n for m in kept)
         if n_bars == 0:
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
-            raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped}; "
-                                  f"short symbols skipped: {len(skipped)})")
+            raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped})")
+        split_bars = _split_bars(kept, len(spec.names))
+        check_splits(spec, stats_of if frozen is None else None, dict(zip(spec.names, split_bars)))
+        rolls = {m.symbol: m.rolls for m in kept if m.rolls}
         layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
                        storage_options, staging)
         shards = layout.writer.shard_ids
@@ -358,12 +383,14 @@ def build_cache(
             "splits": {
                 "spec": spec.text,
                 "names": spec.names,
+                "stats_from": stats_of,  # where zscore statistics come from: train, all (no splits) or stats_from
                 "cuts_ns": [int(c) for c in cuts],
                 "cuts": [str(np.datetime64(int(c), "ns")) for c in cuts],
                 "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
                          for i, name in enumerate(spec.names)},
             },
             "sources": sources_described,
+            "rolls": rolls,  # symbol -> [[first bar of the new contract (ns), old instrument id, new id], ...]
             "tails": {m.symbol: m.tail for m in kept},
             "build": {
                 **options, "max_gap_ns": int(max_gap_ns), "bar_ns": bar_ns, "fingerprint": digest(wanted),
@@ -379,7 +406,9 @@ def build_cache(
                             **({"duplicate timestamp": sum(m.duplicates for m in merged)}
                                if any(m.duplicates for m in merged) else {})},
                 "reordered": reordered,
-                "skipped_symbols": skipped,
+                "rolls": sum(len(r) for r in rolls.values()),
+                **({"resampled": {"from": resampled, "to": format_duration(bar_ns)}} if resampled else {}),
+                **({"unmapped": unmapped} if unmapped else {}),
                 "windows": {
                     "seq_len": seq_len, "horizon": horizon,
                     "count": valid_ranges(SegmentTable(layout.segments, layout.segment_split, spec.names),
@@ -394,6 +423,15 @@ def build_cache(
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
+
+
+def _split_bars(merged: list[Merged], n_splits: int) -> list[int]:
+    """Bars per split over every symbol, from the merge's segment starts (before any row is placed)."""
+    bars = np.zeros(n_splits, dtype=np.int64)
+    for m in merged:
+        stops = np.concatenate([m.seg_starts[1:], [m.n]])
+        np.add.at(bars, m.seg_split.astype(np.int64), stops - m.seg_starts)
+    return bars.tolist()
 
 
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
@@ -475,10 +513,11 @@ def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str]
     ``sketch``, timestamps sampled from every run to place fraction splits."""
     scans = run(_scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan",
                 desc="read files", unit="file")
+    unmapped = resolve_unmapped([s.path for s in srcs], [s.symbols for s in scans], [s.symbology for s in scans])
     runs, sketch, symbols = _gather_runs(scans)
     return Scanned(runs, sketch, symbols, [s.median_dt for s in scans if s.median_dt],
                    sum(s.records for s in scans), sum(s.reordered for s in scans),
-                   sum((s.drops for s in scans), Counter()))
+                   sum((s.drops for s in scans), Counter()), [s.step for s in scans], unmapped)
 
 
 def merge_symbols(run: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int]) -> list[Merged]:

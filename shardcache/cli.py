@@ -27,6 +27,13 @@ __all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 log = logging.getLogger("shardcache")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error rule: a malformed argument is one line on stderr and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _setup_logging(quiet: bool) -> None:
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
                         format="%(name)s: %(message)s", stream=sys.stderr)
@@ -53,10 +60,11 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst) or Parquet files, directories or globs")
+    p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
     p.add_argument("--features", default=None,
-                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw'")
+                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw', "
+                        "alone or with names (default,close)")
     p.add_argument("--normalize", choices=["zscore", "none"], default="zscore",
                    help="z-score with train-split statistics (default) or none")
     p.add_argument("--split", default="none",
@@ -64,10 +72,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-gap", default="auto",
                    help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); "
                         "auto = max(1h, 5 bars)")
-    p.add_argument("--bar", default=None, help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...")
-    p.add_argument("--ts-column", default=None, help="Parquet timestamp column (default: detected)")
-    p.add_argument("--symbol-column", default=None, help="Parquet symbol column (default: detected)")
-    p.add_argument("--columns", default=None, help="Parquet value columns to read (comma-separated)")
+    p.add_argument("--bar", default=None,
+                   help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...; resamples DBN OHLCV "
+                        "bars to a multiple of their interval")
+    p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
+    p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
+    p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
     p.add_argument("--codec", choices=["blosc-lz4", "zstd", "lz4", "none"], default="blosc-lz4")
@@ -97,12 +107,25 @@ _BUILD_ONLY = ("features", "normalize", "split", "max_gap", "bar", "ts_column", 
                "shard_rows", "chunk_rows", "codec", "seq_len", "horizon", "overwrite", "stats_from")
 
 
+def _explicit(argv: Sequence[str]) -> set[str]:
+    """The build options that ``argv`` names itself, whatever their values (``--split none`` included)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    _add_build_args(parser)  # the options, from the one place that declares them
+    dests = vars(parser.parse_known_args(argv)[0])
+    unset = object()  # not a string, so argparse does not convert it
+    parser.set_defaults(**dict.fromkeys(dests, unset))
+    return {k for k, v in vars(parser.parse_known_args(argv)[0]).items() if v is not unset}
+
+
 def _cmd_append(args: argparse.Namespace) -> int:
     from .append import append_cache
 
-    parser = argparse.ArgumentParser()
-    _add_build_args(parser)  # the defaults, from the one place that declares them
-    given = [k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)]
+    explicit = getattr(args, "explicit", None)
+    if explicit is None:  # called without the command line: compare with the defaults
+        parser = argparse.ArgumentParser()
+        _add_build_args(parser)
+        explicit = {k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)}
+    given = [k for k in _BUILD_ONLY if k in explicit]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
@@ -116,7 +139,10 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from .builder import build_cache
+    from .checks import check_options
 
+    check_options(seq_len=args.seq_len, horizon=args.horizon, shard_rows=args.shard_rows, chunk_rows=args.chunk_rows,
+                  workers=args.workers, bar=args.bar, max_gap=args.max_gap)
     if args.append:
         return _cmd_append(args)
     if args.stats is not None:
@@ -182,12 +208,22 @@ def format_info(info: dict[str, Any]) -> str:
     drop_desc = ", ".join(f"{k}: {v:,}" for k, v in dropped.items()) or "none"
     lines.append(f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
                  f"{c.get('reordered', 0):,} out of order (sorted)")
-    skipped = c.get("skipped_symbols") or {}
-    if skipped:
-        lines.append("skipped   " + ", ".join(f"{s} ({n} bars < one window)" for s, n in skipped.items()))
+    resampled = c.get("resampled")
+    if resampled:
+        lines.append(f"resampled {', '.join(resampled['from'])} bars into {resampled['to']} bars (--bar)")
+    rolls = c.get("rolls") or 0
+    if rolls:
+        lines.append(f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
+                     "(manifest['rolls'] has their times and instruments)")
+    unmapped = c.get("unmapped") or {}
+    if unmapped:
+        lines.append(f"unmapped  {unmapped.get('records', 0):,} records of {unmapped.get('instruments', 0)} "
+                     f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
+                     "outside their mapping dates")
     stats = info["stats"]
+    source = "all bars" if info["splits"].get("stats_from") == "all" else "the train split"
     lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
-                 + ("; mean and std of the train split, in source units)" if stats else ")"))
+                 + (f"; mean and std of {source}, in source units)" if stats else ")"))
     if stats:
         rows = [(n, f"{stats[n]['mean']:+.6g}", f"{stats[n]['std']:.6g}") for n in info["features"]]
         lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
@@ -227,6 +263,9 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 def _cmd_info(args: argparse.Namespace) -> int:
     from .store import open_cache
 
+    if args.seq_len < 1 or args.horizon < 0:
+        flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
+        raise ShardcacheError(f"{flag} {value}: must be at least {1 if flag == '--seq-len' else 0}")
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     _print_info(cache.info(args.seq_len, args.horizon), args.json)
     return 0
@@ -302,7 +341,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="shardcache", description=__doc__.splitlines()[0])
+    p = _Parser(prog="shardcache", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build a cache (same as build-cache)")
     _add_build_args(b)
@@ -354,15 +393,21 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``shardcache``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.command == "build":
+        args.explicit = _explicit(argv[argv.index("build") + 1:])
     return _run(args.func, args, "shardcache")
 
 
 def build_cache_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``build-cache``."""
-    p = argparse.ArgumentParser(prog="build-cache", description="Build a shardcache from DBN or Parquet files.")
+    p = _Parser(prog="build-cache", description="Build a shardcache from DBN, Parquet or CSV files.")
     _add_build_args(p)
-    return _run(_cmd_build, p.parse_args(argv), "build-cache")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
+    args.explicit = _explicit(argv)
+    return _run(_cmd_build, args, "build-cache")
 
 
 if __name__ == "__main__":

@@ -80,15 +80,18 @@ _OHLCV = ("open", "high", "low", "close", "volume")
 
 def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -> list[str]:
     """Feature names for ``spec``: ``None``/``"default"`` (the OHLCV set when the source has
-    OHLCV columns, else every numeric column), ``"raw"`` (every source column), or names."""
+    OHLCV columns, else every numeric column), ``"raw"`` (every source column), or names;
+    ``default`` and ``raw`` may be listed with names (``default,close`` = the defaults plus close)."""
     columns = list(columns)
-    if spec is None or spec == "default":
-        return list(DEFAULT_OHLCV) if all(c in columns for c in _OHLCV) else columns
-    if spec == "raw":
-        return columns
-    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
-    if not names:
+    default = list(DEFAULT_OHLCV) if all(c in columns for c in _OHLCV) else columns
+    if spec is None:
+        return default
+    given = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    if not given:
         raise ShardcacheError("--features names no feature")
+    names = []
+    for name in given:
+        names += default if name == "default" else columns if name == "raw" else [name]
     for name in names:
         if name in columns:
             continue
@@ -101,7 +104,8 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
         if missing:
             raise ShardcacheError(f"feature {name!r} needs source column(s) {', '.join(missing)}")
     if len(set(names)) != len(names):
-        raise ShardcacheError("--features names a feature twice")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ShardcacheError(f"--features names {', '.join(twice)} twice (count what 'default' and 'raw' hold)")
     return names
 
 

@@ -123,15 +123,16 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     build_cache([_bars(tmp_path / "a.dbn", np.arange(150), "ESM4")], out, normalize="none", progress=False)
     cache = append_cache([_bars(tmp_path / "b.dbn", 150 + np.arange(150), "NQM4"),
                           _bars(tmp_path / "c.dbn", 150 + np.arange(10), "TINY")], out, progress=False)
-    assert cache.symbols == ["ESM4", "NQM4"] and cache.manifest["counts"]["skipped_symbols"] == {"TINY": 10}
-    assert cache.features.shape[0] == 2 * cache.region_rows and cache.segments[-1, 1] == cache.region_rows
-    assert verify_cache(out).ok and cache.n_windows(60) == 2 * (150 - 61 + 1)
+    assert cache.symbols == ["ESM4", "NQM4", "TINY"]  # a symbol shorter than a window is kept, as in a build
+    assert cache.features.shape[0] == 3 * cache.region_rows and cache.segments[1, 1] == cache.region_rows
+    assert verify_cache(out).ok and cache.n_windows(60) == 2 * (150 - 61 + 1)  # TINY gives none at 60
+    assert cache.n_windows(5) == 2 * (150 - 6 + 1) + (10 - 6 + 1)
     assert main(["ls", str(out)]) == 0
     assert f"features/c/{cache.region_rows // cache.shard_rows}/0" in capsys.readouterr().out  # NQM4's first
     xr = pytest.importorskip("xarray")
     ds = cache.to_xarray()  # the stored rows only, labelled
-    assert isinstance(ds, xr.Dataset) and ds.features.shape == (300, cache.n_features)
-    assert list(ds.symbol.values) == ["ESM4"] * 150 + ["NQM4"] * 150
+    assert isinstance(ds, xr.Dataset) and ds.features.shape == (310, cache.n_features)
+    assert list(ds.symbol.values) == ["ESM4"] * 150 + ["NQM4"] * 150 + ["TINY"] * 10
     assert int(ds.cache_row[150]) == cache.region_rows
     np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0])
 

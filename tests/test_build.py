@@ -172,7 +172,7 @@ def test_duplicates_and_unsorted_records(tmp_path):
     assert cache.read_rows(3, 4)[0, 0] == 104.0
 
 
-def test_short_symbol_is_skipped_and_reported(tmp_path):
+def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path):
     t0 = np.datetime64("2024-03-04T14:30", "ns").astype(np.int64)
     ids = np.array([1] * 200 + [2] * 10)
     ts = t0 + MIN * np.concatenate([np.arange(200), np.arange(10)])
@@ -181,9 +181,12 @@ def test_short_symbol_is_skipped_and_reported(tmp_path):
             "volume": np.ones(len(ts))}
     path = write_dbn(tmp_path / "x.dbn", "ohlcv-1m", recs, symbols={1: "LONG", 2: "TINY"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
-    assert cache.symbols == ["LONG"] and cache.manifest["counts"]["skipped_symbols"] == {"TINY": 10}
-    r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q")
-    assert r.returncode == 0 and "TINY (10 bars < one window)" in r.stdout
+    assert cache.symbols == ["LONG", "TINY"] and cache.n_bars == 210
+    assert "skipped_symbols" not in cache.manifest["counts"]
+    assert cache.n_windows(60, 1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
+    assert cache.n_windows(5, 1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
+    r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q", "--seq-len", "100")
+    assert r.returncode == 0 and "LONG, TINY" in r.stdout and "skipped" not in r.stdout
 
 
 def test_workers_and_codecs_give_identical_arrays(small_sample, tmp_path):

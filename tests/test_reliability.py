@@ -366,12 +366,14 @@ def test_values_that_would_become_nan_or_inf_are_refused(column, value, features
 
 PARQUET_CASES = {
     "no timestamp column": ({"when": [T0], "close": [1.0]}, [], "no timestamp column"),
-    "timestamps as strings": ({"ts": ["2024-03-04"], "close": [1.0]}, [], "has type string"),
-    "timestamps in seconds": ({"ts": [1_709_562_600], "close": [1.0]}, [], "expected nanoseconds"),
+    "timestamps as non-ISO text": ({"ts": ["yesterday"], "close": [1.0]}, [], "not an ISO-8601 time"),
+    "timestamps of another type": ({"ts": [1.5], "close": [1.0]}, [], "has type double"),
+    "timestamps in no unit": ({"ts": [12_345], "close": [1.0]}, [], "what unit are they in?"),
     "named column missing": ({"ts": [T0], "close": [1.0]}, ["--columns", "close,vwap"], "no column 'vwap'"),
     "non-numeric feature column": ({"ts": [T0], "venue": ["X"]}, ["--columns", "venue"], "must be numeric"),
     "no numeric columns": ({"ts": [T0], "venue": ["X"]}, [], "no numeric feature columns"),
-    "symbol column of floats": ({"ts": [T0], "close": [1.0]}, ["--symbol-column", "close"], "has type double"),
+    "symbol column of fractions": ({"ts": [T0], "sym": [1.5], "close": [1.0]}, ["--symbol-column", "sym"],
+                                   "not a whole number"),
     "feature needs absent columns": ({"ts": [T0], "close": [1.0]}, ["--features", "log_range"], "needs source"),
 }
 

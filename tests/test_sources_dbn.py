@@ -112,9 +112,10 @@ def read_bars(path: Path, max_rows: int = 1 << 20, **kw) -> tuple[dict[tuple[str
         assert piece.num_rows <= max_rows
         assert piece.schema.field("symbol").type == pa.string()
         assert piece.schema.field("ts").type == pa.int64()
-        assert piece.column_names == ["symbol", "ts", *src.columns]
+        assert piece.column_names == ["symbol", "ts", *src.columns, "instrument"]
         for row in piece.to_pylist():
             key = (row.pop("symbol"), row.pop("ts"))
+            assert isinstance(row.pop("instrument"), int)
             assert key not in out, f"bar {key} came out twice"
             out[key] = row
     return out, src
@@ -252,7 +253,7 @@ def test_unsupported_bar_and_columns(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="bad duration"):
         open_source(str(path), bar="5 minutes")
     src = open_source(str(path), columns=["close", "volume"])
-    assert next(iter(src.pieces())).column_names == ["symbol", "ts", "close", "volume"]
+    assert next(iter(src.pieces())).column_names == ["symbol", "ts", "close", "volume", "instrument"]
     assert src.bar_ns == MIN and open_source(str(path), bar="1m").bar_ns == MIN
 
 

@@ -9,13 +9,17 @@ Every reader applies one value policy (:func:`clean_piece`) before it yields a p
 counts what it drops in ``Source.drops`` (reason -> rows):
 
 * ``timestamp out of range``: ``ts`` outside 1980-01-01 .. 2100-01-01 (this also catches
-  DBN's undefined timestamp and integer timestamps that are not nanoseconds);
+  DBN's undefined timestamp);
 * ``non-finite price`` / ``non-positive price``: a price column (:data:`PRICE_COLUMNS`)
   that is NaN or infinite (DBN's undefined price included), or ``<= 0``;
 * ``non-finite value``: NaN or infinity in any other column.
 
+DBN pieces end with one more column, ``instrument`` (int64 instrument id), so the build can cut a
+continuous symbol's series where it rolls from one contract to the next.
+
 Which reader opens a file is decided by its first bytes (``PAR1`` for Parquet, ``DBN`` or
-a zstd frame for DBN), so a misnamed file is still read or refused plainly. Files may be
+a zstd frame for DBN; text named ``*.csv`` or ``*.csv.gz`` is CSV), so a misnamed file is
+still read or refused plainly. Files may be
 local paths or fsspec URLs (``s3://bucket/prefix/*.dbn.zst``), see :mod:`.files`.
 """
 
@@ -23,136 +27,23 @@ from __future__ import annotations
 
 import glob
 import os
-import re
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
 from ..errors import SourceError
-from .files import find_urls, is_url, local_path, open_input, stat_input
+from .base import (DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece, format_duration,
+                   parse_duration)
+from .csv import CsvSource
+from .dbn import DbnSource
+from .files import find_urls, is_url, local_path, open_input
+from .parquet import ParquetSource
 
-__all__ = ["Source", "open_source", "open_sources", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration"]
+__all__ = ["Source", "open_source", "open_sources", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration",
+           "format_duration"]
 
-PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
-INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".pq")
-TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
-TS_MAX = 4_102_444_800_000_000_000  # 2100-01-01T00:00:00Z in ns
-
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-PARQUET_MAGIC = b"PAR1"
-DBN_MAGIC = b"DBN"
-
-_UNITS = {
-    "ns": 1,
-    "us": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-    "d": 86_400_000_000_000,
-}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
-
-
-def parse_duration(text: str) -> int:
-    """Nanoseconds in ``text`` such as ``1s``, ``1m``, ``5m``, ``1h``, ``1d`` or ``0``."""
-    match = _DURATION.match(str(text))
-    if not match or (match.group(2) is None and int(match.group(1)) != 0):
-        raise ValueError(
-            f"bad duration {text!r}: use a whole number and a unit "
-            "(ns, us, ms, s, m, h, d), e.g. 30s, 1m, 5m, 1h, 1d, or 0"
-        )
-    return int(match.group(1)) * _UNITS[match.group(2) or "ns"]
-
-
-class Source:
-    """One opened input file; subclasses read DBN (``kind="dbn"``) or Parquet (``"parquet"``)."""
-
-    kind = ""
-    storage_options: dict | None = None
-
-    def __init__(self, path: str, schema: str, columns: list[str], bar_ns: int | None) -> None:
-        self.path = path
-        self.schema = schema
-        self.columns = list(columns)
-        self.bar_ns = bar_ns
-        self.drops: Counter = Counter()
-
-    def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
-        """Yield cleaned tables of at most ``max_rows`` rows, reading the file in bounded steps."""
-        raise NotImplementedError
-
-    def describe(self) -> dict:
-        """What the manifest records about this input, to tell later whether it changed."""
-        if is_url(self.path):
-            size, version = stat_input(self.path, self.storage_options)
-            return {"path": self.path, "size": size, "version": version, "kind": self.kind, "schema": self.schema}
-        st = os.stat(self.path)
-        return {
-            "path": self.path,
-            "size": st.st_size,
-            "mtime": st.st_mtime,
-            "kind": self.kind,
-            "schema": self.schema,
-        }
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.path!r}, schema={self.schema!r}, columns={self.columns})"
-
-
-def keep_rows(
-    ts: np.ndarray, prices: Sequence[np.ndarray], others: Sequence[np.ndarray], counter: Counter
-) -> np.ndarray | None:
-    """Row mask of the value policy, counting each dropped row once; None when all rows pass.
-
-    Shared by :func:`clean_piece` and by readers that clean ticks before aggregating them.
-    """
-    ts = np.asarray(ts)
-    bad_ts = (ts < TS_MIN) | (ts >= TS_MAX)
-    nonfinite = np.zeros(len(ts), dtype=bool)
-    nonpositive = np.zeros(len(ts), dtype=bool)
-    for col in prices:
-        finite = np.isfinite(col)
-        nonfinite |= ~finite
-        nonpositive |= finite & (col <= 0)
-    other = np.zeros(len(ts), dtype=bool)
-    for col in others:
-        other |= ~np.isfinite(col)
-    drop = bad_ts | nonfinite | nonpositive | other
-    if not drop.any():
-        return None
-    for reason, mask in (
-        ("timestamp out of range", bad_ts),
-        ("non-finite price", nonfinite & ~bad_ts),
-        ("non-positive price", nonpositive & ~nonfinite & ~bad_ts),
-        ("non-finite value", other & ~nonpositive & ~nonfinite & ~bad_ts),
-    ):
-        n = int(np.count_nonzero(mask))
-        if n:
-            counter[reason] += n
-    return ~drop
-
-
-def _values(table: pa.Table, name: str) -> np.ndarray:
-    """A value column as floats, nulls as NaN."""
-    col = table.column(name)
-    if col.null_count:
-        col = col.cast(pa.float64()).fill_null(float("nan"))
-    return col.to_numpy()
-
-
-def clean_piece(table: pa.Table, counter: Counter) -> pa.Table:
-    """Drop rows that break the value policy (see the module docstring), counting them by reason."""
-    names = [n for n in table.column_names if n not in ("symbol", "ts")]
-    ts = table.column("ts").to_numpy()
-    prices = [_values(table, n) for n in names if n in PRICE_COLUMNS]
-    others = [_values(table, n) for n in names if n not in PRICE_COLUMNS]
-    keep = keep_rows(ts, prices, others, counter)
-    return table if keep is None else table.filter(pa.array(keep))
+INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".pq", ".csv", ".csv.gz")
+_LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.pq, *.csv, *.csv.gz"
 
 
 def _is_input(name: str) -> bool:
@@ -181,7 +72,7 @@ def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> 
         if is_url(spec):
             found = find_urls(spec, storage_options, _is_input)
             if not found:
-                raise SourceError(spec, "matches no input files (looked for *.dbn, *.dbn.zst, *.parquet, *.pq)")
+                raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
             seen.update((url, url) for url in found)
             continue
         spec = local_path(spec)
@@ -199,7 +90,7 @@ def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> 
         else:
             raise SourceError(spec, "no such file or directory")
         if not found:
-            raise SourceError(spec, "matches no input files (looked for *.dbn, *.dbn.zst, *.parquet, *.pq)")
+            raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
         for path in found:
             seen.setdefault(os.path.realpath(path), os.path.normpath(path))
     return sorted(set(seen.values()))
@@ -241,31 +132,31 @@ def open_source(
     columns: list[str] | None = None,
     storage_options: dict | None = None,
 ) -> Source:
-    """Open ``path`` (a local path or an fsspec URL) as DBN or Parquet, checking only its header or footer metadata.
+    """Open ``path`` (a local path or an fsspec URL) as DBN, Parquet or CSV, checking only its header or footer.
 
     ``bar`` sets the bar size DBN ticks are aggregated to (default ``1m``) or resamples DBN
-    OHLCV bars to a multiple of their interval; Parquet bars are taken as they are.
-    ``ts_column`` and ``symbol_column`` name Parquet columns. ``columns`` picks and orders
+    OHLCV bars to a multiple of their interval; Parquet and CSV bars are taken as they are
+    (a ``bar`` other than their step is refused once the step is known).
+    ``ts_column`` and ``symbol_column`` name Parquet or CSV columns. ``columns`` picks and orders
     the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
     """
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
     head = _sniff(path, storage_options)
+    tabular = {"ts_column": ts_column, "symbol_column": symbol_column, "columns": columns, "bar": bar,
+               "storage_options": storage_options}
     if head.startswith(PARQUET_MAGIC):
-        from .parquet import ParquetSource
-
-        return ParquetSource(path, ts_column=ts_column, symbol_column=symbol_column, columns=columns,
-                             storage_options=storage_options)
+        return ParquetSource(path, **tabular)
     lower = path.lower()
     if head.startswith((DBN_MAGIC, ZSTD_MAGIC)):
-        from .dbn import DbnSource
-
         return DbnSource(path, bar=bar, columns=columns, storage_options=storage_options)
     if lower.endswith((".parquet", ".pq")):
         raise SourceError(path, "not a Parquet file (bad magic bytes)")
     if ".dbn" in lower:
         raise SourceError(path, "not a DBN file (bad magic bytes)")
-    raise SourceError(path, "not a DBN or Parquet file (unrecognised magic bytes)")
+    if lower.endswith((".csv", ".csv.gz")):
+        return CsvSource(path, **tabular)
+    raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
 
 
 def open_sources(paths: Sequence[str], storage_options: dict | None = None, **options: Any) -> list[Source]:

@@ -7,11 +7,14 @@ How a file is read:
   are viewed as numpy structured arrays (:func:`record_dtype`). The record layouts of the
   schemas read here are the same in DBN versions 1, 2 and 3. A body that mixes record
   types (e.g. live data with system records) is walked record by record and only the
-  schema's records are kept.
+  schema's records are kept; the others are counted as ``other record type (NAME)``.
 * Prices are fixed-point (1e-9) int64: ``UNDEF_PRICE`` becomes NaN, the rest ``px / 1e9``.
 * Symbols come from the metadata's symbol mappings, honouring each mapping's dates
-  (instrument id and UTC date of the record); an id with no mapping on that date takes its
-  nearest mapping, and an id never mapped keeps its number as its symbol.
+  (instrument id and UTC date of the record, :mod:`.symbology`); an id with no mapping on
+  that date takes its nearest mapping, and an id never mapped keeps its number as its
+  symbol, both counted in ``symbology`` (the build names such an id from another file's
+  mapping when one has it). Each piece carries the records' instrument ids, so the build
+  cuts a continuous symbol's series at its rolls. A parent symbol is refused.
 
 What becomes a bar (``ts`` is always the bar start; bars are aligned to the epoch, UTC):
 
@@ -41,7 +44,6 @@ quote in ``tbbo``/``mbp-1`` is only skipped. Bars are then cleaned like any piec
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections import Counter
 from collections.abc import Iterator
@@ -49,11 +51,11 @@ from collections.abc import Iterator
 import databento_dbn as dbn
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import SourceError
-from . import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
+from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, one_line, parse_duration
 from .files import is_url, open_input
+from .symbology import Symbols
 
 __all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
 
@@ -62,8 +64,6 @@ LATE_NS = 60_000_000_000
 _STEP = 8 << 20  # bytes asked of the zstd stream at once
 BLOCK_ROWS = 1 << 16  # records decoded at once: fits the CPU caches better than bigger blocks
 SECOND, MINUTE, HOUR, DAY = (parse_duration(t) for t in ("1s", "1m", "1h", "1d"))
-_EPOCH = dt.date(1970, 1, 1)
-_DAYS = 1 << 20  # mapping dates are packed below the instrument id in one int64 key
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 # (name, numpy format, byte offset) of the record fields, after the DBN specification.
@@ -107,6 +107,11 @@ SCHEMAS: dict[str, tuple[str, int | None, tuple[int, ...]]] = {
     "bbo-1s": ("bbo", SECOND, (0xC3,)),
     "bbo-1m": ("bbo", MINUTE, (0xC4,)),
 }
+_RTYPE_NAMES = {0x00: "trades", 0x01: "mbp-1", 0x0A: "mbp-10", 0x11: "ohlcv", 0x12: "status", 0x13: "definition",
+                0x14: "imbalance", 0x15: "error", 0x16: "symbol mapping", 0x17: "system", 0x18: "statistics",
+                0x20: "ohlcv-1s", 0x21: "ohlcv-1m", 0x22: "ohlcv-1h", 0x23: "ohlcv-1d", 0x24: "ohlcv-eod",
+                0xA0: "mbo", 0xB1: "cmbp-1", 0xC0: "cbbo-1s", 0xC1: "cbbo-1m", 0xC2: "tcbbo", 0xC3: "bbo-1s",
+                0xC4: "bbo-1m", 0xC5: "tbbo"}
 _SUPPORTED = "shardcache builds from ohlcv-*, trades, tbbo, mbp-1, bbo-1s, bbo-1m"
 _OHLCV = ["open", "high", "low", "close", "volume"]
 _COLUMNS = {
@@ -126,6 +131,11 @@ def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size + 8 * ts_out})
 
 
+def _rtype_name(rtype: int) -> str:
+    """A record type's schema name for a drop reason (its hex code when unknown)."""
+    return _RTYPE_NAMES.get(rtype, f"rtype 0x{rtype:02x}")
+
+
 def _prices(px: np.ndarray) -> np.ndarray:
     """Fixed-point prices as float64 (``px / 1e9``), ``UNDEF_PRICE`` as NaN."""
     out = px.astype(np.float64)
@@ -133,11 +143,6 @@ def _prices(px: np.ndarray) -> np.ndarray:
     out /= 1e9
     out[undefined] = np.nan
     return out
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class _Stream:
@@ -154,7 +159,7 @@ class _Stream:
             self.zstd = self.file.read(4) == ZSTD_MAGIC
             self.file.seek(0)
         except OSError as exc:
-            raise SourceError(path, f"cannot read: {_one_line(exc)}") from None
+            raise SourceError(path, f"cannot read: {one_line(exc)}") from None
         self.stream = pa.CompressedInputStream(self.file, "zstd") if self.zstd else self.file
         self.records = 0
 
@@ -170,7 +175,7 @@ class _Stream:
                 n -= buf.size
         except OSError as exc:
             what = "truncated" if "truncated" in str(exc).lower() else "corrupt"
-            problem = f"{what} DBN data after {self.records} records ({_one_line(exc)})"
+            problem = f"{what} DBN data after {self.records} records ({one_line(exc)})"
             raise SourceError(self.path, problem) from None
         if len(parts) == 1:
             return parts[0]
@@ -201,92 +206,8 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
     try:
         meta = dbn.Metadata.decode(prelude + body, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
     except (dbn.DBNError, ValueError) as exc:
-        raise SourceError(path, f"corrupt DBN metadata ({_one_line(exc)})") from None
+        raise SourceError(path, f"corrupt DBN metadata ({one_line(exc)})") from None
     return version, meta
-
-
-class _Symbols:
-    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised)."""
-
-    def __init__(self, mappings: dict[str, list[dict]]) -> None:
-        rows = []
-        for key, intervals in mappings.items():
-            for iv in intervals:
-                sym = str(iv["symbol"])
-                if sym.isdigit():
-                    iid, name = int(sym), key
-                elif key.isdigit() and sym:
-                    iid, name = int(key), sym
-                else:
-                    continue
-                start, end = ((d - _EPOCH).days for d in (iv["start_date"], iv["end_date"]))
-                rows.append((iid, min(max(start, 0), _DAYS - 1), end, name))
-        rows.sort()
-        self.names: list[str] = sorted({r[3] for r in rows})
-        index = {n: i for i, n in enumerate(self.names)}
-        self.iid = np.array([r[0] for r in rows], dtype=np.int64)
-        self.end = np.array([r[2] for r in rows], dtype=np.int64)
-        self.code = np.array([index[r[3]] for r in rows], dtype=np.int64)
-        self.start = np.array([r[1] for r in rows], dtype=np.int64)
-        self.keys = (self.iid << 20) | self.start
-        self.unmapped: dict[int, int] = {}
-
-    def codes(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Symbol code of each record (instrument ``iid`` at time ``ts``)."""
-        iid = iid.astype(np.int64)
-        codes = np.full(len(iid), -1, dtype=np.int64)
-        if len(self.keys) and len(iid):
-            steady = self._steady(ts)
-            if steady is not None:
-                ids, code = steady
-                at = np.clip(np.searchsorted(ids, iid), 0, len(ids) - 1)
-                codes = np.where(ids[at] == iid, code[at], -1)
-            todo = codes < 0
-            if todo.all():
-                codes = self._by_date(iid, ts)
-            elif todo.any():
-                codes[todo] = self._by_date(iid[todo], ts[todo])
-        missing = codes < 0
-        if missing.any():
-            ids, inverse = np.unique(iid[missing], return_inverse=True)
-            for v in ids.tolist():
-                if v not in self.unmapped:
-                    self.unmapped[v] = len(self.names)
-                    self.names.append(str(v))
-            codes[missing] = np.array([self.unmapped[v] for v in ids.tolist()], dtype=np.int64)[inverse]
-        return codes
-
-    def _by_date(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
-        """Codes from the mapping interval holding each record's UTC date, else the id's nearest one."""
-        m = len(self.keys)
-        day = np.maximum(ts, 0) // DAY
-        i = np.searchsorted(self.keys, (iid << 20) | day, side="right") - 1
-        here = np.clip(i, 0, m - 1)
-        after = np.clip(i + 1, 0, m - 1)
-        same = (i >= 0) & (self.iid[here] == iid)
-        later = (i + 1 < m) & (self.iid[after] == iid)
-        return np.where(same, self.code[here], np.where(later, self.code[after], -1))
-
-    def _steady(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ids, codes) when every instrument mapped during ``ts``'s days keeps one mapping for all of them.
-
-        The common case (a daily file, or a block inside one mapping interval): the symbol
-        then depends on the id alone, which is much cheaper to look up.
-        """
-        lo, hi = int(ts.min()), int(ts.max())
-        if lo < 0:
-            return None
-        first, last = lo // DAY, hi // DAY
-        overlap = (self.start <= last) & (self.end > first)
-        ids = self.iid[overlap]
-        if not len(ids) or len(np.unique(ids)) != len(ids):
-            return None
-        if (self.start[overlap] > first).any() or (self.end[overlap] <= last).any():
-            return None
-        return ids, self.code[overlap]
-
-    def column(self, codes: np.ndarray) -> pa.Array:
-        return pc.take(pa.array(self.names, pa.string()), pa.array(codes))
 
 
 def _pick(t: np.ndarray, valid: np.ndarray, starts: np.ndarray, group: np.ndarray, first: bool) -> np.ndarray:
@@ -330,6 +251,7 @@ def _fold(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         "high": np.fmax.reduceat(f["high"], starts),
         "low": np.fmin.reduceat(f["low"], starts),
         "close": _take(f["close"], _pick(f["t1"], np.isfinite(f["close"]), starts, group, False)),
+        "iid": f["iid"][np.maximum.reduceat(np.arange(n), starts)],
     }
     for name in ("volume", "count"):
         if name in f:
@@ -352,7 +274,7 @@ class _Bars:
         self.cutoff = _I64_MIN
         self.newest = _I64_MIN
 
-    def _rows(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+    def _rows(self, recs: np.ndarray, symbols: Symbols) -> dict[str, np.ndarray]:
         """One row per usable record, in the shape of a partial bar."""
         layout = self.layout
         ts = np.ascontiguousarray(recs["ts_recv" if layout == "bbo" else "ts_event"]).view(np.int64)
@@ -390,10 +312,11 @@ class _Bars:
         start = ts - 1 if layout == "bbo" else ts
         f["bar"] = start - start % self.bar_ns
         f["t0"] = f["t1"] = ts
+        f["iid"] = recs["instrument_id"].astype(np.int64)
         f["code"] = symbols.codes(recs["instrument_id"], ts)
         return f
 
-    def add(self, recs: np.ndarray, symbols: _Symbols) -> dict[str, np.ndarray]:
+    def add(self, recs: np.ndarray, symbols: Symbols) -> dict[str, np.ndarray]:
         """Fold a block of records in; return the bars now closed."""
         f = self._rows(recs, symbols)
         late = f["bar"] < self.cutoff
@@ -505,27 +428,32 @@ class DbnSource(Source):
             o += length
         offs = np.array(offsets, dtype=np.int64)
         stream.records += len(offs)
-        mine = offs[np.isin(raw[offs + 1], self.rtypes)] if len(offs) else offs
+        is_mine = np.isin(raw[offs + 1], self.rtypes) if len(offs) else np.zeros(0, dtype=bool)
+        if not is_mine.all():
+            kinds, counts = np.unique(raw[offs[~is_mine] + 1], return_counts=True)
+            for kind, count in zip(kinds.tolist(), counts.tolist()):
+                self.drops[f"other record type ({_rtype_name(kind)})"] += count
+        mine = offs[is_mine]
         if (raw[mine] != size // 4).any():
             raise SourceError(self.path, f"corrupt DBN data: a {self.schema} record is not {size} bytes long")
         recs = raw[mine[:, None] + np.arange(size)].view(self.dtype).reshape(len(mine))
         return recs, o
 
-    def _table(
-        self, codes: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: _Symbols
-    ) -> pa.Table:
+    def _table(self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray],
+               symbols: Symbols) -> pa.Table:
         cols = {}
         for name in self.columns:
             cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
-        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols})
+        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols,
+                         "instrument": pa.array(iid.astype(np.int64), pa.int64())})
 
-    def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: _Symbols) -> pa.Table | None:
+    def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: Symbols) -> pa.Table | None:
         if f is None or not len(f["bar"]):
             return None
         traded = np.isfinite(f["open"])
         if not traded.all():
             f = {k: v[traded] for k, v in f.items()}
-        return self._table(f["code"], f["bar"], f, symbols)
+        return self._table(f["code"], f["iid"], f["bar"], f, symbols)
 
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         if max_rows < 1:
@@ -533,7 +461,7 @@ class DbnSource(Source):
         self.drops.clear()
         bars = _Bars(self.layout, self.interval, self.bar_ns, self.drops) if self.resample else None
         with _Stream(self.path, self.storage_options) as stream:
-            symbols = _Symbols(_read_metadata(self.path, stream)[1].mappings)
+            symbols = Symbols(self.path, _read_metadata(self.path, stream)[1].mappings)
             for recs in self._blocks(stream, max_rows):
                 if bars is not None:
                     table = self._bars_table(bars.add(recs, symbols), symbols)
@@ -541,10 +469,14 @@ class DbnSource(Source):
                     ts = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
                     values = {n: _prices(recs[n]) for n in self.columns if n != "volume"}
                     values["volume"] = recs["volume"].astype(np.float64)
-                    table = self._table(symbols.codes(recs["instrument_id"], ts), ts, values, symbols)
+                    iid = recs["instrument_id"]
+                    table = self._table(symbols.codes(iid, ts), iid, ts, values, symbols)
                 yield from self._emit(table, max_rows)
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
+        # read by the build, to name unmapped ids from other files; string keys keep it plain JSON
+        self.symbology = {"unmapped": {str(i): n for i, n in symbols.unmapped_records.items()},
+                          "outside": symbols.outside, "ids": {str(i): n for i, n in symbols.mapped.items()}}
 
     def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
         if table is None:
