@@ -23,6 +23,7 @@ SLOW_TESTS = {  # file -> test function -> why
     "test_stream_workers.py": {
         "test_streaming_rss_does_not_grow_with_bars": "memory in a subprocess",
         "test_loader_lifecycles_leave_nothing_behind": "eleven DataLoader worker lifecycles and their RSS",
+        "test_spawned_workers_share_the_position": "spawned workers, each importing torch afresh",
     },
     "test_profile_memory.py": {
         "test_single_command_peak_plot_and_json": "memory of a subprocess",

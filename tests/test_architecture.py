@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shardcache"
 
 # module (dotted, without "shardcache."; "" is the package itself) -> wing. A module that is not
-# listed belongs to the wing of its nearest listed package.
+# listed belongs to the wing of its nearest listed package ("" excepted: a new top-level module
+# must be listed).
 WINGS = {
     "": "top",  # the lazy __init__: re-exports from every wing
     "cli": "top",
@@ -47,6 +48,8 @@ WINGS = {
     "tasks": "build",
     "cluster": "build",
     "sample": "build",
+    "markers": "build",  # nopickle's staging markers
+    "checks": "build",  # input's option checks
 }
 MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
     "shared": {"shared"},
@@ -82,15 +85,15 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def wing(module: str) -> str:
-    """The wing of a module: its own entry in WINGS, else its nearest listed package's."""
-    parts = module.split(".") if module else []
-    while parts:
+def wing(module: str) -> str | None:
+    """The wing of a module: its own entry in WINGS, else its nearest listed package's but the root's."""
+    parts = module.split(".")
+    while parts and module:
         name = ".".join(parts)
         if name in WINGS:
             return WINGS[name]
         parts.pop()
-    return WINGS[""]
+    return WINGS.get(module)
 
 
 def _type_checking_lines(tree: ast.Module) -> set[int]:
@@ -136,8 +139,8 @@ def imports(module: str) -> list[tuple[str, int, str]]:
 
 
 def test_every_module_has_a_wing():
-    assert set(WINGS) - set(MODULES) == set(), "WINGS lists modules that do not exist"
-    assert {wing(m) for m in MODULES} <= set(MAY_IMPORT)
+    assert [m for m in MODULES if wing(m) is None] == [], "add these modules to WINGS"
+    assert set(WINGS.values()) <= set(MAY_IMPORT)
 
 
 def test_each_wing_imports_only_the_wings_below_it():
