@@ -145,7 +145,8 @@ def test_every_module_has_a_wing():
 
 def test_each_wing_imports_only_the_wings_below_it():
     """format below read below inspect; format below build; read never imports build; the CLI on top."""
-    bad = [f"{m or 'shardcache'}:{line} ({wing(m)}) imports {t or 'shardcache'} ({wing(t)}){' in a function' * (k == 'function')}"
+    bad = [f"{m or 'shardcache'}:{line} ({wing(m)}) imports {t or 'shardcache'} ({wing(t)})"
+           + " in a function" * (k == "function")
            for m in MODULES for t, line, k in imports(m)
            if not t.startswith("third:") and wing(t) not in MAY_IMPORT[wing(m)]]
     assert bad == [], "\n".join(bad)

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import ctypes, json, sys
 class _Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 _libc = ctypes.CDLL(None)
 _libc.mallinfo2.restype = _Info
 _libc.malloc.restype, _libc.malloc.argtypes, _libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
@@ -123,7 +123,9 @@ def test_a_dask_worker_preload_opts_in(monkeypatch):
 
 # ---- a core install: the build extra missing -------------------------------------------------
 
-BLOCK_BUILD_EXTRA = "import sys\nfor name in ('dask', 'distributed', 'pyarrow', 'databento_dbn', 'psutil'): sys.modules[name] = None\n"
+BLOCK_BUILD_EXTRA = ("import sys\n"  # None in sys.modules: `import dask` raises ModuleNotFoundError, as uninstalled
+                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn', 'psutil'):\n"
+                     "    sys.modules[name] = None\n")
 
 
 @pytest.mark.parametrize("prog, argv", [("build-cache", ["in.dbn", "--out", "c.zarr"]),
@@ -139,7 +141,7 @@ def test_build_commands_without_the_build_extra_say_what_to_install(tmp_path, pr
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
-def test_a_missing_module_outside_the_build_extra_is_not_disguised(tmp_path, monkeypatch):
+def test_a_missing_module_outside_the_build_extra_is_not_disguised():
     from shardcache import cli
 
     def broken(args):
