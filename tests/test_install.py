@@ -157,3 +157,18 @@ def test_version_comes_from_the_installed_metadata():
     assert shardcache.__version__ == version("shardcache")
     text = (ROOT / "pyproject.toml").read_text()
     assert f'version = "{shardcache.__version__}"' in text  # pyproject is the one copy
+
+
+def test_dask_workers_preloading_shardcache_tasks_are_tuned():
+    """``dask worker --preload shardcache.tasks``: real worker processes run the hook; the driver does not."""
+    distributed = pytest.importorskip("distributed")
+
+    def tuned() -> bool:
+        from shardcache import tasks
+
+        return tasks._tuned
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  preload=["shardcache.tasks"]) as cluster, distributed.Client(cluster) as client:
+        assert list(client.run(tuned).values()) == [_glibc()]
+    assert tasks._tuned is False  # this process never asked
