@@ -36,6 +36,9 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
     },
     "test_append.py": {"test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop"},
+    "test_staging.py": {  # the local variant of the same lock stays in the fast tier
+        "test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs": "a build in a subprocess",
+    },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
