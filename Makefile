@@ -1,10 +1,11 @@
-# Two entry points that work on a fresh machine: `make demo` and `make test`.
+# Entry points that work on a fresh machine: `make demo`, `make test` (everything, as CI) and
+# `make test-fast` (`pytest -m "not slow"`, the loop while developing). All install every extra.
 # TORCH sets the torch requirement installed first (the CPU build here; pick yours elsewhere).
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -18,6 +19,9 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -ra
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -ra -m "not slow"
 
 bench: $(VENV)/.installed
 	$(PY) tools/bench.py

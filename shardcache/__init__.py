@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
 from .store import Cache, open_cache
 
@@ -25,7 +26,6 @@ __all__ = [
     "build_cache",
     "open_cache",
 ]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:

@@ -315,6 +315,6 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__

@@ -572,6 +572,6 @@ def connect(scheduler: Any, staging: str, urls: Sequence[str]) -> Iterator[Any]:
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
 
     return __version__

@@ -140,6 +140,9 @@ def _cmd_append(args: argparse.Namespace) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     from .builder import build_cache
     from .checks import check_options
+    from .tasks import tune_allocator
+
+    tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
 
     check_options(seq_len=args.seq_len, horizon=args.horizon, shard_rows=args.shard_rows, chunk_rows=args.chunk_rows,
                   workers=args.workers, bar=args.bar, max_gap=args.max_gap)
@@ -310,7 +313,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .builder import build_cache
     from .sample import make_sample
     from .stream import WindowStream
+    from .tasks import tune_allocator
 
+    tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
     if not os.path.isdir(data) or not os.listdir(data):
         t0 = time.perf_counter()
@@ -376,12 +381,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn", "psutil"})  # pyproject's [build]
+
+
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str) -> int:
     _setup_logging(getattr(args, "quiet", False))
     try:
         return func(args)
     except ShardcacheError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _BUILD_EXTRA:
+            raise
+        print(f"{prog}: error: needs the build extra: pip install 'shardcache[build]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

@@ -6,8 +6,10 @@ run on an existing ``dask.distributed`` cluster. Each task holds one input piece
 shard, so memory per worker is bounded by the piece and shard sizes, not by the data.
 Progress is a tqdm bar on a terminal and a log line every 10% otherwise.
 
-After each task :func:`release_memory` hands back what the task freed, so a build's resident
-memory does not creep up with the number of tasks (see its docstring for the numbers).
+In a process that opted in with :func:`tune_allocator` (the CLI does; a library call never
+changes the process's allocator), :func:`release_memory` hands back what each task freed, so a
+build's resident memory does not creep up with the number of tasks (see its docstring for the
+numbers). Cluster workers opt in with ``dask worker --preload shardcache.tasks``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, TypeVar
 import dask
 from dask.callbacks import Callback
 
-__all__ = ["Progress", "release_memory", "run_tasks"]
+__all__ = ["Progress", "dask_setup", "release_memory", "run_tasks", "tune_allocator"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
@@ -32,27 +34,50 @@ _M_MMAP_THRESHOLD = -3  # mallopt parameter number (glibc malloc.h)
 _MMAP_THRESHOLD = 128 << 10  # glibc's initial threshold, kept fixed
 
 
+_tuned = False  # set once by tune_allocator: this process's owner asked for the settings
+
+
 @functools.lru_cache(maxsize=1)
 def _glibc() -> ctypes.CDLL | None:
-    """glibc with its mmap threshold pinned (done once per process), or None under another C library."""
+    """glibc, or None under another C library (musl, macOS)."""
     libc = ctypes.CDLL(None)
-    if not hasattr(libc, "malloc_trim") or not hasattr(libc, "mallopt"):
-        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def tune_allocator() -> bool:
+    """Pin glibc's mmap threshold and hand freed memory back after every build task, for this whole process.
+
+    Process-wide settings, so only an owner of the process calls this: the CLI, a ``dask worker
+    --preload shardcache.tasks``, or a script that wants the CLI's build memory from
+    ``build_cache``. Returns False (and changes nothing) under another C library.
+    """
+    global _tuned
+    libc = _glibc()
+    if libc is None:
+        return False
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-    return libc
+    _tuned = True
+    return True
+
+
+def dask_setup(worker: Any) -> None:
+    """``dask worker --preload shardcache.tasks``: the CLI's allocator settings in a cluster's workers."""
+    tune_allocator()
 
 
 def release_memory() -> None:
     """Hand what a finished task freed back to the system, so a build's RSS does not grow with its task count.
 
-    Arrow's pool (mimalloc) otherwise keeps each worker thread's heap at its largest piece.
-    glibc otherwise raises its mmap threshold to the largest block freed so far (up to
-    32 MiB), after which feature arrays and zarr's chunk buffers come from per-thread arenas
-    that keep their free space: with 10x the shards (and more of zarr's threads) the stats and
-    write stages of a 3,600-file build held 73 MiB of free arena memory against 51 MiB at
-    360 files. Pinned, blocks above 128 KiB go back on free; ``malloc_trim`` returns the free
-    pages of smaller ones.
+    Only after :func:`tune_allocator`; otherwise nothing. Arrow's pool (mimalloc) otherwise
+    keeps each worker thread's heap at its largest piece. glibc otherwise raises its mmap
+    threshold to the largest block freed so far (up to 32 MiB), after which feature arrays and
+    zarr's chunk buffers come from per-thread arenas that keep their free space: with 10x the
+    shards (and more of zarr's threads) the stats and write stages of a 3,600-file build held
+    73 MiB of free arena memory against 51 MiB at 360 files. Pinned, blocks above 128 KiB go
+    back on free; ``malloc_trim`` returns the free pages of smaller ones.
     """
+    if not _tuned:
+        return
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()

@@ -6,6 +6,64 @@ import pytest
 
 from helpers import Bars, make_cache, synthetic_bars
 
+# ---- the two tiers: `pytest -m "not slow"` (make test-fast) and everything (make test, CI) ----
+# A test is slow when it spawns DDP ranks, runs a notebook kernel, measures memory in subprocesses,
+# loops SIGKILLs or needs the S3 server: each costs seconds, and together they were 2/3 of the suite.
+SLOW_FIXTURES = {
+    "s3_endpoint": "a moto S3 server",
+    "this_python_kernel": "a notebook kernel",
+}
+SLOW_TESTS = {  # file -> test function -> why
+    "test_scaling.py": {"test_ddp_ranks_cover_the_epoch_once": "DDP ranks spawned"},
+    "test_memory.py": {
+        "test_worker_tree_memory_does_not_grow_with_bars": "memory of a process tree",
+        "test_ten_trials_in_one_process_leave_nothing_behind": "memory in a subprocess",
+        "test_window_dataset_random_access_is_bounded_by_its_lru": "memory in a subprocess",
+    },
+    "test_stream_workers.py": {
+        "test_streaming_rss_does_not_grow_with_bars": "memory in a subprocess",
+        "test_loader_lifecycles_leave_nothing_behind": "eleven DataLoader worker lifecycles and their RSS",
+        "test_spawned_workers_share_the_position": "spawned workers, each importing torch afresh",
+    },
+    "test_profile_memory.py": {
+        "test_single_command_peak_plot_and_json": "memory of a subprocess",
+        "test_tree_sums_children": "memory of a process tree",
+        "test_compare_two_commands": "memory of two subprocesses",
+        "test_plot_one_series_per_command": "memory of two subprocesses",
+    },
+    "test_reliability.py": {
+        "test_sigkill_anywhere_then_resume_gives_the_same_cache": "a SIGKILL loop",
+        "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
+    },
+    "test_append.py": {"test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop"},
+    "test_staging.py": {  # the local variant of the same lock stays in the fast tier
+        "test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs": "a build in a subprocess",
+    },
+    "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
+    "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
+        "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
+    },
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the slow tier; a name in SLOW_TESTS that its test file no longer defines is an error,
+    so a renamed test cannot drop into the fast tier unnoticed."""
+    modules = {}
+    for item in items:
+        file, name = item.path.name, getattr(item, "originalname", item.name)
+        modules.setdefault(file, item.module)
+        why = SLOW_TESTS.get(file, {}).get(name) or next(
+            (w for f, w in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None)
+        if why:
+            item.add_marker(pytest.mark.slow(reason=why))
+    stale = [f"{file}::{name}" for file, module in modules.items()
+             for name in SLOW_TESTS.get(file, {}) if not hasattr(module, name)]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: {', '.join(stale)}")
+
+
 # ---- window index and stream (shardcache/index.py, shardcache/stream.py) -------------------
 
 

@@ -261,8 +261,10 @@ def test_existing_output_needs_overwrite(small_sample, tmp_path):
     assert run_cli(str(small_sample[0]), "--out", str(out), "-q").returncode == 0
     r = run_cli(str(small_sample[0]), "--out", str(out), "-q")
     assert r.returncode == 2 and "--overwrite" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert run_cli(str(small_sample[0]), "--out", str(out), "-q", "--overwrite").returncode == 0
-    assert open_cache(out).n_bars > 0
+    one_day = open_cache(out).n_bars
+    assert run_cli(*map(str, small_sample[:2]), "--out", str(out), "-q", "--overwrite").returncode == 0
+    ts, _ = expected_arrays(decode_bars(small_sample[:2]))
+    assert open_cache(out).n_bars == len(ts) > one_day  # the new build replaced the old cache
 
 
 def test_info_command_prints_summary(small_sample, tmp_path):

@@ -276,7 +276,9 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
 def test_explicit_cpu_device(stream_cache):
     a = WindowStream(stream_cache, 8, split="all", batch_size=64, device="cpu", meta=True)
     b = WindowStream(stream_cache, 8, split="all", batch_size=64, meta=True)
-    for (xa, ya, ia, *_), (xb, yb, ib, *_) in zip(a, b):
+    got, want = list(a), list(b)
+    assert len(got) == len(want) == a.n_batches > 0
+    for (xa, ya, ia, *_), (xb, yb, ib, *_) in zip(got, want):
         assert xa.device.type == "cpu" and torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(ia, ib)
 
 

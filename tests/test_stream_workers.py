@@ -11,10 +11,9 @@ import numpy as np
 import psutil
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, get_worker_info
 
-from helpers import brute_starts, ddp_rank, make_cache, run_helper, synthetic_bars
+from helpers import brute_starts, make_cache, run_helper, synthetic_bars
 from shardcache.store import Cache
 from shardcache.stream import WindowStream
 from stream_helpers import rows_of
@@ -143,19 +142,6 @@ def test_resume_in_a_new_process(tmp_path, stream_cache, epoch0, stop_workers, r
     whole = torch.cat(head).numpy().tolist() + np.load(out).tolist()
     want = rows_of(stream_cache, [type("B", (), {"index": i})() for i in epoch0[0]])
     assert whole == torch.cat(want).numpy().tolist()  # no repeat, no gap, same order
-
-
-def test_two_ddp_ranks_cover_the_epoch_once(tmp_path, stream_bars, stream_cache):
-    kwargs = {"seq_len": 9, "horizon": 1, "batch_size": 50, "split": "train"}
-    args = (2, stream_cache.url, str(tmp_path / "init"), str(tmp_path), kwargs)
-    mp.start_processes(ddp_rank, args=args, nprocs=2, join=True, start_method="fork")  # fork: no re-import
-    got = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
-    meta = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    ref = brute_starts(stream_bars, 9, 1, 1, "train")
-    union = np.concatenate(got)
-    assert meta[0]["all"] == meta[1]["all"] == [meta[0]["n_batches"]] * 2
-    assert len(got[0]) == len(got[1]) and len(np.unique(union)) == len(union) == len(ref) - meta[0]["dropped"]
-    assert np.isin(union, ref).all() and meta[0]["dropped"] == len(ref) % 2
 
 
 @pytest.mark.parametrize("decoders", [0, 1, 3])

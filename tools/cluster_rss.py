@@ -4,8 +4,9 @@ A worker runs one task at a time (``threads_per_worker=1``, as ``dask worker --n
 and a task holds one input piece, one symbol's cluster of runs or one shard, so a worker's
 peak over its idle footprint should stay near the size of the largest of those, whatever
 the number of files. This starts the cluster, imports ``shardcache.builder`` in every
-worker (the idle footprint), samples each worker's RSS with psutil every ``--interval``
-seconds during the build and prints a markdown table (MiB).
+worker and tunes its allocator as the CLI's builds do (the idle footprint), samples each
+worker's RSS with psutil every ``--interval`` seconds during the build and prints a markdown
+table (MiB).
 
 Usage::
 
@@ -48,8 +49,12 @@ class Sampler(threading.Thread):
 
 
 def _warm() -> int:
-    """Import what a build task imports; the worker's RSS afterwards is its idle footprint."""
+    """Import what a build task imports and opt in to the CLI's allocator settings (as ``dask worker
+    --preload shardcache.tasks`` does); the worker's RSS afterwards is its idle footprint."""
     import shardcache.builder  # noqa: F401
+    from shardcache.tasks import tune_allocator
+
+    tune_allocator()
 
     return psutil.Process().memory_info().rss
 
