@@ -179,7 +179,11 @@ def _check_disk(work: Path, data: dict[int, dict], windows: int) -> None:
 
 def _versions() -> str:
     """torch, LitData and MosaicML Streaming versions, and how ``streaming`` was imported."""
-    import litdata
+    try:
+        import litdata
+    except ModuleNotFoundError:
+        raise SystemExit("bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
+                         "(it installs them into .venv-peers)") from None
 
     streaming, note = import_streaming()
     return f"torch {torch.__version__}, litdata {litdata.__version__}, mosaicml-streaming {streaming.__version__} ({note})"
