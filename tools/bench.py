@@ -36,6 +36,9 @@ Also measured: the builds (bars/s, peak RSS, size against raw float32), streamin
 Usage (from the repository root; about 8 minutes on 2 cores, more on the first run)::
 
     .venv/bin/python tools/bench.py --json out/bench.json
+
+``--peers`` runs instead E against LitData and MosaicML Streaming, one sample per window
+(``tools/bench_peers.py``), in the peers' own venv: ``make bench-peers``.
 """
 
 from __future__ import annotations
