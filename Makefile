@@ -4,8 +4,11 @@
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+# The peers (LitData, MosaicML Streaming) get their own venv: they pin numpy<2.2 and pull torchvision.
+PEERS ?= .venv-peers
+PEERS_ARGS ?= --features 9,64,256 --rounds 2
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench bench-peers clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -26,5 +29,19 @@ test-fast: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) tools/bench.py
 
+# torch pinned by the constraints file; a torchvision that cannot load against it (PyPI's CUDA
+# wheel on the CPU torch) is uninstalled, openly: see tools/peers-constraints.txt.
+$(PEERS)/.installed: pyproject.toml tools/peers-constraints.txt
+	python3 -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q --upgrade pip
+	$(PEERS)/bin/python -m pip install -q -c tools/peers-constraints.txt -e . litdata mosaicml-streaming
+	$(PEERS)/bin/python -c "import torchvision" 2>/dev/null || { \
+	  echo "bench-peers: torchvision cannot load against this torch (a CUDA wheel on a CPU torch): uninstalling it"; \
+	  $(PEERS)/bin/python -m pip uninstall -q -y torchvision; }
+	touch $@
+
+bench-peers: $(PEERS)/.installed
+	$(PEERS)/bin/python tools/bench.py --peers $(PEERS_ARGS)
+
 clean:
-	rm -rf $(VENV) data/sample
+	rm -rf $(VENV) $(PEERS) data/sample

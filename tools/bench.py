@@ -36,6 +36,9 @@ Also measured: the builds (bars/s, peak RSS, size against raw float32), streamin
 Usage (from the repository root; about 8 minutes on 2 cores, more on the first run)::
 
     .venv/bin/python tools/bench.py --json out/bench.json
+
+``--peers`` runs instead E against LitData and MosaicML Streaming, one sample per window
+(``tools/bench_peers.py``), in the peers' own venv: ``make bench-peers``.
 """
 
 from __future__ import annotations
@@ -168,7 +171,8 @@ def _ram(spec: dict) -> dict[str, Any]:
 def _stream(spec: dict) -> dict[str, Any]:
     """E: the stream in-process, or through ``DataLoader(batch_size=None)`` workers; a full epoch or ``batches``."""
     def open_data() -> Iterator[tuple]:
-        ds = WindowStream(spec["cache"], SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True, seed=spec["round"])
+        ds = WindowStream(spec["cache"], SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True,
+                          seed=spec["round"])
         loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"]) if spec["workers"] else ds
         with ds:
             yield from itertools.islice(loader, spec["batches"] or None)
@@ -184,6 +188,10 @@ SCENARIOS: dict[str, Callable[[dict], dict[str, Any]]] = {
 def run_scenario(spec: dict) -> None:
     """Child process entry: one thread for torch, run the scenario, write its result as JSON."""
     torch.set_num_threads(1)
+    if spec["kind"] not in SCENARIOS:  # a peer's scenario: needs the peers' venv (make bench-peers)
+        from bench_peers import PEER_SCENARIOS
+
+        SCENARIOS.update(PEER_SCENARIOS)
     result = {"rss_after_imports": psutil.Process().memory_info().rss, **SCENARIOS[spec["kind"]](spec)}
     Path(spec["out"]).write_text(json.dumps(result))
 
@@ -361,6 +369,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-batches", type=int, default=500, help="batches per E run with 2 workers (default: %(default)s)")
     p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
     p.add_argument("--scale-batches", type=int, default=600, help="batches streamed per scaling run (default: %(default)s)")
+    p.add_argument("--peers", action="store_true",
+                   help="instead: E against LitData and MosaicML Streaming (tools/bench_peers.py; make bench-peers)")
+    p.add_argument("--peer-windows", type=int, default=131_072,
+                   help="windows written to each peer, one sample each; 0: all (default: %(default)s)")
     p.add_argument("--scenario", help=argparse.SUPPRESS)
     return p
 
@@ -371,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario:
         run_scenario(json.loads(args.scenario))
         return 0
+    if args.peers:
+        from bench_peers import peers_main
+
+        return peers_main(args)
     t_start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     builds: list[BuildResult] = []
