@@ -74,7 +74,8 @@ def _scan_result() -> builder._Scan:
     runs = np.zeros(3, builder._RUN)
     runs["n"], runs["ts_max"] = [5, 6, 7], [10**18, 2, 3]
     return builder._Scan(["ESM4", "NQM4"], runs, np.arange(3 * builder._SKETCH).reshape(3, -1),
-                         collections.Counter({"NaN price": 3}), 2, 21, 60 * 10**9)
+                         collections.Counter({"NaN price": 3}), 2, 21, 60 * 10**9, 60 * 10**9,
+                         {"unmapped": {"42": "ESH3"}})
 
 
 def _merged() -> Merged:
