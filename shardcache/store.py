@@ -202,7 +202,7 @@ class Cache:
         try:
             local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
         except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
-            raise CacheError(f"{self.url}: the segment index (segments) is damaged: "
+            raise CacheError(f"{self.url}: the segment table (segments) is damaged: "
                              f"{_one_line(exc)}; rebuild the cache") from None
         self.local_segments = local
         sym = local[:, 0]
