@@ -8,6 +8,9 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -281,4 +284,47 @@ def test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes(point, files, t
         build_cache(files, out, **OPTS)  # a build of the same --out is told about the staged append
     resumed = append_cache(files[10:], out, resume=True, progress=False)
     assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
+    assert verify_cache(out).ok and not Path(f"{out}.staging").exists()
+
+
+def _append_cmd(files: list[Path], out: Path) -> list[str]:
+    code = "import sys; from shardcache.cli import build_cache_main; sys.exit(build_cache_main(sys.argv[1:]))"
+    return [sys.executable, "-c", code, *map(str, files), "--append", "--resume", "--out", str(out), "-q",
+            "--workers", "1"]
+
+
+@pytest.mark.slow
+def test_append_killed_at_random_points_never_changes_a_file_of_the_cache(files, tmp_path):
+    """A real ``build-cache --append`` process, SIGKILLed at random times: while it runs and after
+    it dies every file of the original cache (shards, metadata, JSON objects) keeps its bytes; then
+    ``--append --resume`` finishes it, equal to an append that was never interrupted."""
+    out, want, orig = tmp_path / "c.zarr", tmp_path / "want.zarr", tmp_path / "orig.zarr"
+    build_cache(files[:10], out, **OPTS)
+    shutil.copytree(out, want)
+    shutil.copytree(out, orig)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    t0 = time.perf_counter()
+    quiet = dict(env=env, timeout=300, stdout=subprocess.DEVNULL)
+    assert subprocess.run(_append_cmd(files[10:], want), **quiet).returncode == 0
+    took = time.perf_counter() - t0
+    staged = 0
+    before = _all_files(out)
+    rng = np.random.default_rng(11)
+    for kill_at in rng.uniform(0.3, 0.95, 4) * took:
+        proc = subprocess.Popen(_append_cmd(files[10:], out), env=env, stdout=subprocess.DEVNULL)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < kill_at and proc.poll() is None:
+            assert _all_files(out) == before  # during the append
+            time.sleep(0.05)
+        if proc.poll() is not None:  # it finished before the kill: start again from the original cache
+            shutil.rmtree(out)
+            shutil.copytree(orig, out)
+            continue
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _all_files(out) == before, f"killed after {kill_at:.2f} s of {took:.2f} s"
+        staged += Path(f"{out}.staging").exists()
+    assert staged  # at least one kill left a staged, unfinished append for --resume to pick up
+    assert subprocess.run(_append_cmd(files[10:], out), **quiet).returncode == 0
+    assert [d for d in compare_caches(want, out) if not d.startswith(BY_DESIGN)] == []
     assert verify_cache(out).ok and not Path(f"{out}.staging").exists()
