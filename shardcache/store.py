@@ -368,13 +368,17 @@ class Cache:
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
         """Bar start times (int64 ns since the epoch) of virtual rows; reads and keeps the symbols' ``time``."""
         sym, local = self.locate(rows)
+        group = self.handles.group._async_group
+
+        async def load(i: int) -> None:  # the symbols' time arrays are read concurrently
+            arr = await group.getitem(f"{self.groups[i]}/time")
+            self._times[i] = np.asarray(await arr.getitem(...), dtype=np.int64)
+
+        _gather([load(i) for i in np.unique(sym).tolist() if i not in self._times])
         out = np.empty(sym.shape, dtype=np.int64)
         for i in np.unique(sym).tolist():
-            t = self._times.get(i)
-            if t is None:
-                t = self._times[i] = np.asarray(self.array(i, "time")[...], dtype=np.int64)
             pick = sym == i
-            out[pick] = t[local[pick]]
+            out[pick] = self._times[i][local[pick]]
         return out
 
     def region_stop(self, row: int) -> int:
