@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import explore
 from .errors import ShardcacheError
+from .index import valid_ranges
 
 if TYPE_CHECKING:
     from .explore import ShardInfo
@@ -133,7 +135,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
                          scheduler=args.scheduler, resume=args.resume,
                          storage_options=_storage_options(args.storage_option), progress=not args.quiet)
     windows = cache.manifest["counts"]["windows"]
-    _print_info(cache.info(windows["seq_len"], windows["horizon"]), args.json)
+    _print_info(explore.info(cache, windows["seq_len"], windows["horizon"]), args.json)
     return 0
 
 
@@ -160,7 +162,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         resume=args.resume, storage_options=_storage_options(args.storage_option),
         progress=not args.quiet, stats_from=args.stats_from,
     )
-    _print_info(cache.info(args.seq_len, args.horizon), args.json)
+    _print_info(explore.info(cache, args.seq_len, args.horizon), args.json)
     return 0
 
 
@@ -270,7 +272,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
         raise ShardcacheError(f"{flag} {value}: must be at least {1 if flag == '--seq-len' else 0}")
     cache = open_cache(args.cache, _storage_options(args.storage_option))
-    _print_info(cache.info(args.seq_len, args.horizon), args.json)
+    _print_info(explore.info(cache, args.seq_len, args.horizon), args.json)
     return 0
 
 
@@ -288,7 +290,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     from .store import open_cache
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
-    shards = cache.shards()
+    shards = explore.shards(cache)
     if args.json:
         print(json.dumps({"path": cache.url, "shard_rows": cache.shard_rows, "n_features": cache.n_features,
                           "shards": [s.to_dict() for s in shards]}, indent=2))
@@ -327,7 +329,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cache = build_cache(data, out, split="train=0.8,val=0.1,test=0.1", overwrite=True)
     build_s = time.perf_counter() - t0
     print(f"2. built {out} in {build_s:.1f} s ({cache.n_bars / build_s:,.0f} bars/s)")
-    print(format_info(cache.info(args.seq_len)))
+    print(format_info(explore.info(cache, args.seq_len)))
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     with WindowStream(cache, seq_len=args.seq_len, split="train", batch_size=256) as ds:
@@ -337,7 +339,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             first = first or time.perf_counter() - t0
             peak = max(peak, proc.memory_info().rss)
         secs = time.perf_counter() - t0
-    expected = cache.n_windows(args.seq_len, 1, 1, "train")
+    expected = valid_ranges(cache, args.seq_len, 1, 1, "train").total()
     print(f"3. streamed one epoch of the train split at stride 1: {n:,} windows of shape "
           f"({args.seq_len}, {cache.n_features}) (expected {expected:,}) in {secs:.1f} s = "
           f"{n / secs:,.0f} windows/s; first batch after {first * 1000:.0f} ms; "

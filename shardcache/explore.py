@@ -1,8 +1,7 @@
-"""Views of a cache for people: the per-shard table (``shardcache ls``) and a labelled xarray Dataset.
+"""Views of a cache for people: the summary (``shardcache info``), the per-shard table
+(``shardcache ls``) and a labelled xarray Dataset.
 
-Both walk only the shards that hold rows (``Cache.shard_table``), so they work the same on
-format-1 caches (rows ``0..n_bars`` packed) and format-2 caches (one sparse row region per
-symbol, see ``shardcache.store``).
+In format 3 (``shardcache.store``) every shard belongs to one symbol's ``features`` array.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
     from .store import Cache
 
-__all__ = ["ShardInfo", "shard_infos", "to_xarray"]
+__all__ = ["ShardInfo", "info", "shard_infos", "shards", "to_xarray"]
 
 
 @dataclass(frozen=True)
@@ -63,46 +62,68 @@ class ShardInfo:
         }
 
 
-def shard_infos(cache: "Cache") -> list[ShardInfo]:
-    """Per-shard table: object key, rows, symbols, time range and stored size (see ``Cache.shards``)."""
-    seg = cache.segments[np.argsort(cache.segments[:, 1], kind="stable")]
-    names = np.asarray(cache.symbols, dtype=object)
+def shards(cache: "Cache") -> list[ShardInfo]:
+    """Per-shard table: object key, rows (virtual), symbol, time range and stored size.
+
+    Sizes come from one fsspec listing of ``symbols/`` (local paths and URLs alike); a shard
+    object that is not there has ``stored_bytes=None``.
+    """
     table = cache.shard_table
-    runs = []  # per shard: symbol ids of its runs and each run's first and last row
-    for _, a, b in table.tolist():
-        lo = int(np.searchsorted(seg[:, 2], a, side="right"))
-        hi = int(np.searchsorted(seg[:, 1], b, side="left"))
-        part = seg[lo:hi]
-        head = np.r_[0, np.flatnonzero(np.diff(part[:, 0])) + 1]
-        tail = np.r_[head[1:] - 1, len(part) - 1]
-        runs.append((part[head, 0], np.maximum(part[head, 1], a), np.minimum(part[tail, 2], b) - 1))
-    if not runs:
+    if not len(table):
         return []
-    edges = np.concatenate([np.stack([f, l], axis=1) for _, f, l in runs]).astype(np.int64)
-    ts = np.asarray(cache.ts.get_coordinate_selection(edges.ravel()), dtype=np.int64).reshape(-1, 2)
-    offsets = np.cumsum([0] + [len(r[0]) for r in runs])
+    edges = np.stack([table[:, 1], table[:, 2] - 1], axis=1)
+    ts = cache.bar_times(edges.ravel()).reshape(-1, 2)
     stored = _stored_sizes(cache)
     out = []
-    for i, ((shard, a, b), (sym, _, _)) in enumerate(zip(table.tolist(), runs)):
+    for (shard, a, b), (t0, t1) in zip(table.tolist(), ts.tolist()):
         key = cache.shard_key(shard)
-        t = ts[offsets[i] : offsets[i + 1]]
         out.append(ShardInfo(
-            index=shard, key=key, start=a, stop=b, symbols=tuple(names[sym]),
-            first_ts=int(t[:, 0].min()), last_ts=int(t[:, 1].max()),
-            raw_bytes=(b - a) * cache.n_features * 4, stored_bytes=stored.get(key),
+            index=shard, key=key, start=a, stop=b, symbols=(cache.symbols[cache.shard_symbol(shard)[0]],),
+            first_ts=int(t0), last_ts=int(t1), raw_bytes=(b - a) * cache.n_features * 4,
+            stored_bytes=stored.get(key),
         ))
     return out
 
 
+shard_infos = shards
+
+
 def _stored_sizes(cache: "Cache") -> dict[str, int]:
-    """Stored bytes of every object under ``features/c``, keyed by path in the cache."""
+    """Stored bytes of every object under ``symbols/``, keyed by path in the cache."""
     fs, root = fsspec.core.url_to_fs(cache.url, **(cache.storage_options or {}))
     root = root.rstrip("/") + "/"
     try:
-        found = fs.find(root + "features/c", detail=True)
+        found = fs.find(root + "symbols", detail=True)
     except FileNotFoundError:
         return {}
     return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
+
+
+def info(cache: "Cache", seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
+    """A summary for people and scripts: counts, splits, features with stats, size on disk."""
+    from .index import valid_ranges
+
+    m = cache.manifest
+    per_split = {name: valid_ranges(cache, seq_len, horizon, 1, name).total() for name in cache.split_names}
+    return {
+        "path": cache.url,
+        "format_version": m["format_version"],
+        "bars": cache.n_bars,
+        "symbols": cache.symbols,
+        "segments": int(len(cache.segments)),
+        "features": cache.feature_names,
+        "stats": cache.stats,
+        "normalize": m.get("normalize"),
+        "splits": m["splits"],
+        "seq_len": seq_len,
+        "horizon": horizon,
+        "windows": sum(per_split.values()),
+        "windows_per_split": per_split,
+        "layout": m["layout"],
+        "counts": m["counts"],
+        "bytes": m.get("bytes", {}),
+        "created": m.get("created"),
+    }
 
 
 def to_xarray(cache: "Cache") -> "xarray.Dataset":
