@@ -153,7 +153,7 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     xr = pytest.importorskip("xarray")
     ds = xr.open_zarr(out, group="symbols/1", consolidated=False)  # the new symbol, as plain xarray sees it
     assert ds.features.dims == ("time", "feature") and ds.features.shape == (150, cache.n_features)
-    np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0][150:])
+    np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0][150:300])
 
 
 def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):

@@ -14,6 +14,7 @@ import pytest
 import zarr
 
 from helpers import stored_rows
+from shardcache.index import n_windows
 from shardcache import ShardcacheError, open_cache
 from shardcache.builder import build_cache
 from shardcache.index import valid_ranges
@@ -184,8 +185,8 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.symbols == ["LONG", "TINY"] and cache.n_bars == 210
     assert "skipped_symbols" not in cache.manifest["counts"]
-    assert cache.n_windows(60, 1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
-    assert cache.n_windows(5, 1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
+    assert n_windows(cache, 60, horizon=1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
+    assert n_windows(cache, 5, horizon=1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
     r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q", "--seq-len", "100")
     assert r.returncode == 0 and "LONG, TINY" in r.stdout and "skipped" not in r.stdout
 

@@ -310,7 +310,7 @@ def test_csv_gives_the_same_cache_as_parquet(tmp_path, capsys):
     a = build_cache([tmp_path / "bars.parquet"], tmp_path / "a.zarr", split="train=0.8,val=0.2", progress=False)
     b = build_cache([tmp_path / "bars.csv"], tmp_path / "b.zarr", split="train=0.8,val=0.2", progress=False)
     np.testing.assert_array_equal(a.read_rows(0, n), b.read_rows(0, n))
-    assert a.manifest["stats"] == b.manifest["stats"] and b.manifest["sources"][0]["kind"] == "csv"
+    assert a.manifest["stats"] == b.manifest["stats"] and b.history()["sources"][0]["kind"] == "csv"
     published_ok(capsys, tmp_path / "b.zarr")
     found = build_cache([tmp_path], tmp_path / "dir.zarr", features="close", normalize="none", progress=False,
                         symbol_column="symbol")  # a folder's CSV files are inputs too

@@ -66,7 +66,8 @@ def test_meta_gives_each_windows_symbol_row_and_time(stream_bars, stream_cache):
     assert isinstance(b, MetaBatch) and b.index.shape == (50, 2) and b.symbol.dtype == b.time.dtype == torch.int64
     start = b.x[:, 0, 0].numpy().astype(np.int64)  # feature 0 is the bar's row in the sources
     seg = stream_bars.segments
-    sym_of_bar = np.concatenate([np.full(c - a, s) for s, a, c in seg[np.argsort(seg[:, 1])]])
+    by_start = seg[np.argsort(seg[:, 1])]  # rows are virtual: each symbol from a whole shard on
+    sym_of_bar = by_start[np.searchsorted(by_start[:, 1], np.arange(len(stream_bars.ts)), side="right") - 1, 0]
     first = {s: int(seg[seg[:, 0] == s, 1].min()) for s in np.unique(seg[:, 0])}
     assert np.array_equal(b.symbol.numpy(), sym_of_bar[start])
     assert [stream_cache.symbols[s] for s in b.symbol.tolist()] == [stream_bars.symbols[s] for s in sym_of_bar[start]]
