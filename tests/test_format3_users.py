@@ -162,3 +162,15 @@ def test_build_then_read_back_symbol_by_symbol_with_plain_zarr(counts, n_feature
             group = root[path]
             np.testing.assert_array_equal(group["features"][...], bars[symbol].values)
             np.testing.assert_array_equal(group["time"][...], bars[symbol].ts)
+
+
+def test_plain_xarray_opens_the_cache_without_warnings(cache_path):
+    """No zarr warning about unknown objects in the hierarchy or unspecified data types."""
+    import warnings
+
+    m = manifest(cache_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        xr.open_zarr(cache_path, group=m["groups"][0], consolidated=False).features.values
+        xr.open_datatree(cache_path, engine="zarr", consolidated=False)
+        list(zarr.open_group(cache_path, mode="r").members(max_depth=None))
