@@ -9,7 +9,8 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
    duplicate timestamps (the last record in input order wins) and find segment starts
    (gaps above ``max_gap`` and split boundaries).
 3. **plan** (in the driver, small): skip symbols shorter than a window, lay each symbol's
-   rows out in time order in its own row region (``store.REGION_ROWS``), build the segment table.
+   rows out in time order in its own group (``store``; shards addressed in the virtual row
+   space of ``store.symbol_bases``), build the segment table.
 4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
    split, merged with Chan's formula, so no statistic leaks from val/test.
 5. **write** (one task per shard): compute features, normalize, write the whole shard.
@@ -51,7 +52,7 @@ from .index import SegmentTable, valid_ranges
 from .sources import Source, expand_inputs, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
-from .store import CODECS, REGION_ROWS, Cache, CacheWriter, default_chunking, open_cache
+from .store import CODECS, Cache, CacheWriter, default_chunking, group_path, open_cache, symbol_bases
 
 __all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
            "scan_inputs", "stored_bytes"]
@@ -223,9 +224,9 @@ def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
 
 # -- the build -------------------------------------------------------------------------------
 def stored_bytes(url: str, storage_options: dict | None) -> int:
-    """Bytes stored under a cache's ``features`` array (shard objects and metadata)."""
+    """Bytes stored under a cache's ``symbols`` groups (shard objects and metadata)."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return int(fs.du(path.rstrip("/") + "/features"))
+    return int(fs.du(path.rstrip("/") + "/symbols"))
 
 
 def _resolve_max_gap(max_gap: str | int | None, bar_ns: int | None) -> int:
@@ -363,7 +364,6 @@ def build_cache(
                 "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
                          for i, name in enumerate(spec.names)},
             },
-            "sources": sources_described,
             "tails": {m.symbol: m.tail for m in kept},
             "build": {
                 **options, "max_gap_ns": int(max_gap_ns), "bar_ns": bar_ns, "fingerprint": digest(wanted),
@@ -387,10 +387,12 @@ def build_cache(
                 },
             },
             "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
-            "layout": {"codec": codec, "shards": len(shards), "digests": digests},
+            "layout": {"codec": codec, "shards": len(shards)},
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
-        layout.writer.finish(layout.segments, layout.segment_split, manifest)
+        layout.writer.write_object("sources", sources_described)
+        layout.writer.write_object("appends", [])
+        layout.writer.finish(layout.segments, layout.segment_split, manifest, dict(zip(shards, digests)))
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
@@ -419,15 +421,15 @@ def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]
 def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
           shard_rows: int | None, chunk_rows: int | None, codec: str, storage_options: dict | None,
           staging: Staging) -> Layout:
-    """Lay each symbol's rows out in time order from the start of its region, build the segment
+    """Lay each symbol's rows out in time order from its first virtual row, build the segment
     table and create the empty cache (or, on a resume, reopen the one already created)."""
     auto_shard, auto_chunk = default_chunking(len(names))
     shard_rows = shard_rows or auto_shard
     chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
-    region = -(-REGION_ROWS // shard_rows) * shard_rows
+    bases = symbol_bases([m.n for m in kept], shard_rows)
     placed, segs, seg_split = [], [], []
     for sym_id, m in enumerate(kept):
-        row = sym_id * region
+        row = int(bases[sym_id])
         starts = m.seg_starts + row
         stops = np.concatenate([starts[1:], [row + m.n]])
         segs.append(np.stack([np.full(len(starts), sym_id), starts, stops], axis=1))
@@ -436,15 +438,15 @@ def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: Spli
     segments = np.concatenate(segs).astype(np.int64)
     fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
     created = staging.load("created") is not None
-    if created and not fs.exists(fs_path.rstrip("/") + "/features/zarr.json"):
+    if created and not fs.exists(f"{fs_path.rstrip('/')}/{group_path(0)}/features/zarr.json"):
         log.warning("%s: the cache being built was deleted; writing every shard again", staging.cache_path)
         staging.forget("write")
         created = False
     if not created and not staging.local and staging.replace and fs.exists(fs_path):
         fs.rm(fs_path, recursive=True)
-    writer = CacheWriter(staging.cache_path, n_bars=n_bars, feature_names=names, shard_rows=shard_rows,
-                         chunk_rows=chunk_rows, codec=codec, storage_options=storage_options, create=not created,
-                         region_rows=region, segments=segments, n_regions=len(kept))
+    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=[m.n for m in kept],
+                         shard_rows=shard_rows, chunk_rows=chunk_rows, codec=codec, storage_options=storage_options,
+                         create=not created)
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
     ids, first_row, counts = (np.concatenate(parts) for parts in zip(*placed))

@@ -276,6 +276,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from .builder import build_cache
     from .explore import info
+    from .index import valid_ranges
     from .sample import make_sample
     from .stream import WindowStream
 
@@ -300,7 +301,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             first = first or time.perf_counter() - t0
             peak = max(peak, proc.memory_info().rss)
         secs = time.perf_counter() - t0
-    expected = cache.n_windows(args.seq_len, 1, 1, "train")
+    expected = valid_ranges(cache, args.seq_len, 1, 1, "train").total()
     print(f"3. streamed one epoch of the train split at stride 1: {n:,} windows of shape "
           f"({args.seq_len}, {cache.n_features}) (expected {expected:,}) in {secs:.1f} s = "
           f"{n / secs:,.0f} windows/s; first batch after {first * 1000:.0f} ms; "

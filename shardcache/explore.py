@@ -69,14 +69,9 @@ class ShardInfo:
         }
 
 
-def _bars(cache: Cache) -> np.ndarray:
-    """Bars of each symbol, in manifest order (int64)."""
-    return np.asarray(cache.manifest["bars_per_symbol"], dtype=np.int64).reshape(-1)
-
-
 def _shard_counts(cache: Cache) -> np.ndarray:
     """Stored shards of each symbol's ``features``: ceil(bars / shard_rows)."""
-    return -(-_bars(cache) // cache.shard_rows)
+    return -(-cache.bars_per_symbol // cache.shard_rows)
 
 
 def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
@@ -87,10 +82,10 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     shard's first and last bar time (``Cache.bar_times`` over the virtual rows).
     """
     cache = open_cache(cache)
-    rows, bars, counts = cache.shard_rows, _bars(cache), _shard_counts(cache)
+    rows, bars, counts = cache.shard_rows, cache.bars_per_symbol, _shard_counts(cache)
     if not counts.sum():
         return []
-    base = np.r_[0, np.cumsum(counts)[:-1]] * rows  # each symbol's first virtual row
+    base = cache.bases[:-1]  # each symbol's first virtual row
     symbol = np.repeat(np.arange(len(bars)), counts)
     shard = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     start = shard * rows
@@ -135,7 +130,7 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "format_version": m["format_version"],
         "bars": cache.n_bars,
         "symbols": cache.symbols,
-        "bars_per_symbol": [int(n) for n in _bars(cache)],
+        "bars_per_symbol": [int(n) for n in cache.bars_per_symbol],
         "segments": int(len(cache.segments)),
         "shards": int(_shard_counts(cache).sum()),
         "features": cache.feature_names,

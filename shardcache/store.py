@@ -1,37 +1,39 @@
-"""The on-disk contract: a Zarr v3 group of sharded arrays plus the ``shardcache`` manifest.
+"""The on-disk contract: one Zarr v3 group per symbol plus the ``shardcache`` manifest (format 3).
 
-Layout (readable with plain ``zarr``)::
+Layout (readable with plain ``zarr`` and ``xarray``)::
 
-    CACHE/                      zarr group; attributes["shardcache"] = manifest
-      features   float32 (n_rows, n_features)  sharded, Blosc(lz4)+crc32c inner chunks
-      ts         int64   (n_rows,)             nanoseconds since the epoch, UTC
-      segments   int64   (n_segments, 3)       symbol_id, start_row, stop_row
-      segment_split int8 (n_segments,)         index into manifest["splits"]["names"]
+    CACHE/                      root group; attributes["shardcache"] = manifest (bounded size)
+      segments  int64 (S, 4)    derived index: symbol, start, stop (rows of that symbol), split
+      symbols/<i>/              symbol ``manifest["symbols"][i]``; path ``manifest["groups"][i]``
+        features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks;
+                                    attrs["digests"]: one digest per shard, in shard order
+        time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])
+        feature   str (F,)          the feature names (an xarray coordinate)
+        segment_start, segment_stop int64, segment_split int8 (S_i,): the symbol's segments
+      sources.json, appends.json  the inputs and the append history (not read to open a cache)
 
-Format 2 gives each symbol its own row region: symbol ``i``'s bars are rows
-``[i * R, i * R + n_i)`` with ``R = manifest["layout"]["region_rows"]`` (2**32 rounded up to
-whole shards), so a symbol can grow in place (``shardcache.append``) and every shard holds
-one symbol. The arrays are sparse: ``n_rows = n_symbols * R`` and shards past a symbol's
-last bar are never written (zarr reads them as fill values; nothing is on disk).
-``Cache.shard_table`` lists the shards that hold rows. Format 1 (still read) packs rows
-``0..n_bars`` symbol after symbol.
+Every array is dense: row ``r`` of symbol ``i``'s arrays is its ``r``-th bar in time order. A
+segment is a maximal run of one symbol's bars with no gap above ``max_gap`` and inside one
+split, so a window never crosses a symbol, a gap or a split. The manifest's ``complete`` flag
+is written last.
 
-Every array names its dimensions (``row``, ``feature``, ``segment``, ``field``), so
-``xarray.open_zarr(CACHE, consolidated=False)`` opens the raw arrays too;
-``Cache.to_xarray`` adds the labels (time, symbol and split per row, feature names).
-
-Rows are grouped by symbol and in time order. A segment is a maximal run of one symbol's
-bars with no gap above ``max_gap`` and inside one split, so a window never crosses a
-symbol, a gap or a split. The manifest's ``complete`` flag is written last.
+In memory ``Cache`` lays the symbols out in one *virtual* row space for the window plan:
+symbol ``i``'s bars are rows ``[base[i], base[i] + n_i)`` with ``base`` aligned to whole
+shards (``symbol_bases``), so virtual shard ``s`` lies inside one symbol and is its local
+shard ``s - base[i] / shard_rows``. ``locate`` maps virtual rows back to (symbol, row).
+Opening reads the root manifest and the root ``segments`` index only (one object each, not
+one per symbol); per-symbol arrays are opened on first use.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
@@ -45,31 +47,28 @@ try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
 except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bridge
     from numcodecs.zarr3 import LZ4
 
-if TYPE_CHECKING:
-    import xarray
-
-    from .explore import ShardInfo
-
 __all__ = [
-    "FORMAT_VERSION",
+    "ATTR",
     "CODECS",
+    "FORMAT_VERSION",
+    "TIME_ATTRS",
     "Cache",
     "CacheWriter",
-    "REGION_ROWS",
     "compressors",
     "default_chunking",
+    "group_path",
     "open_cache",
-    "dense_shards",
-    "occupied_shards",
-    "spanned_shards",
     "open_group",
     "shard_digest",
+    "spanned_shards",
+    "symbol_bases",
 ]
 
-FORMAT_VERSION = 2
-REGION_ROWS = 1 << 32  # rows per symbol region in format 2: 136 years of 1-second bars
+FORMAT_VERSION = 3
 ATTR = "shardcache"
 CODECS = ("blosc-lz4", "zstd", "lz4", "none")
+TIME_ATTRS = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
+_SEGMENT_ARRAYS = ("segment_start", "segment_stop", "segment_split")
 
 
 def compressors(codec: str) -> list[Any]:
@@ -108,6 +107,17 @@ def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: di
     return zarr.open_group(url, **kwargs)
 
 
+def group_path(i: int) -> str:
+    """The group of the ``i``-th symbol: by index, so any symbol text (``BRK/B``, unicode) works."""
+    return f"symbols/{int(i)}"
+
+
+def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
+    """First virtual row of each symbol, plus the total: ``base[i + 1] = base[i] + ceil(n_i / R) * R``."""
+    n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
+    return np.concatenate([[0], np.cumsum(-(-n // shard_rows) * shard_rows)]).astype(np.int64)
+
+
 def _one_line(exc: BaseException) -> str:
     """An exception as one short line for an error message."""
     text = (str(exc).strip().splitlines() or [""])[0][:200]
@@ -128,41 +138,23 @@ def spanned_shards(first: np.ndarray, last: np.ndarray, shard_rows: int) -> np.n
     return np.unique(np.repeat(a, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
 
 
-def occupied_shards(segments: np.ndarray, shard_rows: int) -> np.ndarray:
-    """The shards holding rows of ``segments``, as ``(shard, start, stop)`` int64 rows in row order.
-
-    Shard ``s`` spans rows ``[s * shard_rows, (s + 1) * shard_rows)``; ``start``/``stop`` clip
-    that span to the stored rows in it (segments tile each symbol's rows without holes).
-    """
-    seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
-    seg = seg[np.argsort(seg[:, 1], kind="stable")]
-    seg = seg[seg[:, 2] > seg[:, 1]]
-    if not len(seg):
-        return np.zeros((0, 3), dtype=np.int64)
-    ids = spanned_shards(seg[:, 1], seg[:, 2] - 1, shard_rows)
-    lo, hi = ids * shard_rows, (ids + 1) * shard_rows
-    a = np.maximum(lo, seg[np.searchsorted(seg[:, 2], lo, side="right"), 1])
-    b = np.minimum(hi, seg[np.searchsorted(seg[:, 1], hi, side="left") - 1, 2])
-    return np.stack([ids, a, b], axis=1)
-
-
-def dense_shards(n_rows: int, shard_rows: int) -> np.ndarray:
-    """``(shard, start, stop)`` rows of format 1: rows ``0..n_rows`` packed into consecutive shards."""
-    ids = np.arange(-(-n_rows // shard_rows), dtype=np.int64)
-    return np.stack([ids, ids * shard_rows, np.minimum((ids + 1) * shard_rows, n_rows)], axis=1)
+def _local_file(url: str, key: str) -> str | None:
+    """The file behind ``key`` of a local cache, None for object stores."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return os.path.join(url[len("file://"):] if url.startswith("file://") else url, key)
 
 
 @dataclass
 class _Handles:
     group: zarr.Group
-    features: zarr.Array
-    ts: zarr.Array
-    decoder: ShardDecoder
+    arrays: dict[tuple[int, str], zarr.Array] = field(default_factory=dict)
+    decoders: dict[int, ShardDecoder] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
 
 
 class Cache:
-    """An opened, complete cache: the manifest, the segment table and lazy array handles.
+    """An opened, complete cache: the manifest, the virtual segment table and lazy per-symbol arrays.
 
     Picklable (it reopens the store in each DataLoader worker), so it can be handed to a
     ``WindowStream`` used with ``num_workers > 0``.
@@ -172,6 +164,7 @@ class Cache:
         self.url = os.fspath(url)
         self.storage_options = storage_options
         self._handles: _Handles | None = None
+        self._times: dict[int, np.ndarray] = {}
         for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
             self._ident = self._identity()
             try:
@@ -185,16 +178,18 @@ class Cache:
         raise CacheError(f"{self.url}: the cache kept being replaced while it was opened; try again")
 
     def _load(self) -> None:
-        """Read and check the manifest, then the segment table."""
+        """Read and check the manifest, then the root segment index; lay out the virtual rows."""
         group = self._open()
         manifest = dict(group.attrs.get(ATTR) or {})
         if not manifest:
             raise CacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
         version = manifest.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if version in (1, 2):
+            raise CacheError(f"{self.url}: cache format {version} is no longer read; rebuild it with build-cache")
+        if version != FORMAT_VERSION:
             raise CacheError(
                 f"{self.url}: cache format version {version} is newer than this shardcache "
-                f"(reads up to {FORMAT_VERSION}); upgrade shardcache"
+                f"(reads {FORMAT_VERSION}); upgrade shardcache"
             )
         if not manifest.get("complete"):
             raise CacheError(
@@ -202,13 +197,22 @@ class Cache:
                 "with --resume to finish it or --overwrite to start again"
             )
         self.manifest = manifest
-        self._shard_table = None
+        self.bars_per_symbol = np.asarray(manifest["bars_per_symbol"], dtype=np.int64)
+        self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         try:
-            self.segments = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 3)
-            self.segment_split = np.asarray(group["segment_split"][...], dtype=np.int8).reshape(-1)
+            local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
         except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
-            raise CacheError(f"{self.url}: the segment table (segments, segment_split) is damaged: "
+            raise CacheError(f"{self.url}: the segment index (segments) is damaged: "
                              f"{_one_line(exc)}; rebuild the cache") from None
+        self.local_segments = local
+        sym = local[:, 0]
+        if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
+            raise CacheError(f"{self.url}: the segment index names symbols the manifest does not have; "
+                             "rebuild the cache")
+        virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
+        order = np.argsort(virtual[:, 1], kind="stable")
+        self.segments = virtual[order]
+        self.segment_split = local[order, 3].astype(np.int8)
 
     def _identity(self) -> tuple[int, int] | None:
         """Device and inode of a local cache's folder, to notice it being swapped; None for URLs."""
@@ -231,10 +235,7 @@ class Cache:
             group = open_group(self.url, "r", self.storage_options)
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
             raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
-        self._handles = (
-            _Handles(group, group["features"], group["ts"], ShardDecoder(group["features"]))
-            if "features" in group else None
-        )
+        self._handles = _Handles(group)
         return group
 
     @property
@@ -242,8 +243,7 @@ class Cache:
         if self._handles is None or self._handles.pid != os.getpid():  # a forked DataLoader worker reopens
             self._open()
             self._check_same()
-            if self._handles is None:
-                raise CacheError(f"{self.url}: cache has no 'features' array")
+        assert self._handles is not None
         return self._handles
 
     def __getstate__(self) -> dict:
@@ -251,15 +251,29 @@ class Cache:
         state["_handles"] = None
         return state
 
+    def group(self, i: int) -> zarr.Group:
+        """Symbol ``i``'s group (``symbols/<i>``)."""
+        return self.handles.group[self.groups[i]]
+
+    def array(self, i: int, name: str = "features") -> zarr.Array:
+        """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process."""
+        h = self.handles
+        arr = h.arrays.get((i, name))
+        if arr is None:
+            try:
+                arr = h.arrays[(i, name)] = h.group[f"{self.groups[i]}/{name}"]
+            except KeyError:
+                raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
+        return arr
+
+    def _decoder(self, i: int) -> ShardDecoder:
+        h = self.handles
+        dec = h.decoders.get(i)
+        if dec is None:
+            dec = h.decoders[i] = ShardDecoder(self.array(i, "features"))
+        return dec
+
     # -- manifest views ------------------------------------------------------------------
-    @property
-    def features(self) -> zarr.Array:
-        return self.handles.features
-
-    @property
-    def ts(self) -> zarr.Array:
-        return self.handles.ts
-
     @property
     def feature_names(self) -> list[str]:
         return list(self.manifest["feature_names"])
@@ -267,6 +281,11 @@ class Cache:
     @property
     def symbols(self) -> list[str]:
         return list(self.manifest["symbols"])
+
+    @property
+    def groups(self) -> list[str]:
+        """Group path of each symbol, relative to the cache root."""
+        return list(self.manifest["groups"])
 
     @property
     def split_names(self) -> list[str]:
@@ -296,36 +315,57 @@ class Cache:
         return int(self.manifest["layout"]["chunk_rows"])
 
     @property
-    def region_rows(self) -> int | None:
-        """Rows per symbol region (format 2), None for a packed format-1 cache."""
-        value = self.manifest.get("layout", {}).get("region_rows")
-        return None if value is None else int(value)
-
-    @property
     def n_rows(self) -> int:
-        """Length of the ``features``/``ts`` arrays: ``n_bars`` in format 1, symbols x regions in format 2."""
-        return int(self.features.shape[0])
-
-    @property
-    def shard_table(self) -> np.ndarray:
-        """``(shard, start, stop)`` of every shard that holds rows, in row order (see ``occupied_shards``)."""
-        if self._shard_table is None:
-            self._shard_table = (dense_shards(self.n_bars, self.shard_rows) if self.region_rows is None
-                                 else occupied_shards(self.segments, self.shard_rows))
-        return self._shard_table
+        """Size of the virtual row space: every symbol's rows, each padded to whole shards."""
+        return int(self.bases[-1])
 
     @property
     def n_shards(self) -> int:
-        """Shards that hold rows."""
-        return len(self.shard_table)
+        """Shards of all symbols together (virtual shards ``0..n_shards``)."""
+        return self.n_rows // self.shard_rows
+
+    @property
+    def shard_table(self) -> np.ndarray:
+        """``(shard, start, stop)`` in virtual rows of every shard, in row order."""
+        s = np.arange(self.n_shards, dtype=np.int64)
+        start = s * self.shard_rows
+        sym = np.searchsorted(self.bases, start, side="right") - 1
+        stop = np.minimum(start + self.shard_rows, self.bases[sym] + self.bars_per_symbol[sym])
+        return np.stack([s, start, stop], axis=1)
+
+    def read_json(self, name: str) -> Any:
+        """The plain JSON object ``name`` (``sources``, ``appends``) stored beside the groups; None if absent."""
+        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
+        path = f"{root.rstrip('/')}/{name}.json"
+        try:
+            with fs.open(path, "rb") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    # -- virtual rows ---------------------------------------------------------------------
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol index and row in that symbol's own arrays of each virtual row (int64 both)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        sym = np.searchsorted(self.bases, rows, side="right") - 1
+        return sym.astype(np.int64), rows - self.bases[np.clip(sym, 0, len(self.bases) - 1)]
+
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times (int64 ns since the epoch) of virtual rows; reads and keeps the symbols' ``time``."""
+        sym, local = self.locate(rows)
+        out = np.empty(sym.shape, dtype=np.int64)
+        for i in np.unique(sym).tolist():
+            t = self._times.get(i)
+            if t is None:
+                t = self._times[i] = np.asarray(self.array(i, "time")[...], dtype=np.int64)
+            pick = sym == i
+            out[pick] = t[local[pick]]
+        return out
 
     def region_stop(self, row: int) -> int:
-        """End of the stored rows of the region holding ``row``: its symbol's last row + 1 in
-        format 2, ``n_bars`` in format 1. Reads must stop there: later shards are not stored."""
-        if self.region_rows is None:
-            return self.n_bars
-        mine = self.segments[self.segments[:, 0] == row // self.region_rows]
-        return int(mine[:, 2].max()) if len(mine) else int(row)
+        """End (virtual) of the rows of the symbol holding ``row``: reads must stop there."""
+        i = int(np.searchsorted(self.bases, row, side="right")) - 1
+        return int(self.bases[i] + self.bars_per_symbol[i])
 
     def split_id(self, split: str | None) -> int | None:
         """Index of ``split`` in the manifest (None means every split)."""
@@ -338,91 +378,44 @@ class Cache:
 
     # -- data ----------------------------------------------------------------------------
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` of ``features``, into ``out`` (C-contiguous float32
-        ``(stop - start, n_features)``) when given.
+        """Virtual rows ``[start, stop)`` (inside one symbol) of ``features``, into ``out``
+        (C-contiguous float32 ``(stop - start, n_features)``) when given.
 
         Read by ``decode.ShardDecoder`` (one request per shard, crc32c checked per inner
         chunk) and never made up: a shard object that is missing, fails its checksums or
         cannot be decoded, and a cache swapped by a rebuild during the read, raise
         ``CacheError`` naming the shard.
         """
+        i = int(np.searchsorted(self.bases, start, side="right")) - 1
+        base = int(self.bases[i]) if 0 <= i < len(self.bars_per_symbol) else 0
+        if i < 0 or i >= len(self.bars_per_symbol) or stop > base + int(self.bars_per_symbol[i]) or stop < start:
+            raise IndexError(f"rows [{start}, {stop}) are not inside one symbol's rows")
         try:
-            block = self.handles.decoder.read(start, stop, out)
+            block = self._decoder(i).read(start - base, stop - base, out)
         except (MissingShard, ChunkError) as exc:
-            shard = exc.shard  # type: ignore[attr-defined]
+            shard = base // self.shard_rows + exc.shard  # type: ignore[attr-defined]
             problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
             raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
                              "`shardcache verify` lists every damaged shard; rebuild the cache") from None
         self._check_same()
         return block
 
-    def shard_key(self, shard: int) -> str:
-        """Store key of shard ``shard`` of ``features``, e.g. ``features/c/3/0``."""
-        return "features/" + self.features.metadata.encode_chunk_key((shard, 0))
+    def shard_symbol(self, shard: int) -> tuple[int, int]:
+        """Symbol index and local shard number of virtual shard ``shard``."""
+        i = int(np.searchsorted(self.bases, shard * self.shard_rows, side="right")) - 1
+        return i, int(shard) - int(self.bases[i]) // self.shard_rows
+
+    def shard_key(self, shard: int, array: str = "features") -> str:
+        """Store key of virtual shard ``shard`` of ``array``, e.g. ``symbols/3/features/c/0/0``."""
+        i, local = self.shard_symbol(shard)
+        arr = self.array(i, array)
+        return f"{self.groups[i]}/{array}/" + arr.metadata.encode_chunk_key((local,) + (0,) * (arr.ndim - 1))
 
     def shard_exists(self, shard: int, array: str = "features") -> bool:
-        """Whether the store holds shard ``shard`` of ``array`` (``features`` or ``ts``)."""
-        arr = self.handles.group[array]
-        key = arr.metadata.encode_chunk_key((shard,) + (0,) * (arr.ndim - 1))
-        return bool(sync(arr.store_path.store.exists(f"{arr.store_path.path}/{key}")))
-
-    def n_windows(self, seq_len: int, horizon: int = 1, stride: int = 1, split: str | None = None) -> int:
-        """Number of valid windows at read-time ``seq_len``/``horizon``/``stride``."""
-        from .index import valid_ranges
-
-        return valid_ranges(self, seq_len, horizon, stride, split).total()
-
-    def shards(self) -> "list[ShardInfo]":
-        """Per-shard table of the shards holding rows: object key, rows, symbols, time range, stored size.
-
-        Sizes come from one fsspec listing of ``features/c`` (local paths and URLs alike);
-        a shard object that is not there has ``stored_bytes=None``. The time range reads
-        ``ts`` only at the first and last row of each symbol's run of rows in the shard.
-        """
-        from .explore import shard_infos
-
-        return shard_infos(self)
-
-    def to_xarray(self) -> "xarray.Dataset":
-        """The cache as a labelled ``xarray.Dataset``, lazy: dask arrays with one chunk per shard.
-
-        ``features`` has dims ``(row, feature)`` over the stored rows only; coordinates are
-        ``feature`` (names), ``time`` (datetime64 from ``ts``), ``symbol`` and ``split`` per row
-        (from the segment table), ``cache_row`` (format 2: the row in the sparse arrays) and,
-        when normalized, ``feature_mean``/``feature_std`` (train-split statistics:
-        ``ds.features * ds.feature_std + ds.feature_mean`` gives source units). Nothing is
-        read until computed; a missing shard reads as NaN (zarr's fill value), so check a
-        cache with ``shardcache ls`` or ``verify`` first. Needs the ``xarray`` extra.
-        """
-        from .explore import to_xarray
-
-        return to_xarray(self)
-
-    def info(self, seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
-        """A summary for people and scripts: counts, splits, features with stats, size on disk."""
-        m = self.manifest
-        per_split = {
-            name: self.n_windows(seq_len, horizon, 1, name) for name in self.split_names
-        }
-        return {
-            "path": self.url,
-            "format_version": m["format_version"],
-            "bars": self.n_bars,
-            "symbols": self.symbols,
-            "segments": int(len(self.segments)),
-            "features": self.feature_names,
-            "stats": self.stats,
-            "normalize": m.get("normalize"),
-            "splits": m["splits"],
-            "seq_len": seq_len,
-            "horizon": horizon,
-            "windows": sum(per_split.values()),
-            "windows_per_split": per_split,
-            "layout": m["layout"],
-            "counts": m["counts"],
-            "bytes": m.get("bytes", {}),
-            "created": m.get("created"),
-        }
+        """Whether the store holds virtual shard ``shard`` of ``array`` (``features`` or ``time``)."""
+        i = self.shard_symbol(shard)[0]
+        store = self.array(i, array).store_path.store
+        return bool(sync(store.exists(self.shard_key(shard, array))))
 
     def __repr__(self) -> str:
         return (
@@ -432,164 +425,214 @@ class Cache:
 
 
 def open_cache(path: "str | os.PathLike[str] | Cache", storage_options: dict | None = None) -> Cache:
-    """Open a complete cache built by ``build-cache``; refuse incomplete or newer-format caches."""
+    """Open a complete cache built by ``build-cache``; refuse incomplete, old- or newer-format caches."""
     if isinstance(path, Cache):
         return path
     return Cache(path, storage_options)
 
 
 class CacheWriter:
-    """Creates the cache's arrays, writes whole shards (one writer per shard) and the manifest.
+    """Creates each symbol's group, writes whole shards (one writer per shard) and the manifest.
 
-    With ``region_rows`` it writes format 2: ``segments`` (symbol regions already applied)
-    place the shards and the arrays have ``n_regions * region_rows`` rows; without, format 1:
-    rows ``0..n_bars`` packed. The manifest starts with ``complete: false``; ``finish``
-    writes the segment table and then the manifest with ``complete: true``, the last write
-    of a build. ``create=False`` reopens the arrays (a resume, an append: grown to
-    ``n_regions`` if needed). Picklable, so shard writes can run as dask tasks on any worker.
+    Shards are addressed in the virtual row space of ``bars_per_symbol`` (``symbol_bases``);
+    the writer turns them into rows of the symbol's own arrays. The manifest starts with
+    ``complete: false``; ``finish`` writes the segment tables and digests, then the manifest
+    with ``complete: true``, the last write of a build. ``create=False`` reopens the arrays
+    (a resume, an append: existing symbols grown to ``bars_per_symbol``, new ones created).
+    Before rewriting any object of a local cache it removes the file, so a hard-linked
+    staging copy (``shardcache.append``) never changes a file it shares with the original.
+    Picklable, so shard writes can run as dask tasks on any worker.
     """
 
     def __init__(
         self,
         url: str | os.PathLike[str],
         *,
-        n_bars: int,
         feature_names: list[str],
+        bars_per_symbol: Any,
         shard_rows: int,
         chunk_rows: int,
         codec: str = "blosc-lz4",
         storage_options: dict | None = None,
         create: bool = True,
-        region_rows: int | None = None,
-        segments: np.ndarray | None = None,
-        n_regions: int = 0,
     ) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
-        self.n_bars = int(n_bars)
+        self.feature_names = list(feature_names)
         self.n_features = len(feature_names)
         self.shard_rows = int(shard_rows)
         self.chunk_rows = int(chunk_rows)
+        self.codec = codec
         if self.shard_rows % self.chunk_rows:
             raise CacheError(f"shard rows {shard_rows} must be a multiple of chunk rows {chunk_rows}")
-        self.region_rows = None if region_rows is None else int(region_rows)
-        if self.region_rows is None:
-            self.n_rows, table = self.n_bars, dense_shards(self.n_bars, self.shard_rows)
-        else:
-            if self.region_rows % self.shard_rows:
-                raise CacheError(f"region rows {region_rows} must be a multiple of shard rows {shard_rows}")
-            self.n_rows = int(n_regions) * self.region_rows
-            table = occupied_shards(np.zeros((0, 3)) if segments is None else segments, self.shard_rows)
-        self.table = table
-        self._bounds = {int(s): (int(a), int(b)) for s, a, b in table.tolist()}
-        self._arrays: tuple[zarr.Array, zarr.Array] | None = None
-        if not create:
-            self._grow()
-            return
-        group = open_group(self.url, "w", storage_options)
-        shape = (max(self.n_rows, 0), self.n_features)
-        group.create_array(
-            "features",
-            shape=shape,
-            dtype="float32",
-            chunks=(self.chunk_rows, max(self.n_features, 1)),
-            shards=(self.shard_rows, max(self.n_features, 1)),
-            compressors=compressors(codec),
-            fill_value=np.nan,
-            dimension_names=("row", "feature"),
-        )
-        group.create_array(
-            "ts",
-            shape=(self.n_rows,),
-            dtype="int64",
-            chunks=(self.shard_rows,),
-            compressors=compressors("zstd"),
-            fill_value=0,
-            dimension_names=("row",),
-        )
-        group.attrs[ATTR] = {"format_version": self.format_version, "complete": False}
-
-    @property
-    def format_version(self) -> int:
-        return 1 if self.region_rows is None else FORMAT_VERSION
-
-    def _grow(self) -> None:
-        """Lengthen existing arrays to ``n_rows`` (an append adding symbols); a metadata write only."""
-        feats, tsa = self._open_arrays()
-        if feats.shape[0] < self.n_rows:
-            feats.resize((self.n_rows, self.n_features))
-            tsa.resize((self.n_rows,))
+        self.bars_per_symbol = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
+        self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
+        self.n_bars = int(self.bars_per_symbol.sum())
+        self._arrays: dict[tuple[int, str], zarr.Array] = {}
+        self._group: zarr.Group | None = None
+        if create:
+            self._group = open_group(self.url, "w", storage_options)
+            self._group.attrs[ATTR] = {"format_version": FORMAT_VERSION, "complete": False}
+        self._ensure_symbols()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_arrays"] = None
+        state["_arrays"], state["_group"] = {}, None
         return state
 
     @property
-    def n_shards(self) -> int:
-        """Shards that hold rows."""
-        return len(self.table)
+    def root(self) -> zarr.Group:
+        if self._group is None:
+            self._group = open_group(self.url, "r+", self.storage_options)
+        return self._group
 
-    def _open_arrays(self) -> tuple[zarr.Array, zarr.Array]:
-        if self._arrays is None:
-            group = open_group(self.url, "r+", self.storage_options)
-            self._arrays = (group["features"], group["ts"])
-        return self._arrays
+    def _release(self, key: str) -> None:
+        """Remove a local object before it is rewritten (it may be a hard link into another cache)."""
+        path = _local_file(self.url, key)
+        if path is not None:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def _ensure_symbols(self) -> None:
+        """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only)."""
+        root = self.root
+        have = set(root["symbols"].group_keys()) if "symbols" in root else set()
+        for i, n in enumerate(self.bars_per_symbol.tolist()):
+            path = group_path(i)
+            if path.split("/")[1] not in have:
+                self._create_symbol(root, path, int(n))
+                continue
+            for name, shape in (("features", (n, self.n_features)), ("time", (n,))):
+                arr = self._array(i, name)
+                if arr.shape[0] < n:
+                    self._release(f"{path}/{name}/zarr.json")
+                    arr.resize(shape)
+
+    def _create_symbol(self, root: zarr.Group, path: str, n: int) -> None:
+        g = root.require_group(path)
+        g.create_array(
+            "features", shape=(n, self.n_features), dtype="float32",
+            chunks=(self.chunk_rows, max(self.n_features, 1)), shards=(self.shard_rows, max(self.n_features, 1)),
+            compressors=compressors(self.codec), fill_value=np.nan, dimension_names=("time", "feature"),
+        )
+        g.create_array("time", shape=(n,), dtype="int64", chunks=(self.shard_rows,),
+                       compressors=compressors("zstd"), fill_value=0, dimension_names=("time",),
+                       attributes=dict(TIME_ATTRS))
+        names = g.create_array("feature", shape=(self.n_features,), dtype=str, chunks=(max(self.n_features, 1),),
+                               dimension_names=("feature",))
+        if self.n_features:
+            names[...] = np.asarray(self.feature_names, dtype=str)
+
+    def _array(self, i: int, name: str) -> zarr.Array:
+        arr = self._arrays.get((i, name))
+        if arr is None:
+            arr = self._arrays[(i, name)] = self.root[f"{group_path(i)}/{name}"]
+        return arr
+
+    @property
+    def n_shards(self) -> int:
+        """Shards of all symbols (virtual shards ``0..n_shards``)."""
+        return int(self.bases[-1]) // self.shard_rows
 
     @property
     def shard_ids(self) -> list[int]:
-        """Every shard that holds rows, in row order."""
-        return [int(s) for s in self.table[:, 0]]
+        """Every shard, in row order."""
+        return list(range(self.n_shards))
+
+    def shard_symbol(self, shard: int) -> tuple[int, int]:
+        """Symbol and the symbol's local rows ``[a, b)`` of virtual shard ``shard``."""
+        start = int(shard) * self.shard_rows
+        i = int(np.searchsorted(self.bases, start, side="right")) - 1
+        a = start - int(self.bases[i])
+        return i, a, min(a + self.shard_rows, int(self.bars_per_symbol[i]))
 
     def shard_bounds(self, shard: int) -> tuple[int, int]:
-        """Rows ``[start, stop)`` that shard ``shard`` holds."""
-        return self._bounds[int(shard)]
+        """Virtual rows ``[start, stop)`` that shard ``shard`` holds."""
+        i, a, b = self.shard_symbol(shard)
+        return int(self.bases[i]) + a, int(self.bases[i]) + b
+
+    def _local(self, start: int, stop: int) -> tuple[int, int, int]:
+        i = int(np.searchsorted(self.bases, start, side="right")) - 1
+        return i, start - int(self.bases[i]), stop - int(self.bases[i])
 
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows ``[start, stop)`` as stored: features and timestamps (an append keeps them)."""
-        feats, tsa = self._open_arrays()
-        return np.asarray(feats[start:stop], dtype=np.float32), np.asarray(tsa[start:stop], dtype=np.int64)
+        """Virtual rows ``[start, stop)`` (one symbol) as stored: features and timestamps (an append keeps them)."""
+        i, a, b = self._local(start, stop)
+        return (np.asarray(self._array(i, "features")[a:b], dtype=np.float32),
+                np.asarray(self._array(i, "time")[a:b], dtype=np.int64))
 
     def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> str:
         """Write shard ``shard`` whole (rows and timestamps) and return its digest."""
-        start, stop = self.shard_bounds(shard)
+        i, a, b = self.shard_symbol(shard)
         block = np.ascontiguousarray(features, dtype=np.float32)
-        if block.shape != (stop - start, self.n_features) or len(ts) != stop - start:
-            raise CacheError(
-                f"shard {shard}: expected {(stop - start, self.n_features)} rows, got {block.shape}"
-            )
-        feats, tsa = self._open_arrays()
-        feats[start:stop] = block
-        tsa[start:stop] = np.asarray(ts, dtype=np.int64)
+        if block.shape != (b - a, self.n_features) or len(ts) != b - a:
+            raise CacheError(f"shard {shard}: expected {(b - a, self.n_features)} rows, got {block.shape}")
+        feats, times = self._array(i, "features"), self._array(i, "time")
+        local = a // self.shard_rows
+        path = group_path(i)
+        self._release(f"{path}/features/" + feats.metadata.encode_chunk_key((local, 0)))
+        self._release(f"{path}/time/" + times.metadata.encode_chunk_key((local,)))
+        feats[a:b] = block
+        times[a:b] = np.asarray(ts, dtype=np.int64)
         return shard_digest(block)
 
-    def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: dict) -> None:
-        """Write the segment table, then the manifest marked complete (the last write)."""
-        group = open_group(self.url, "r+", self.storage_options)
+    def _write_small(self, g: zarr.Group, prefix: str, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
+        """(Re)create a small one-chunk array."""
+        for key in ("zarr.json", "c/0", "c/0/0"):
+            self._release(f"{prefix}/{name}/{key}".lstrip("/"))
+        arr = g.create_array(name, shape=data.shape, dtype=data.dtype, chunks=tuple(max(1, n) for n in data.shape),
+                             compressors=compressors("zstd"), fill_value=0, overwrite=True, dimension_names=dims)
+        if data.size:
+            arr[...] = data
+
+    def write_object(self, name: str, obj: Any) -> None:
+        """Store the plain JSON object ``name.json`` beside the groups (sources, appends)."""
+        self._release(f"{name}.json")
+        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
+        fs.pipe(f"{root.rstrip('/')}/{name}.json", json.dumps(obj).encode())
+
+    def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: dict, digests: dict[int, str],
+               symbols: Any = None) -> None:
+        """Write the symbols' segment tables and shard digests, the root segment index, then the
+        manifest marked complete (the last write).
+
+        ``segments`` are virtual rows; ``digests`` maps the shards written to their digests
+        (the other shards keep the ones stored); ``symbols`` limits the per-symbol writes to
+        those (an append), all by default.
+        """
         seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
-        tables = (("segments", seg, ("segment", "field")),
-                  ("segment_split", np.asarray(segment_split, dtype=np.int8), ("segment",)))
-        for name, data, dims in tables:
-            arr = group.create_array(
-                name,
-                shape=data.shape,
-                dtype=data.dtype,
-                chunks=tuple(max(1, n) for n in data.shape),
-                compressors=compressors("zstd"),
-                fill_value=0,
-                overwrite=True,
-                dimension_names=dims,
-            )
-            if data.size:
-                arr[...] = data
-        group.attrs[ATTR] = {
+        split = np.asarray(segment_split, dtype=np.int8).reshape(-1)
+        order = np.lexsort((seg[:, 1], seg[:, 0]))
+        seg, split = seg[order], split[order]
+        sym = seg[:, 0]
+        local = np.stack([sym, seg[:, 1] - self.bases[sym], seg[:, 2] - self.bases[sym], split], axis=1)
+        bounds = np.searchsorted(sym, np.arange(len(self.bars_per_symbol) + 1))
+        root = self.root
+        todo = range(len(self.bars_per_symbol)) if symbols is None else sorted(set(int(s) for s in symbols))
+        for i in todo:
+            path = group_path(i)
+            g = root[path]
+            mine = local[bounds[i]:bounds[i + 1]]
+            for name, col, dtype in zip(_SEGMENT_ARRAYS, (1, 2, 3), ("int64", "int64", "int8")):
+                self._write_small(g, path, name, mine[:, col].astype(dtype), ("segment",))
+            feats = self._array(i, "features")
+            first = int(self.bases[i]) // self.shard_rows
+            n_local = -(-int(self.bars_per_symbol[i]) // self.shard_rows)
+            old = list(feats.attrs.get("digests") or [])
+            old += [None] * (n_local - len(old))
+            self._release(f"{path}/features/zarr.json")
+            feats.attrs["digests"] = [digests.get(first + k, old[k]) for k in range(n_local)]
+        self._write_small(root, "", "segments", local.astype(np.int64), ("all_segments", "field"))
+        self._release("zarr.json")
+        root.attrs[ATTR] = {
             **manifest,
-            "format_version": self.format_version,
-            "layout": {
-                "shard_rows": self.shard_rows,
-                "chunk_rows": self.chunk_rows,
-                **({} if self.region_rows is None else {"region_rows": self.region_rows}),
-                **manifest.get("layout", {}),
-            },
+            "format_version": FORMAT_VERSION,
+            "symbols": list(manifest["symbols"]),
+            "groups": [group_path(i) for i in range(len(self.bars_per_symbol))],
+            "bars_per_symbol": self.bars_per_symbol.tolist(),
+            "layout": {"shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows,
+                       **manifest.get("layout", {})},
             "complete": True,
         }

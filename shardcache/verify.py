@@ -1,37 +1,34 @@
-"""Check a cache end to end: checksums, shard digests, timestamps and the segment table.
+"""Check a cache end to end: checksums, shard digests, timestamps and the segment tables.
 
 ``verify_cache`` (``shardcache verify CACHE``) re-reads the whole cache one shard at a
 time, so memory stays at one shard whatever the cache size, and names every problem by the
-store key it concerns (``features/c/3/0``, ``ts/c/3``, ``segments``):
+store key it concerns (``symbols/3/features/c/0/0``, ``symbols/3/time/c/0``, ``segments``):
 
 * a shard object that is missing, or that fails to decode: zarr checks the crc32c of
   every inner chunk and of the shard index, so flipped or truncated bytes show up here;
-* a shard whose decoded rows differ from the digest recorded at build time
-  (``manifest["layout"]["digests"]``, see ``store.shard_digest``);
-* timestamps that do not increase inside a segment, and a segment table that does not
-  tile the rows (segments in row order, no gaps or overlaps, each symbol's rows together
-  and, in format 2, starting at its region), valid symbol and split ids, or array shapes
-  that disagree with the manifest.
+* a shard whose decoded rows differ from the digest recorded at build time (the
+  ``digests`` attribute of each symbol's ``features``, see ``store.shard_digest``);
+* a symbol's timestamps that do not strictly increase, a symbol's segment table
+  (``segment_start``/``segment_stop``/``segment_split``) that does not tile its rows in
+  order or disagrees with the root ``segments`` index, split ids outside the manifest's
+  splits, and array shapes or chunking that disagree with the manifest.
 
-Only the shards that hold rows are read (``Cache.shard_table``); in format 2 the unused
-rows between symbol regions are not stored and not checked.
-
-A cache that cannot be opened at all (missing, incomplete, newer format, damaged segment
-table) raises ``CacheError`` instead of returning a report.
+A cache that cannot be opened at all (missing, incomplete, old or newer format, damaged
+segment index) raises ``CacheError`` instead of returning a report.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zarr
+from tqdm import tqdm
 
 from .store import Cache, _one_line, open_cache, shard_digest
-from .tasks import Progress
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 
@@ -91,20 +88,19 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _key_order(key: str) -> tuple[str, int]:
-    head, _, rest = key.partition("/c/")
-    return head, int(rest.split("/")[0]) if rest.split("/")[0].isdigit() else -1
+def _key_order(key: str) -> tuple[tuple[int, int, str], ...]:
+    """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``)."""
+    return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in key.split("/"))
 
 
-def _read(cache: Cache, array: zarr.Array, name: str, shard: int, a: int, b: int,
-          problems: list[Problem]) -> np.ndarray | None:
-    """Rows ``[a, b)`` of one shard of ``array``, or None after recording why they cannot be had."""
-    key = f"{name}/" + array.metadata.encode_chunk_key((shard,) + (0,) * (array.ndim - 1))
-    if not cache.shard_exists(shard, name):
+def _read(cache: Cache, shard: int, array: str, a: int, b: int, problems: list[Problem]) -> np.ndarray | None:
+    """Local rows ``[a, b)`` of one shard of a symbol's ``array``, or None after recording why they cannot be had."""
+    key = cache.shard_key(shard, array)
+    if not cache.shard_exists(shard, array):
         problems.append(Problem(key, "missing"))
         return None
     try:
-        return np.asarray(array[a:b])
+        return np.asarray(cache.array(cache.shard_symbol(shard)[0], array)[a:b])
     except MemoryError:
         raise
     except Exception as exc:  # checksum mismatch (ValueError) or a codec error
@@ -112,73 +108,56 @@ def _read(cache: Cache, array: zarr.Array, name: str, shard: int, a: int, b: int
         return None
 
 
-def _check_layout(cache: Cache, problems: list[Problem]) -> list[str] | None:
-    """Array shapes and chunking against the manifest; the recorded digests, if any."""
-    m = cache.manifest
-    f, t = cache.features, cache.ts
-    rows = cache.n_bars if cache.region_rows is None else len(cache.symbols) * cache.region_rows
-    if f.shape != (rows, cache.n_features):
-        problems.append(Problem("features", f"shape {f.shape}, manifest says {(rows, cache.n_features)}"))
-    if t.shape != (rows,):
-        problems.append(Problem("ts", f"shape {t.shape}, manifest says {(rows,)}"))
-    if f.shards is not None and f.shards[0] != cache.shard_rows:
-        problems.append(Problem("features", f"shards of {f.shards[0]} rows, manifest says {cache.shard_rows}"))
-    digests = m.get("layout", {}).get("digests")
-    if digests is not None and len(digests) != cache.n_shards:
-        problems.append(Problem("manifest", f"{len(digests)} shard digests for {cache.n_shards} shards"))
+def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | None:
+    """Symbol ``i``'s array shapes and chunking and its segment table; its recorded digests."""
+    n, path = int(cache.bars_per_symbol[i]), cache.groups[i]
+    f, t = cache.array(i, "features"), cache.array(i, "time")
+    if f.shape != (n, cache.n_features):
+        problems.append(Problem(f"{path}/features", f"shape {f.shape}, manifest says {(n, cache.n_features)}"))
+    if t.shape != (n,):
+        problems.append(Problem(f"{path}/time", f"shape {t.shape}, manifest says {(n,)}"))
+    if f.shards is None or f.shards[0] != cache.shard_rows:
+        problems.append(Problem(f"{path}/features", f"shards of {f.shards and f.shards[0]} rows, manifest says "
+                                                    f"{cache.shard_rows}"))
+    if t.chunks[0] != cache.shard_rows:
+        problems.append(Problem(f"{path}/time", f"chunks of {t.chunks[0]} rows, manifest says {cache.shard_rows}"))
+    try:
+        table = np.stack([np.asarray(cache.array(i, name)[...], dtype=np.int64)
+                          for name in ("segment_start", "segment_stop", "segment_split")], axis=1).reshape(-1, 3)
+    except Exception as exc:  # missing or damaged
+        problems.append(Problem(f"{path}/segment_start", f"segment table unreadable ({_one_line(exc)})"))
+        table = None
+    if table is not None:
+        index = cache.local_segments[cache.local_segments[:, 0] == i, 1:]
+        if not np.array_equal(table, index):
+            problems.append(Problem(f"{path}/segment_start", "the symbol's segment table differs from the root "
+                                                             "segments index"))
+        if not len(table) or table[0, 0] != 0 or table[-1, 1] != n or np.any(table[1:, 0] != table[:-1, 1]):
+            problems.append(Problem(f"{path}/segment_start", f"segments do not tile rows 0-{n} in order"))
+        if np.any(table[:, 1] <= table[:, 0]):
+            problems.append(Problem(f"{path}/segment_start", "empty or reversed segment(s)"))
+        if len(table) and (table[:, 2].min() < 0 or table[:, 2].max() >= len(cache.split_names)):
+            problems.append(Problem(f"{path}/segment_split", f"split ids outside 0-{len(cache.split_names) - 1}"))
+    digests = f.attrs.get("digests")
+    expected = -(-n // cache.shard_rows)
+    if digests is not None and len(digests) != expected:
+        problems.append(Problem(f"{path}/features", f"{len(digests)} shard digests for {expected} shards"))
+        return None
     return digests
 
 
-def _check_segments(cache: Cache, problems: list[Problem]) -> None:
-    """The segment table tiles each symbol's rows in order, one symbol's rows together: rows
-    ``[0, n_bars)`` in format 1, ``[i * region_rows, ...)`` for symbol ``i`` in format 2."""
-    seg, split = cache.segments, cache.segment_split
-    n = cache.n_bars
-    if len(split) != len(seg):
-        problems.append(Problem("segment_split", f"{len(split)} entries for {len(seg)} segments"))
-    if not len(seg):
-        if n:
-            problems.append(Problem("segments", f"empty, but the cache has {n} rows"))
-        return
-    order = np.argsort(seg[:, 1], kind="stable")
-    s = seg[order]
-    region = cache.region_rows
-    if region is None and (s[0, 1] != 0 or s[-1, 2] != n):
-        problems.append(Problem("segments", f"cover rows {s[0, 1]}-{s[-1, 2]}, not 0-{n}"))
-    if region is not None and int((s[:, 2] - s[:, 1]).sum()) != n:
-        problems.append(Problem("segments", f"cover {int((s[:, 2] - s[:, 1]).sum())} rows, not {n}"))
-    first = np.r_[True, s[1:, 0] != s[:-1, 0]]  # a symbol's first segment
-    if region is not None and np.any(s[first, 1] != s[first, 0] * region):
-        problems.append(Problem("segments", "a symbol's rows do not start at its region"))
-    gaps = np.flatnonzero((s[1:, 1] != s[:-1, 2]) & (~first[1:] if region is not None else True))
-    if len(gaps):
-        i = int(gaps[0])
-        problems.append(Problem("segments", f"{len(gaps)} gap(s) or overlap(s), first after row {s[i, 2]}"))
-    empty = np.flatnonzero(s[:, 2] <= s[:, 1])
-    if len(empty):
-        first = s[empty[0], 1]
-        problems.append(Problem("segments", f"{len(empty)} empty or reversed segment(s), first at row {first}"))
-    ids = s[:, 0]
-    if ids.min() < 0 or ids.max() >= len(cache.symbols):
-        problems.append(Problem("segments", f"symbol ids outside 0-{len(cache.symbols) - 1}"))
-    if int(np.count_nonzero(np.diff(ids))) + 1 != len(np.unique(ids)):
-        problems.append(Problem("segments", "a symbol's rows are not together"))
-    if len(split) and (split.min() < 0 or split.max() >= len(cache.split_names)):
-        problems.append(Problem("segment_split", f"split ids outside 0-{len(cache.split_names) - 1}"))
-    expected = cache.manifest.get("counts", {}).get("segments")
-    if expected is not None and expected != len(seg):
-        problems.append(Problem("segments", f"{len(seg)} segments, manifest says {expected}"))
-
-
-def _check_ts(key: str, row0: int, ts: np.ndarray, starts: np.ndarray, prev: int | None,
-              problems: list[Problem]) -> None:
-    """Timestamps strictly increase inside each segment (``starts``: rows that begin one)."""
-    bad = np.flatnonzero((ts[1:] <= ts[:-1]) & ~starts[1:]) + 1
-    if prev is not None and not starts[0] and ts[0] <= prev:
-        bad = np.r_[0, bad]
-    if len(bad):
-        problems.append(Problem(key, f"timestamps not increasing inside a segment at {len(bad)} row(s), "
-                                     f"first at row {row0 + int(bad[0])}"))
+def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
+    """Counts and the root segment index against the manifest."""
+    m = cache.manifest
+    if len(cache.groups) != len(cache.symbols) or len(cache.bars_per_symbol) != len(cache.symbols):
+        problems.append(Problem("manifest", f"{len(cache.groups)} groups and {len(cache.bars_per_symbol)} bar "
+                                            f"counts for {len(cache.symbols)} symbols"))
+    if int(cache.bars_per_symbol.sum()) != cache.n_bars:
+        problems.append(Problem("manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, "
+                                            f"counts say {cache.n_bars}"))
+    expected = m.get("counts", {}).get("segments")
+    if expected is not None and expected != len(cache.segments):
+        problems.append(Problem("segments", f"{len(cache.segments)} segments, manifest says {expected}"))
 
 
 def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | None = None, *,
@@ -187,28 +166,35 @@ def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | N
     t0 = time.perf_counter()
     cache = open_cache(path, storage_options)
     problems: list[Problem] = []
-    digests = _check_layout(cache, problems)
-    _check_segments(cache, problems)
-    seg_starts = np.unique(cache.segments[:, 1])
-    checked, prev = 0, None
-    with Progress(cache.n_shards, "verify", progress, unit="shard") as bar:
-        for i, (shard, a, b) in enumerate(cache.shard_table.tolist()):
-            feats = _read(cache, cache.features, "features", shard, a, b, problems)
-            if feats is not None and digests is not None and i < len(digests):
-                checked += 1
-                if shard_digest(feats.astype(np.float32, copy=False)) != digests[i]:
-                    problems.append(Problem(cache.shard_key(shard),
-                                            "rows differ from the digest recorded at build time"))
-            ts = _read(cache, cache.ts, "ts", shard, a, b, problems)
-            if ts is not None and len(ts):
-                starts = np.zeros(b - a, dtype=bool)
-                starts[seg_starts[(seg_starts >= a) & (seg_starts < b)] - a] = True
-                key = "ts/" + cache.ts.metadata.encode_chunk_key((shard,))
-                _check_ts(key, a, ts.astype(np.int64, copy=False), starts, prev, problems)
-                prev = int(ts[-1])
-            else:
-                prev = None
-            bar.update()
+    _check_manifest(cache, problems)
+    checked, rows = 0, cache.shard_rows
+    show = progress and sys.stderr.isatty()
+    with tqdm(total=cache.n_shards, desc="verify", unit="shard", leave=False, disable=not show) as bar:
+        for i in range(len(cache.symbols)):
+            digests = _check_symbol(cache, i, problems)
+            first, n, prev = int(cache.bases[i]) // rows, int(cache.bars_per_symbol[i]), None
+            for k in range(-(-n // rows)):
+                shard, a, b = first + k, k * rows, min((k + 1) * rows, n)
+                feats = _read(cache, shard, "features", a, b, problems)
+                if feats is not None and digests is not None:
+                    checked += 1
+                    if shard_digest(feats.astype(np.float32, copy=False)) != digests[k]:
+                        problems.append(Problem(cache.shard_key(shard),
+                                                "rows differ from the digest recorded at build time"))
+                ts = _read(cache, shard, "time", a, b, problems)
+                if ts is not None and len(ts):
+                    ts = ts.astype(np.int64, copy=False)
+                    bad = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
+                    if prev is not None and ts[0] <= prev:
+                        bad = np.r_[0, bad]
+                    if len(bad):
+                        problems.append(Problem(cache.shard_key(shard, "time"),
+                                                f"timestamps not strictly increasing at {len(bad)} row(s), first "
+                                                f"at row {a + int(bad[0])} of {cache.symbols[i]}"))
+                    prev = int(ts[-1])
+                else:
+                    prev = None
+                bar.update()
     cache._check_same()
     return VerifyReport(cache.url, cache.n_shards, cache.n_bars, checked, problems, time.perf_counter() - t0)
 
@@ -224,15 +210,16 @@ def compare_caches(a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] 
     ma, mb = ({k: v for k, v in c.manifest.items() if k not in _VOLATILE} for c in (ca, cb))
     out += [f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb))
             if ma.get(k) != mb.get(k)]
-    for name in ("segments", "segment_split"):
+    if ca.read_json("sources") != cb.read_json("sources"):
+        out.append("sources.json differs")
+    for name in ("segments", "segment_split", "bars_per_symbol"):
         if not np.array_equal(getattr(ca, name), getattr(cb, name)):
             out.append(f"{name} differ")
-    if (ca.features.shape != cb.features.shape or ca.shard_rows != cb.shard_rows
-            or not np.array_equal(ca.shard_table, cb.shard_table)):
-        return [*out, f"features: shape {ca.features.shape} != {cb.features.shape} or other shards"]
+    if ca.shard_rows != cb.shard_rows or not np.array_equal(ca.shard_table, cb.shard_table):
+        return [*out, "shards differ (shard rows or bars per symbol)"]
     for shard, lo, hi in ca.shard_table.tolist():
         if not np.array_equal(ca.read_rows(lo, hi), cb.read_rows(lo, hi), equal_nan=True):
             out.append(f"{ca.shard_key(shard)} differs")
-        if not np.array_equal(ca.ts[lo:hi], cb.ts[lo:hi]):
-            out.append(f"ts rows {lo}-{hi} differ")
+        if not np.array_equal(ca.bar_times(np.arange(lo, hi)), cb.bar_times(np.arange(lo, hi))):
+            out.append(f"{ca.shard_key(shard, 'time')} differs")
     return out

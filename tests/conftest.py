@@ -12,7 +12,7 @@ from helpers import Bars, make_cache, synthetic_bars
 @pytest.fixture(scope="session")
 def stream_bars() -> Bars:
     """6000 bars, 5 features, 3 symbols with gaps, tiny segments and train/val/test splits."""
-    return synthetic_bars(6000, 5, n_symbols=3, seed=7)
+    return synthetic_bars(6000, 5, n_symbols=3, seed=7, shard_rows=512)
 
 
 @pytest.fixture(scope="session")

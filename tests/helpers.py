@@ -1,8 +1,11 @@
-"""Test helpers: small caches written straight from numpy arrays with the real ``CacheWriter``.
+"""Test helpers: small format-3 caches written straight from numpy arrays with the real ``CacheWriter``.
 
 ``synthetic_bars`` makes bars with several symbols, gaps and train/val/test splits whose
 feature 0 is the row number (exact in float32 below 2**24), so a window's content names
-its rows. ``brute_starts`` is an independent, loop-based oracle of the valid windows.
+its rows. Given ``shard_rows`` it lays the rows out as the cache's virtual row space does
+(each symbol from a whole shard on, ``store.symbol_bases``), so stream indices, the oracle
+and ``Bars.features`` rows agree. ``brute_starts`` is an independent, loop-based oracle of
+the valid windows.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardcache.store import Cache, CacheWriter
+from shardcache.store import Cache, CacheWriter, symbol_bases
 
 __all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]
 
@@ -22,7 +25,11 @@ SPLITS = ["train", "val", "test"]
 
 @dataclass
 class Bars:
-    """Arrays for one cache: rows grouped by symbol in time order, and their segment table."""
+    """Arrays for one cache: rows grouped by symbol in time order, and their segment table.
+
+    With ``shard_rows`` the rows are virtual (padding rows between symbols, in no segment,
+    hold NaN and time 0); without, symbols are packed one after another.
+    """
 
     features: np.ndarray
     ts: np.ndarray
@@ -30,6 +37,7 @@ class Bars:
     segment_split: np.ndarray
     split_names: list[str]
     symbols: list[str]
+    shard_rows: int | None = None
 
 
 def synthetic_bars(
@@ -41,6 +49,7 @@ def synthetic_bars(
     short: int = 3,
     seed: int = 0,
     compressible: bool = False,
+    shard_rows: int | None = None,
 ) -> Bars:
     """Bars of ``n_symbols`` symbols with ``gaps`` random gaps and ``short`` tiny segments each.
 
@@ -80,14 +89,20 @@ def synthetic_bars(
             if hi > lo:
                 segments.append((sym, a + lo, a + hi))
                 segment_split.append(int(np.searchsorted(split_at, lo, side="right")))
-    return Bars(
-        feats,
-        ts,
-        np.asarray(segments, dtype=np.int64).reshape(-1, 3),
-        np.asarray(segment_split, dtype=np.int8),
-        list(SPLITS),
-        [f"SYM{i}" for i in range(n_symbols)],
-    )
+    segs = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
+    if shard_rows is not None:  # move each symbol to its first virtual row
+        bases = symbol_bases(np.diff(bounds), shard_rows)
+        shift = bases[:-1] - bounds[:-1]
+        rows = np.arange(n_bars) + np.repeat(shift, np.diff(bounds))
+        vfeats = np.full((int(bases[-1]), n_features), np.nan, dtype=np.float32)
+        vfeats[rows] = feats
+        vfeats[rows, 0] = rows.astype(np.float32)
+        vts = np.zeros(int(bases[-1]), dtype=np.int64)
+        vts[rows] = ts
+        feats, ts = vfeats, vts
+        segs[:, 1:] += shift[segs[:, 0]][:, None]
+    return Bars(feats, ts, segs, np.asarray(segment_split, dtype=np.int8), list(SPLITS),
+                [f"SYM{i}" for i in range(n_symbols)], shard_rows)
 
 
 def make_cache(
@@ -98,36 +113,50 @@ def make_cache(
     chunk_rows: int,
     codec: str = "blosc-lz4",
 ) -> Cache:
-    """Write ``bars`` as a complete cache with the real ``CacheWriter`` and open it."""
-    n, f = bars.features.shape
+    """Write ``bars`` as a complete format-3 cache with the real ``CacheWriter`` and open it.
+
+    Each symbol's rows are those its segments cover. The cache's virtual rows are ``bars``'
+    rows when ``bars`` was made with the same ``shard_rows`` (or has one symbol).
+    """
+    if bars.shard_rows not in (None, shard_rows):
+        raise ValueError(f"bars laid out for {bars.shard_rows}-row shards, not {shard_rows}")
+    seg = bars.segments
+    n_sym = len(bars.symbols)
+    first = np.array([seg[seg[:, 0] == i, 1].min() for i in range(n_sym)], dtype=np.int64)
+    last = np.array([seg[seg[:, 0] == i, 2].max() for i in range(n_sym)], dtype=np.int64)
+    f = bars.features.shape[1]
     names = [f"f{i}" for i in range(f)]
-    writer = CacheWriter(path, n_bars=n, feature_names=names, shard_rows=shard_rows, chunk_rows=chunk_rows, codec=codec)
-    for s in range(writer.n_shards):
-        a, b = writer.shard_bounds(s)
-        writer.write_shard(s, bars.features[a:b], bars.ts[a:b])
+    writer = CacheWriter(path, feature_names=names, bars_per_symbol=last - first, shard_rows=shard_rows,
+                         chunk_rows=chunk_rows, codec=codec)
+    digests = {}
+    for s in writer.shard_ids:
+        i, a, b = writer.shard_symbol(s)
+        rows = slice(int(first[i]) + a, int(first[i]) + b)
+        digests[s] = writer.write_shard(s, bars.features[rows], bars.ts[rows])
+    virtual = seg.copy()
+    virtual[:, 1:] += (writer.bases[:-1] - first)[seg[:, 0]][:, None]
     manifest = {
         "feature_names": names,
         "symbols": bars.symbols,
         "splits": {"names": bars.split_names},
-        "counts": {"bars": n},
+        "counts": {"bars": int((last - first).sum()), "segments": len(seg)},
     }
-    writer.finish(bars.segments, bars.segment_split, manifest)
+    writer.finish(virtual, bars.segment_split, manifest, digests)
     return Cache(path)
 
 
 def stored_rows(cache: Cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every stored row in row order, read shard by shard with plain zarr: features, timestamps and
-    the segment table renumbered to those rows (a format-2 cache leaves unused rows between symbols)."""
-    table = cache.shard_table
-    if not len(table):
+    """Every stored row, symbol after symbol, read with plain zarr: features, timestamps and the
+    segment table renumbered to those rows."""
+    n = len(cache.symbols)
+    if not n:
         return np.zeros((0, cache.n_features), np.float32), np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
-    feats = np.concatenate([cache.features[a:b] for _, a, b in table])
-    ts = np.concatenate([cache.ts[a:b] for _, a, b in table])
-    rows = np.concatenate([np.arange(a, b) for _, a, b in table])
-    seg = cache.segments[np.argsort(cache.segments[:, 1], kind="stable")].copy()
-    seg[:, 2] = np.searchsorted(rows, seg[:, 2] - 1) + 1
-    seg[:, 1] = np.searchsorted(rows, seg[:, 1])
-    return feats, ts, seg
+    feats = np.concatenate([cache.array(i, "features")[...] for i in range(n)])
+    ts = np.concatenate([cache.array(i, "time")[...] for i in range(n)])
+    offset = np.concatenate([[0], np.cumsum(cache.bars_per_symbol)])
+    local = cache.local_segments
+    seg = np.stack([local[:, 0], local[:, 1] + offset[local[:, 0]], local[:, 2] + offset[local[:, 0]]], axis=1)
+    return feats, ts, seg[np.lexsort((seg[:, 1], seg[:, 0]))]
 
 
 def brute_starts(bars: Bars, seq_len: int, horizon: int, stride: int, split: str | None) -> np.ndarray:
