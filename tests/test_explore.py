@@ -138,7 +138,7 @@ def test_open_symbol_is_a_labelled_lazy_dataset(cache_path, source):
         if sym == i:
             base = int(cache.segments[cache.segments[:, 0] == i, 1].min())
             expected[a - base : b - base] = cache.split_names[split]
-    assert list(ds.split.values) == list(expected) and set(expected) == {"train", "val", "test"}
+    assert list(ds.split.values) == list(expected) and len(set(expected)) > 1
     assert open_symbol(cache, i).symbol.item() == "NQ Z3"
     with pytest.raises(CacheError, match="no symbol 'CLZ3'"):
         open_symbol(cache, "CLZ3")
