@@ -10,6 +10,7 @@ per shard.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,30 +79,52 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     """Every stored shard, symbol by symbol: object key, local rows, time range, stored size, ratio.
 
     Sizes come from one fsspec listing of ``symbols/`` (local paths and URLs alike), so a shard
-    object that is not there shows as missing (``stored_bytes=None``). Time ranges read only each
-    shard's first and last bar time (``Cache.bar_times`` over the virtual rows).
+    object that is not there shows as missing (``stored_bytes=None``). Time ranges come from the
+    symbols' ``time`` arrays, read concurrently (``_symbol_times``).
     """
     cache = open_cache(cache)
     rows, bars, counts = cache.shard_rows, cache.bars_per_symbol, _shard_counts(cache)
     if not counts.sum():
         return []
-    base = cache.bases[:-1]  # each symbol's first virtual row
     symbol = np.repeat(np.arange(len(bars)), counts)
     shard = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     start = shard * rows
     stop = np.minimum(start + rows, bars[symbol])
-    times = np.asarray(cache.bar_times(np.stack([base[symbol] + start, base[symbol] + stop - 1], axis=1).ravel()),
-                       dtype=np.int64).reshape(-1, 2)
+    times = _symbol_times(cache, np.flatnonzero(counts))
     names, groups = cache.symbols, list(cache.manifest["groups"])
     stored = _stored_sizes(cache)
     out = []
-    for i, k, a, b, (t0, t1) in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist(), times.tolist()):
+    for i, k, a, b in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist()):
+        t0, t1 = int(times[i][a]), int(times[i][b - 1])
         key = f"{groups[i]}/features/c/{k}/0"  # zarr's default chunk key encoding, shard (k, 0)
         out.append(ShardInfo(
             symbol=names[i], symbol_id=i, group=groups[i], shard=k, key=key, start=a, stop=b,
             first_ts=t0, last_ts=t1, raw_bytes=(b - a) * cache.n_features * 4, stored_bytes=stored.get(key),
         ))
     return out
+
+
+def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[int, np.ndarray]:
+    """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
+    async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
+    import zarr.api.asynchronous as zarr_async
+    from zarr.core.sync import sync
+
+    groups = list(cache.manifest["groups"])
+    options = cache.storage_options if "://" in cache.url else None
+
+    async def read_all() -> list[np.ndarray]:
+        root = await zarr_async.open_group(store=cache.url, mode="r", zarr_format=3, storage_options=options)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> np.ndarray:
+            async with limit:
+                arr = await root.getitem(f"{groups[i]}/time")
+                return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
+
+        return await asyncio.gather(*(one(i) for i in ids.tolist()))
+
+    return dict(zip(ids.tolist(), sync(read_all())))
 
 
 def _stored_sizes(cache: Cache) -> dict[str, int]:

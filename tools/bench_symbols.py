@@ -5,9 +5,9 @@ fake credentials; nothing leaves the machine), it measures in fresh processes:
 
 * **build**: ``build_cache`` from one Parquet file (``shardcache.sample.make_sample_parquet``),
   seconds inside the process and bars/s;
-* **import + open + first batch**: ``import shardcache``, ``open_cache``, the first batch of a
-  ``WindowStream`` (seq_len 60, batch 256), each step timed from the process's start, and the
-  wall time of the whole process (interpreter start included);
+* **import + open + first batch**: ``import shardcache``, ``open_cache``, ``import torch`` (the
+  first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
+  each step timed in the process, and the wall time of the whole process (interpreter start included);
 * **info / ls / verify**: the wall time of ``python -m shardcache.cli info|ls|verify CACHE``.
 
 Prints a markdown table, one column per layout and store, and the many/few ratio of each row.
@@ -47,11 +47,13 @@ import shardcache
 t_import = time.perf_counter()
 cache = shardcache.open_cache(sys.argv[1], json.loads(sys.argv[2]))
 t_open = time.perf_counter()
-with shardcache.WindowStream(cache, 60, split=cache.split_names[0], batch_size=256) as stream:
+from shardcache import WindowStream  # imports torch
+t_torch = time.perf_counter()
+with WindowStream(cache, 60, split=cache.split_names[0], batch_size=256) as stream:
     x, y = next(iter(stream))
 t_batch = time.perf_counter()
-print(json.dumps({"import": t_import - t0, "open": t_open - t_import, "first batch": t_batch - t_open,
-                  "shape": list(x.shape)}))
+print(json.dumps({"import": t_import - t0, "open": t_open - t_import, "import torch": t_torch - t_open,
+                  "first batch": t_batch - t_torch, "shape": list(x.shape)}))
 """
 
 
@@ -104,7 +106,7 @@ def measure(src: str, out: str, options: dict | None, env: dict[str, str]) -> di
     row = {"build (s)": f"{build['seconds']:.1f}", "build (bars/s)": f"{build['bars'] / build['seconds']:,.0f}"}
     wall, text = _python(["-c", FIRST_BATCH, out, opts], env)
     first = json.loads(text)
-    for step in ("import", "open", "first batch"):
+    for step in ("import", "open", "import torch", "first batch"):
         row[f"{step} (s)"] = f"{first[step]:.2f}"
     row["import + open + first batch, process wall (s)"] = f"{wall:.2f}"
     flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
