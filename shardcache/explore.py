@@ -11,6 +11,7 @@ per shard.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,6 @@ from .errors import CacheError
 from .store import Cache, open_cache
 
 if TYPE_CHECKING:
-    import os
-
     import xarray
 
 __all__ = ["ShardInfo", "info", "open_symbol", "shards", "to_xarray"]
@@ -78,8 +77,8 @@ def _shard_counts(cache: Cache) -> np.ndarray:
 def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     """Every stored shard, symbol by symbol: object key, local rows, time range, stored size, ratio.
 
-    Sizes come from one fsspec listing of ``symbols/`` (local paths and URLs alike), so a shard
-    object that is not there shows as missing (``stored_bytes=None``). Time ranges come from the
+    A shard object that is not there shows as missing (``stored_bytes=None``; sizes from
+    ``_stored_sizes``). Time ranges come from the
     symbols' ``time`` arrays, read concurrently (``_symbol_times``).
     """
     cache = open_cache(cache)
@@ -92,11 +91,11 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     stop = np.minimum(start + rows, bars[symbol])
     times = _symbol_times(cache, np.flatnonzero(counts))
     names, groups = cache.symbols, list(cache.manifest["groups"])
-    stored = _stored_sizes(cache)
+    keys = [f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())]  # zarr's default key encoding
+    stored = _stored_sizes(cache, keys)
     out = []
-    for i, k, a, b in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist()):
+    for i, k, a, b, key in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist(), keys):
         t0, t1 = int(times[i][a]), int(times[i][b - 1])
-        key = f"{groups[i]}/features/c/{k}/0"  # zarr's default chunk key encoding, shard (k, 0)
         out.append(ShardInfo(
             symbol=names[i], symbol_id=i, group=groups[i], shard=k, key=key, start=a, stop=b,
             first_ts=t0, last_ts=t1, raw_bytes=(b - a) * cache.n_features * 4, stored_bytes=stored.get(key),
@@ -127,16 +126,28 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
     return dict(zip(ids.tolist(), sync(read_all())))
 
 
-def _stored_sizes(cache: Cache) -> dict[str, int]:
-    """Stored bytes of every shard object of every symbol's ``features``, keyed by path in the cache."""
+def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
+    """Stored bytes of the objects ``keys`` (paths in the cache) that exist.
+
+    A local cache stats each key (a directory walk of thousands of groups costs seconds); an
+    object store is listed once under ``symbols/`` (one paginated listing, not a request per key).
+    """
+    if "://" not in cache.url or cache.url.startswith("file://"):
+        root = cache.url[len("file://"):] if cache.url.startswith("file://") else cache.url
+        sizes = {}
+        for key in keys:
+            try:
+                sizes[key] = os.stat(os.path.join(root, *key.split("/"))).st_size
+            except FileNotFoundError:
+                continue
+        return sizes
     fs, root = fsspec.core.url_to_fs(cache.url, **(cache.storage_options or {}))
     root = root.rstrip("/") + "/"
     try:
         found = fs.find(root + "symbols", detail=True)
     except FileNotFoundError:
         return {}
-    return {p[len(root):]: int(d["size"]) for p, d in found.items()
-            if p.startswith(root) and "/features/c/" in p}
+    return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
 
 
 def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:

@@ -172,3 +172,20 @@ def test_xarray_views_without_xarray_say_what_to_install(cache_path, monkeypatch
         open_symbol(cache_path, 0)
     with pytest.raises(CacheError, match=r"shardcache\[xarray\]"):
         to_xarray(cache_path)
+
+
+@pytest.mark.slow
+def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_path, capsys):
+    import s3fs
+
+    bucket, options = s3_bucket
+    url = f"{bucket}/c.zarr"
+    s3fs.S3FileSystem(**options).put(cache_path.rstrip("/") + "/", url + "/", recursive=True)
+    remote, local = shards(open_cache(url, options)), shards(cache_path)
+    assert [(s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in remote] == \
+        [(s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in local]
+    flags = [f"--storage-option={k}={v}" for k, v in options.items()]
+    assert main(["ls", url, *flags]) == 0 and "6 shards of 3 symbols" in capsys.readouterr().out
+    assert info(open_cache(url, options))["windows_per_split"] == info(cache_path)["windows_per_split"]
+    ds = open_symbol(open_cache(url, options), "BRK/B")
+    np.testing.assert_array_equal(ds.features.values, source["BRK/B"].values)
