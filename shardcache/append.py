@@ -1,30 +1,33 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-A format-2 cache keeps each symbol in its own row region (``shardcache.store``), so a
-symbol grows in place. ``append_cache`` scans and merges the new inputs with the build's
-own stages, then for every symbol with new bars:
+A format-3 cache keeps each symbol in its own group (``shardcache.store``), so a symbol grows
+in place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
+for every symbol with new bars:
 
 * refuses bars at or before the symbol's last stored bar (one line naming the file): an
   append adds only later bars, it never inserts or replaces;
-* rewrites the symbol's partial last shard (its stored rows read back as they are, plus the
-  new ones) and writes new whole shards after it; every other shard is left as it is;
+* grows the symbol's ``features`` and ``time`` (zarr resize: a metadata write), rewrites
+  its partial last shard (its stored rows read back as they are, plus the new ones) and
+  writes new whole shards after it; every other shard object is left as it is;
 * continues the symbol's last segment when the first new bar follows the last stored one
   within the cache's ``max_gap`` and in the same split, so windows across the boundary
   become valid; the first new bar's features use the raw last bar kept in the manifest
   (``tails``), as a build that saw every bar at once would.
 
-New symbols get new regions after the existing ones (the symbol list keeps its order).
+New symbols get new groups after the existing ones (the symbol list keeps its order).
 Splits keep the cache's cut times (fraction splits were resolved to times at the first
 build), and statistics are frozen: the cache's mean/std normalize the new bars.
 ``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
 (``--overwrite``): every shard is rewritten with statistics over all train bars.
 
 Atomicity reuses the build's staging (``shardcache.staging``): locally the append works on
-``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files (zarr writes every object
-to a new file and renames it, so the originals are never modified), and is swapped in with
-one ``renameat2(RENAME_EXCHANGE)``; a killed append leaves ``OUT`` untouched and resumes with
-``resume=True``. On object stores new shards are written first, then the rewritten tail
-shards (their stored rows unchanged), then the segment table and the manifest last.
+``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
+one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` removes a staged link before it writes
+that key (shards, metadata, JSON objects), so the staging copy never changes a file it
+shares with ``OUT``, whatever the store library does when it writes. A killed append leaves
+``OUT`` byte for byte untouched and resumes with ``resume=True``. On object stores the
+append writes in place: new and rewritten shards first (a rewritten tail shard keeps its
+stored rows), then the segment tables, the digests and the manifest last.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from .errors import CacheError, ShardcacheError
 from .features import required_columns, resolve_features
 from .index import SegmentTable, valid_ranges
 from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
-from .store import Cache, CacheWriter, open_cache
+from .store import Cache, CacheWriter, open_cache, symbol_bases
 
 __all__ = ["STATS", "append_cache"]
 
@@ -63,7 +66,9 @@ class _Plan:
     """The appended cache's symbols, segment table and what to write."""
 
     symbols: list[str]
-    segments: np.ndarray
+    bars_per_symbol: np.ndarray
+    grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
+    segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
     segment_split: np.ndarray
     clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see Layout), first rows, bar counts; row order
     tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
@@ -78,7 +83,7 @@ def _t(ts_ns: int) -> str:
 
 
 def _open_target(out: str, storage_options: dict | None) -> Cache:
-    """The cache to append to, or a one-line refusal (missing, not a cache, format 1)."""
+    """The cache to append to, or a one-line refusal (missing, not a cache, an old format)."""
     try:
         cache = open_cache(out, storage_options)
     except CacheError as exc:
@@ -88,9 +93,6 @@ def _open_target(out: str, storage_options: dict | None) -> Cache:
         if fs.exists(path):
             raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
         raise CacheError(f"{out}: no cache to append to (build it first without --append)") from None
-    if cache.region_rows is None:
-        raise CacheError(f"{out}: a format-{cache.manifest['format_version']} cache (symbols packed one after "
-                         "another) cannot grow in place; rebuild it once with this shardcache to append to it")
     return cache
 
 
@@ -119,52 +121,59 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
 
 
 def _plan(cache: Cache, merged: list[Merged], span: int, staging: str) -> _Plan:
-    """Place each symbol's new bars after its stored ones (new symbols in new regions)."""
-    region, shard_rows, max_gap = cache.region_rows, cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
+    """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
+    appended cache's virtual rows."""
+    shard_rows, max_gap = cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
     tails = cache.manifest.get("tails", {})
     symbols = cache.symbols
-    seg, split = cache.segments.copy(), cache.segment_split.copy()
-    n_old = np.bincount(seg[:, 0], weights=seg[:, 2] - seg[:, 1], minlength=len(symbols)).astype(np.int64)
-    new_segs, new_split, placed = [], [], []
-    lead, kept, touched, skipped = {}, {}, [], {}
+    where = {s: i for i, s in enumerate(symbols)}
+    local = cache.local_segments.copy()  # symbol, start, stop, split in the symbol's rows
+    last_of = {int(i): k for k, i in enumerate(local[:, 0].tolist())}  # each symbol's last segment
+    n = cache.bars_per_symbol.tolist()
+    added, grown, skipped = [], {}, {}
     for m in merged:
-        if m.symbol not in symbols and m.n < span:
-            skipped[m.symbol] = m.n
-            log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", m.symbol, m.n, span)
-            continue
-        if m.symbol not in symbols:
+        if m.symbol not in where:
+            if m.n < span:
+                skipped[m.symbol] = m.n
+                log.warning("symbol %s: %d bars, shorter than one window (%d rows); skipped", m.symbol, m.n, span)
+                continue
+            where[m.symbol] = len(symbols)
             symbols = [*symbols, m.symbol]
-            n_old = np.r_[n_old, 0]
-        i = symbols.index(m.symbol)
-        if n_old[i] + m.n > region:
-            raise ShardcacheError(f"{cache.url}: {m.symbol} would hold {int(n_old[i]) + m.n:,} bars, more than the "
-                                  f"{region:,} rows of its region")
-        r0 = i * region + int(n_old[i])
+            n.append(0)
+        i = where[m.symbol]
+        r0 = int(n[i])
         starts, splits = m.seg_starts + r0, m.seg_split
-        if n_old[i]:
-            last = int(np.flatnonzero((seg[:, 0] == i) & (seg[:, 2] == r0))[0])
-            lead[r0 - 1] = tails[m.symbol]
+        if r0:
+            last = last_of[i]
             first_ts = int(read_arrow(cluster_path(staging, m.sym, 0))["ts"].to_numpy()[:1].astype(np.int64)[0])
             gap = first_ts - int(tails[m.symbol]["ts"])
-            if int(splits[0]) == int(split[last]) and not (max_gap > 0 and gap > max_gap):
-                seg[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
+            if int(splits[0]) == int(local[last, 3]) and not (max_gap > 0 and gap > max_gap):
+                local[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
                 starts, splits = starts[1:], splits[1:]
-            if r0 % shard_rows:
-                kept[r0 // shard_rows] = r0
         stops = np.r_[starts[1:], r0 + m.n] if len(starts) else starts
-        new_segs.append(np.stack([np.full(len(starts), i), starts, stops], axis=1))
-        new_split.append(splits)
-        placed.append(place_clusters(m, r0))
-        touched += range(r0 // shard_rows, (r0 + m.n - 1) // shard_rows + 1)
-    segments = np.concatenate([seg, *new_segs]).astype(np.int64)
-    segment_split = np.concatenate([split, *new_split]).astype(np.int8)
-    order = np.argsort(segments[:, 1], kind="stable")
+        added.append(np.stack([np.full(len(starts), i), starts, stops, splits], axis=1))
+        n[i] = r0 + m.n
+        grown[i] = (m, r0)
+    local = np.concatenate([local, *added]).astype(np.int64)
+    bases = symbol_bases(n, shard_rows)
+    virtual = np.stack([local[:, 0], local[:, 1] + bases[local[:, 0]], local[:, 2] + bases[local[:, 0]]], axis=1)
+    order = np.argsort(virtual[:, 1], kind="stable")
+    lead, kept, touched, placed = {}, {}, [], []
+    for i, (m, r0) in grown.items():
+        v0 = int(bases[i]) + r0
+        if r0:
+            lead[v0 - 1] = tails[m.symbol]
+            if r0 % shard_rows:
+                kept[v0 // shard_rows] = v0
+        placed.append(place_clusters(m, v0))
+        touched += range(v0 // shard_rows, (v0 + m.n - 1) // shard_rows + 1)
     if placed:
         ids, first_rows, counts = (np.concatenate(parts) for parts in zip(*placed))
     else:
         ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     by_row = np.argsort(first_rows, kind="stable")
-    return _Plan(symbols, segments[order], segment_split[order], (ids[by_row], first_rows[by_row], counts[by_row]),
+    return _Plan(symbols, np.asarray(n, dtype=np.int64), sorted(grown), virtual[order],
+                 local[order, 3].astype(np.int8), (ids[by_row], first_rows[by_row], counts[by_row]),
                  lead, kept, sorted(touched), skipped, int(counts.sum()))
 
 
@@ -192,7 +201,7 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
 def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
     """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones."""
     b = cache.manifest["build"]
-    old = [s["path"] for s in cache.manifest["sources"]]
+    old = [s["path"] for s in cache.read_json("sources") or []]
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
     if missing is not None:
@@ -233,7 +242,7 @@ def append_cache(
     names = resolve_features(b.get("features"), srcs[0].columns)
     _check_inputs(cache, srcs, names)
     read_cols = required_columns(names, srcs[0].columns)
-    previous = {"fingerprint": b["fingerprint"], "bars": cache.n_bars, "appends": len(m.get("appends", []))}
+    previous = {"fingerprint": b["fingerprint"], "bars": cache.n_bars, "appends": m.get("appends", 0)}
     wanted = fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
@@ -249,10 +258,9 @@ def append_cache(
         if not plan.new_bars:
             raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
         _stage_copy(cache, staging)
-        writer = CacheWriter(staging.cache_path, n_bars=cache.n_bars + plan.new_bars, feature_names=names,
-                             shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows,
-                             storage_options=storage_options, create=False, region_rows=cache.region_rows,
-                             segments=plan.segments, n_regions=len(plan.symbols))
+        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=plan.bars_per_symbol,
+                             shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
+                             storage_options=storage_options, create=False)
         frozen = m.get("stats")
         ids, first_rows, counts = plan.clusters
         layout = Layout(staging.root, ids, first_rows, counts, plan.segments,
@@ -264,21 +272,25 @@ def append_cache(
         new_digests = run(write_shard, [(layout, s) for s in plan.touched], "write", desc="write shards",
                           unit="shard")
         staging.written = True
-        manifest = _manifest(cache, plan, merged, scanned, described, writer, new_digests, stats, wanted,
-                             stored_bytes(staging.cache_path, storage_options), time.perf_counter() - t0)
-        writer.finish(plan.segments, plan.segment_split, manifest)
+        manifest = _manifest(cache, plan, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
+        writer.write_object("sources", [*(cache.read_json("sources") or []), *described])
+        writer.write_object("appends", [*(cache.read_json("appends") or []), {
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "inputs": len(described), "bars": plan.new_bars, "stats": stats, "fingerprint": digest(wanted),
+            "shards_rewritten": len(plan.kept), "shards_written": len(plan.touched) - len(plan.kept),
+            "elapsed_s": round(time.perf_counter() - t0, 3),
+        }])
+        writer.finish(plan.segments, plan.segment_split, manifest, dict(zip(plan.touched, new_digests)),
+                      symbols=plan.grown)
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
 
 
-def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, described: list[dict],
-              writer: CacheWriter, new_digests: list[str], stats: str, wanted: dict, stored: int,
-              elapsed: float) -> dict:
-    """The old manifest with the appended bars, segments, shards and inputs counted in."""
+def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, writer: CacheWriter,
+              stored: int) -> dict:
+    """The old manifest with the appended bars, segments and shards counted in."""
     m = cache.manifest
-    digests = dict(zip(cache.shard_table[:, 0].tolist(), m["layout"]["digests"]))
-    digests.update(zip(plan.touched, new_digests))
     names = m["splits"]["names"]
     counts = m["counts"]
     dropped = Counter(counts.get("dropped", {})) + Counter(scanned.drops)
@@ -295,7 +307,6 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
         "symbols": plan.symbols,
         "splits": {**m["splits"], "bars": {n: int(np.diff(plan.segments[plan.segment_split == i, 1:], axis=1).sum())
                                            for i, n in enumerate(names)}},
-        "sources": [*m["sources"], *described],
         "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in kept}},
         "counts": {
             **counts,
@@ -309,14 +320,8 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, des
             "windows": {**w, "count": valid_ranges(view, w["seq_len"], w["horizon"], 1, None).total()},
         },
         "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
-        "layout": {**m["layout"], "shards": len(writer.table),
-                   "digests": [digests[s] for s in writer.table[:, 0].tolist()]},
-        "appends": [*m.get("appends", []), {
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "inputs": len(described), "bars": plan.new_bars, "stats": stats, "fingerprint": digest(wanted),
-            "shards_rewritten": len(plan.kept), "shards_written": len(plan.touched) - len(plan.kept),
-            "elapsed_s": round(elapsed, 3),
-        }],
+        "layout": {**m["layout"], "shards": writer.n_shards},
+        "appends": m.get("appends", 0) + 1,  # how many; their records are in appends.json
     }
 
 

@@ -224,9 +224,10 @@ def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
 
 # -- the build -------------------------------------------------------------------------------
 def stored_bytes(url: str, storage_options: dict | None) -> int:
-    """Bytes stored under a cache's ``symbols`` groups (shard objects and metadata)."""
+    """Bytes of every symbol's ``features`` shard objects (what the compression ratio is about)."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return int(fs.du(path.rstrip("/") + "/symbols"))
+    found = fs.find(path.rstrip("/") + "/symbols", detail=True)
+    return int(sum(d["size"] for p, d in found.items() if "/features/c/" in p))
 
 
 def _resolve_max_gap(max_gap: str | int | None, bar_ns: int | None) -> int:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,7 +203,7 @@ class Cache:
         try:
             local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
         except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
-            raise CacheError(f"{self.url}: the segment index (segments) is damaged: "
+            raise CacheError(f"{self.url}: the segment table (segments) is damaged: "
                              f"{_one_line(exc)}; rebuild the cache") from None
         self.local_segments = local
         sym = local[:, 0]
@@ -487,9 +488,14 @@ class CacheWriter:
         return self._group
 
     def _release(self, key: str) -> None:
-        """Remove a local object before it is rewritten (it may be a hard link into another cache)."""
+        """Remove a local object (or folder of them) before it is rewritten: it may be a hard link
+        into another cache, which must not change."""
         path = _local_file(self.url, key)
-        if path is not None:
+        if path is None:
+            return
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -580,8 +586,7 @@ class CacheWriter:
 
     def _write_small(self, g: zarr.Group, prefix: str, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
         """(Re)create a small one-chunk array."""
-        for key in ("zarr.json", "c/0", "c/0/0"):
-            self._release(f"{prefix}/{name}/{key}".lstrip("/"))
+        self._release(f"{prefix}/{name}".lstrip("/"))
         arr = g.create_array(name, shape=data.shape, dtype=data.dtype, chunks=tuple(max(1, n) for n in data.shape),
                              compressors=compressors("zstd"), fill_value=0, overwrite=True, dimension_names=dims)
         if data.size:

@@ -121,23 +121,29 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
                                                     f"{cache.shard_rows}"))
     if t.chunks[0] != cache.shard_rows:
         problems.append(Problem(f"{path}/time", f"chunks of {t.chunks[0]} rows, manifest says {cache.shard_rows}"))
+    index = cache.local_segments[cache.local_segments[:, 0] == i]
+    sym = cache.symbols[i]
+    if not len(index) or index[0, 1] != 0 or index[-1, 2] != n:
+        problems.append(Problem("segments", f"{sym}'s segments do not cover its rows 0-{n}"))
+    gaps = np.flatnonzero(index[1:, 1] != index[:-1, 2])
+    if len(gaps):
+        problems.append(Problem("segments", f"{len(gaps)} gap(s) or overlap(s) in {sym}'s rows, first after row "
+                                            f"{int(index[gaps[0], 2])}"))
+    empty = np.flatnonzero(index[:, 2] <= index[:, 1])
+    if len(empty):
+        problems.append(Problem("segments", f"{len(empty)} empty or reversed segment(s) of {sym}, first at row "
+                                            f"{int(index[empty[0], 1])}"))
+    if len(index) and (index[:, 3].min() < 0 or index[:, 3].max() >= len(cache.split_names)):
+        problems.append(Problem("segments", f"split ids outside 0-{len(cache.split_names) - 1}"))
     try:
         table = np.stack([np.asarray(cache.array(i, name)[...], dtype=np.int64)
                           for name in ("segment_start", "segment_stop", "segment_split")], axis=1).reshape(-1, 3)
     except Exception as exc:  # missing or damaged
-        problems.append(Problem(f"{path}/segment_start", f"segment table unreadable ({_one_line(exc)})"))
-        table = None
-    if table is not None:
-        index = cache.local_segments[cache.local_segments[:, 0] == i, 1:]
-        if not np.array_equal(table, index):
+        problems.append(Problem(f"{path}/segment_start", f"unreadable ({_one_line(exc)})"))
+    else:
+        if not np.array_equal(table, index[:, 1:]):
             problems.append(Problem(f"{path}/segment_start", "the symbol's segment table differs from the root "
                                                              "segments index"))
-        if not len(table) or table[0, 0] != 0 or table[-1, 1] != n or np.any(table[1:, 0] != table[:-1, 1]):
-            problems.append(Problem(f"{path}/segment_start", f"segments do not tile rows 0-{n} in order"))
-        if np.any(table[:, 1] <= table[:, 0]):
-            problems.append(Problem(f"{path}/segment_start", "empty or reversed segment(s)"))
-        if len(table) and (table[:, 2].min() < 0 or table[:, 2].max() >= len(cache.split_names)):
-            problems.append(Problem(f"{path}/segment_split", f"split ids outside 0-{len(cache.split_names) - 1}"))
     digests = f.attrs.get("digests")
     expected = -(-n // cache.shard_rows)
     if digests is not None and len(digests) != expected:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +23,7 @@ from shardcache import append as append_mod
 from shardcache.append import append_cache
 from shardcache.builder import build_cache
 from shardcache.cli import build_cache_main, main
+from shardcache.index import valid_ranges
 from shardcache.sample import make_sample, write_dbn
 from shardcache.verify import compare_caches, verify_cache
 
@@ -35,15 +40,27 @@ def files(tmp_path_factory) -> list[Path]:
 
 
 def _shard_files(cache: Path) -> dict[str, tuple[int, int, bytes]]:
-    """Every shard object of ``features`` and ``ts``: inode, mtime and bytes."""
+    """Every shard object of every symbol's ``features`` and ``time``: inode, mtime and bytes."""
     out = {}
-    for array in ("features", "ts"):
-        for root, _, names in os.walk(cache / array / "c"):
-            for name in names:
-                path = os.path.join(root, name)
-                st = os.stat(path)
-                out[os.path.relpath(path, cache)] = (st.st_ino, st.st_mtime_ns, Path(path).read_bytes())
+    for group in sorted((cache / "symbols").iterdir()):
+        for array in ("features", "time"):
+            for root, _, names in os.walk(group / array / "c"):
+                for name in names:
+                    path = os.path.join(root, name)
+                    st = os.stat(path)
+                    out[os.path.relpath(path, cache)] = (st.st_ino, st.st_mtime_ns, Path(path).read_bytes())
     return out
+
+
+def _all_files(cache: Path) -> dict[str, bytes]:
+    """Every file of a cache (shards, metadata, JSON objects) and its bytes."""
+    return {os.path.relpath(os.path.join(root, n), cache): Path(root, n).read_bytes()
+            for root, _, names in os.walk(cache) for n in names}
+
+
+def n_windows(cache, seq_len: int) -> int:
+    """Valid windows of every split at ``seq_len``, horizon 1, stride 1."""
+    return valid_ranges(cache, seq_len, 1, 1, None).total()
 
 
 def _bars(path: Path, minutes: np.ndarray, symbol: str = "ESM4", start_px: float = 100.0) -> Path:
@@ -65,13 +82,16 @@ def test_two_appends_equal_one_build_at_once(files, tmp_path):
     whole = build_cache(files, tmp_path / "whole.zarr", stats_from=out, **OPTS)
     assert [d for d in compare_caches(appended, whole) if not d.startswith(BY_DESIGN)] == []
     a, w = appended.manifest, whole.manifest
-    for key in ("symbols", "stats", "splits", "counts", "bytes", "layout", "tails", "sources", "format_version"):
+    for key in ("symbols", "stats", "splits", "counts", "bytes", "layout", "tails", "format_version",
+                "bars_per_symbol", "groups"):
         assert a[key] == w[key], key
-    assert sum(x["bars"] for x in a["appends"]) == appended.n_bars - first.n_bars > 0
+    assert appended.read_json("sources") == whole.read_json("sources")
+    assert sum(x["bars"] for x in appended.read_json("appends")) == appended.n_bars - first.n_bars > 0
+    assert a["appends"] == 2 and "appends" not in w
     assert verify_cache(out).ok
-    assert appended.n_windows(60) == whole.n_windows(60) > first.n_windows(60)
+    assert n_windows(appended, 60) == n_windows(whole, 60) > n_windows(first, 60)
     with WindowStream(appended, seq_len=60, batch_size=4096, shuffle=False) as stream:
-        assert sum(len(x) for x, _ in stream) == appended.n_windows(60)
+        assert sum(len(x) for x, _ in stream) == n_windows(appended, 60)
     ds = WindowDataset(appended, seq_len=60)
     x, _ = ds[len(ds) - 1]
     np.testing.assert_array_equal(x.numpy(), WindowDataset(whole, seq_len=60)[len(ds) - 1][0].numpy())
@@ -88,14 +108,13 @@ def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):
     after_cache = append_cache(files[-1:], out, progress=False)
     after = _shard_files(out)
     changed = sorted(k for k in before if before[k] != after[k])
-    expected = sorted(f"{a}/c/{sh}" + ("/0" if a == "features" else "") for sh in partial.values()
-                      for a in ("features", "ts"))
+    expected = sorted(cache.shard_key(sh, a) for sh in partial.values() for a in ("features", "time"))
     assert changed == expected and len(partial) == len(cache.symbols)
     assert all(after[k][0] == before[k][0] for k in before if k not in changed)  # the same files, not copies
     new = set(after) - set(before)
-    per_region = cache.region_rows // cache.shard_rows
-    assert new and all(int(k.split("/")[2]) > last[int(k.split("/")[2]) // per_region] for k in new)
-    record = after_cache.manifest["appends"][-1]
+    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c/<local>...
+    assert new and all(int(k.split("/")[4]) > last_local[int(k.split("/")[1])] for k in new)
+    record = after_cache.read_json("appends")[-1]
     assert record["shards_rewritten"] == len(partial) and record["shards_written"] == len(new) // 2
     assert verify_cache(out).ok
 
@@ -108,9 +127,9 @@ def test_windows_across_the_boundary(tmp_path, gap, grows):
     b = _bars(tmp_path / "b.dbn", 200 + gap + np.arange(100), start_px=150.0)
     out = tmp_path / "c.zarr"
     opts = dict(normalize="none", progress=False, max_gap="1h")
-    before = build_cache([a], out, **opts).n_windows(60, 1)
+    before = n_windows(build_cache([a], out, **opts), 60)
     cache = append_cache([b], out, progress=False)
-    assert before == 200 - 61 + 1 and cache.n_windows(60, 1) == before + grows
+    assert before == 200 - 61 + 1 and n_windows(cache, 60) == before + grows
     assert len(cache.segments) == (1 if gap == 0 else 2)
     whole = build_cache([a, b], tmp_path / "w.zarr", **opts)
     np.testing.assert_array_equal(stored_rows(cache)[0], stored_rows(whole)[0])  # log_return at the seam too
@@ -124,16 +143,15 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     cache = append_cache([_bars(tmp_path / "b.dbn", 150 + np.arange(150), "NQM4"),
                           _bars(tmp_path / "c.dbn", 150 + np.arange(10), "TINY")], out, progress=False)
     assert cache.symbols == ["ESM4", "NQM4"] and cache.manifest["counts"]["skipped_symbols"] == {"TINY": 10}
-    assert cache.features.shape[0] == 2 * cache.region_rows and cache.segments[-1, 1] == cache.region_rows
-    assert verify_cache(out).ok and cache.n_windows(60) == 2 * (150 - 61 + 1)
+    assert cache.manifest["groups"] == ["symbols/0", "symbols/1"] and cache.manifest["bars_per_symbol"] == [150, 150]
+    assert cache.array(1, "features").shape == (150, cache.n_features) and cache.segments[-1, 1] == cache.bases[1]
+    assert verify_cache(out).ok and n_windows(cache, 60) == 2 * (150 - 61 + 1)
     assert main(["ls", str(out)]) == 0
-    assert f"features/c/{cache.region_rows // cache.shard_rows}/0" in capsys.readouterr().out  # NQM4's first
+    assert "symbols/1/features/c/0/0" in capsys.readouterr().out  # NQM4's first
     xr = pytest.importorskip("xarray")
-    ds = cache.to_xarray()  # the stored rows only, labelled
-    assert isinstance(ds, xr.Dataset) and ds.features.shape == (300, cache.n_features)
-    assert list(ds.symbol.values) == ["ESM4"] * 150 + ["NQM4"] * 150
-    assert int(ds.cache_row[150]) == cache.region_rows
-    np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0])
+    ds = xr.open_zarr(out, group="symbols/1", consolidated=False)  # the new symbol, as plain xarray sees it
+    assert ds.features.dims == ("time", "feature") and ds.features.shape == (150, cache.n_features)
+    np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0][150:])
 
 
 def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
@@ -146,10 +164,13 @@ def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
         append_cache(files[5:6], tmp_path / "junk")
     with pytest.raises(ShardcacheError, match=rf"{files[4].name}: \w+ bars from .* are not after the cache's last"):
         append_cache(files[4:6], out, progress=False)  # files[4] is already in the cache
-    packed = tmp_path / "v1.zarr"
-    make_cache(packed, synthetic_bars(300, 2, n_symbols=1), shard_rows=64, chunk_rows=32)
-    with pytest.raises(CacheError, match="format-1 cache .* cannot grow in place; rebuild"):
-        append_cache(files[5:6], packed)
+    old = tmp_path / "v2.zarr"
+    make_cache(old, synthetic_bars(300, 2, n_symbols=1), shard_rows=64, chunk_rows=32)
+    meta = json.loads((old / "zarr.json").read_text())
+    meta["attributes"]["shardcache"]["format_version"] = 2
+    (old / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(CacheError, match="v2.zarr: cache format 2 is no longer read; rebuild it with build-cache$"):
+        append_cache(files[5:6], old)
     close = 100.0 + np.arange(50, dtype=np.float64)
     recs = {"ts_event": T0 + 10**15 + 3600 * 10**9 * np.arange(50), "instrument_id": np.full(50, 7), "open": close,
             "high": close + 1, "low": close - 1, "close": close, "volume": np.ones(50)}
@@ -190,7 +211,7 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
     rebuilt = open_cache(out)
     whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "workers": None})
     assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
-    assert "appends" not in rebuilt.manifest and len(rebuilt.manifest["sources"]) == len(files)
+    assert "appends" not in rebuilt.manifest and len(rebuilt.read_json("sources")) == len(files)
 
 
 def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, monkeypatch):
@@ -228,7 +249,7 @@ def test_append_on_s3(files, tmp_path, s3_bucket):
     build_cache(files[:10], local, **OPTS)
     append_cache(files[10:], local, progress=False)
     differ = [d for d in compare_caches(local, cache, options)
-              if not d.startswith((*BY_DESIGN, "manifest['sources']", "manifest['bytes']"))]
+              if not d.startswith((*BY_DESIGN, "sources.json", "manifest['bytes']"))]
     assert differ == []
     assert verify_cache(url, options).ok
 
@@ -263,4 +284,47 @@ def test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes(point, files, t
         build_cache(files, out, **OPTS)  # a build of the same --out is told about the staged append
     resumed = append_cache(files[10:], out, resume=True, progress=False)
     assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
+    assert verify_cache(out).ok and not Path(f"{out}.staging").exists()
+
+
+def _append_cmd(files: list[Path], out: Path) -> list[str]:
+    code = "import sys; from shardcache.cli import build_cache_main; sys.exit(build_cache_main(sys.argv[1:]))"
+    return [sys.executable, "-c", code, *map(str, files), "--append", "--resume", "--out", str(out), "-q",
+            "--workers", "1"]
+
+
+@pytest.mark.slow
+def test_append_killed_at_random_points_never_changes_a_file_of_the_cache(files, tmp_path):
+    """A real ``build-cache --append`` process, SIGKILLed at random times: while it runs and after
+    it dies every file of the original cache (shards, metadata, JSON objects) keeps its bytes; then
+    ``--append --resume`` finishes it, equal to an append that was never interrupted."""
+    out, want, orig = tmp_path / "c.zarr", tmp_path / "want.zarr", tmp_path / "orig.zarr"
+    build_cache(files[:10], out, **OPTS)
+    shutil.copytree(out, want)
+    shutil.copytree(out, orig)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    t0 = time.perf_counter()
+    quiet = dict(env=env, timeout=300, stdout=subprocess.DEVNULL)
+    assert subprocess.run(_append_cmd(files[10:], want), **quiet).returncode == 0
+    took = time.perf_counter() - t0
+    staged = 0
+    before = _all_files(out)
+    rng = np.random.default_rng(11)
+    for kill_at in rng.uniform(0.3, 0.95, 4) * took:
+        proc = subprocess.Popen(_append_cmd(files[10:], out), env=env, stdout=subprocess.DEVNULL)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < kill_at and proc.poll() is None:
+            assert _all_files(out) == before  # during the append
+            time.sleep(0.05)
+        if proc.poll() is not None:  # it finished before the kill: start again from the original cache
+            shutil.rmtree(out)
+            shutil.copytree(orig, out)
+            continue
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert _all_files(out) == before, f"killed after {kill_at:.2f} s of {took:.2f} s"
+        staged += Path(f"{out}.staging").exists()
+    assert staged  # at least one kill left a staged, unfinished append for --resume to pick up
+    assert subprocess.run(_append_cmd(files[10:], out), **quiet).returncode == 0
+    assert [d for d in compare_caches(want, out) if not d.startswith(BY_DESIGN)] == []
     assert verify_cache(out).ok and not Path(f"{out}.staging").exists()

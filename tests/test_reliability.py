@@ -204,7 +204,7 @@ def test_a_second_build_of_the_same_output_is_refused_while_one_runs(files, tmp_
 
 # -- incomplete caches ----------------------------------------------------------------------
 def _incomplete(out: Path) -> None:
-    writer = CacheWriter(out, n_bars=100, feature_names=["a"], shard_rows=64, chunk_rows=32)
+    writer = CacheWriter(out, feature_names=["a"], bars_per_symbol=[100], shard_rows=64, chunk_rows=32)
     writer.write_shard(0, np.ones((64, 1)), np.arange(64))
 
 

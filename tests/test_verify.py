@@ -55,53 +55,53 @@ def test_a_sound_cache_verifies(cache, capsys):
 
 
 def test_flipped_bytes_are_named_by_verify_and_raised_by_readers(cache, capsys):
-    flip(cache / "features" / "c" / "3" / "0", 0.5)
-    flip(cache / "features" / "c" / "1" / "0", 0.999)  # in the shard index
-    flip(cache / "ts" / "c" / "2", 0.5)
+    flip(cache / "symbols" / "0" / "features" / "c" / "3" / "0", 0.5)
+    flip(cache / "symbols" / "0" / "features" / "c" / "1" / "0", 0.999)  # in the shard index
+    flip(cache / "symbols" / "0" / "time" / "c" / "2", 0.5)
     code, out = run_verify(capsys, cache)
     lines = out.strip().splitlines()
     assert code == 1
-    assert lines[0].startswith("features/c/1/0: corrupt (crc32c checksum mismatch")
-    assert lines[1].startswith("ts/c/2: corrupt") and lines[2].startswith("features/c/3/0: corrupt")
+    assert lines[0].startswith("symbols/0/features/c/1/0: corrupt (crc32c checksum mismatch")
+    assert lines[1].startswith("symbols/0/time/c/2: corrupt") and lines[2].startswith("symbols/0/features/c/3/0: corrupt")
     assert "3 bad shard(s)" in lines[-1]
-    assert verify_cache(cache).bad_shards == ["features/c/1/0", "features/c/3/0", "ts/c/2"]
+    assert verify_cache(cache).bad_shards == ["symbols/0/features/c/1/0", "symbols/0/features/c/3/0", "symbols/0/time/c/2"]
 
     c = open_cache(cache)
-    with pytest.raises(CacheError, match=r"shard 1 \(features/c/1/0\) is corrupt: crc32c checksum mismatch"):
-        c.read_rows(0, c.n_bars)  # one read over all shards names the first that fails
-    with pytest.raises(CacheError, match=r"shard 3 \(features/c/3/0\) is corrupt"):
+    with pytest.raises(CacheError, match=r"shard 1 \(symbols/0/features/c/1/0\) is corrupt: crc32c checksum mismatch"):
+        c.read_rows(0, c.region_stop(0))  # one read over all of symbol 0's shards names the first that fails
+    with pytest.raises(CacheError, match=r"shard 3 \(symbols/0/features/c/3/0\) is corrupt"):
         c.read_rows(3 * SHARD - 10, 4 * SHARD)
     assert np.isfinite(c.read_rows(0, SHARD)).all()  # sound shards still read
-    with pytest.raises(CacheError, match=r"features/c/[13]/0\) is corrupt"):
+    with pytest.raises(CacheError, match=r"symbols/0/features/c/[13]/0\) is corrupt"):
         for _ in WindowStream(c, seq_len=30, batch_size=512, shuffle=False):
             pass
     ds = WindowDataset(c, seq_len=30)
-    with pytest.raises(CacheError, match=r"features/c/3/0"):
+    with pytest.raises(CacheError, match=r"symbols/0/features/c/3/0"):
         ds[int(np.searchsorted([ds.row(i) for i in range(0, len(ds), 10)], 3 * SHARD + 100)) * 10]
 
 
 def test_missing_and_truncated_shards(cache, capsys):
-    (cache / "features" / "c" / "2" / "0").unlink()
-    (cache / "ts" / "c" / "4").unlink()
-    shard5 = cache / "features" / "c" / "5" / "0"
+    (cache / "symbols" / "0" / "features" / "c" / "2" / "0").unlink()
+    (cache / "symbols" / "0" / "time" / "c" / "4").unlink()
+    shard5 = cache / "symbols" / "0" / "features" / "c" / "5" / "0"
     shard5.write_bytes(shard5.read_bytes()[:1000])
     code, out = run_verify(capsys, cache)
     assert code == 1
-    assert "features/c/2/0: missing" in out and "ts/c/4: missing" in out and "features/c/5/0: corrupt" in out
+    assert "symbols/0/features/c/2/0: missing" in out and "symbols/0/time/c/4: missing" in out and "symbols/0/features/c/5/0: corrupt" in out
     c = open_cache(cache)
-    with pytest.raises(CacheError, match=r"shard 2 \(features/c/2/0\) is missing"):
+    with pytest.raises(CacheError, match=r"shard 2 \(symbols/0/features/c/2/0\) is missing"):
         c.read_rows(2 * SHARD + 5, 2 * SHARD + 50)  # zarr alone would return NaN here
-    with pytest.raises(CacheError, match="features/c/2/0"):
+    with pytest.raises(CacheError, match="symbols/0/features/c/2/0"):
         WindowDataset(c, seq_len=30)[int(2.2 * SHARD)]
 
 
 def test_rewritten_rows_fail_their_digest(cache, capsys):
     group = zarr.open_group(str(cache), mode="r+")
-    rows = group["features"][6 * SHARD : 7 * SHARD]
+    rows = group["symbols/0/features"][6 * SHARD : 7 * SHARD]
     rows[17, 2] += 1e-3  # valid bytes and checksums, wrong data
-    group["features"][6 * SHARD : 7 * SHARD] = rows
+    group["symbols/0/features"][6 * SHARD : 7 * SHARD] = rows
     code, out = run_verify(capsys, cache)
-    assert code == 1 and out.startswith("features/c/6/0: rows differ from the digest recorded at build time")
+    assert code == 1 and out.startswith("symbols/0/features/c/6/0: rows differ from the digest recorded at build time")
 
 
 def test_timestamps_and_segment_table(cache, capsys):
@@ -109,19 +109,20 @@ def test_timestamps_and_segment_table(cache, capsys):
     c = open_cache(cache)
     seg = c.segments.copy()
     inside = int(seg[np.argmax(seg[:, 2] - seg[:, 1]), 1]) + 5  # a row in the middle of a long segment
-    ts = group["ts"][inside - 1 : inside + 1]
-    group["ts"][inside - 1 : inside + 1] = ts[::-1]
-    seg[3, 2] -= 1  # a one-row gap between segments 3 and 4
-    group["segments"][...] = seg
-    split = c.segment_split.copy()
-    split[0] = 7
-    group["segment_split"][...] = split
+    times = group["symbols/0/time"]  # symbol 0's virtual rows are its own rows
+    ts = times[inside - 1 : inside + 1]
+    times[inside - 1 : inside + 1] = ts[::-1]
+    index = group["segments"][...]  # the root segment index: symbol, start, stop, split
+    index[3, 2] -= 1  # a one-row gap between segments 3 and 4
+    index[0, 3] = 7
+    group["segments"][...] = index
     report = verify_cache(cache)
     text = [str(p) for p in report.problems]
     shard = (inside - 1) // SHARD
-    assert any(t.startswith(f"ts/c/{shard}: timestamps not increasing") and f"row {inside}" in t for t in text), text
+    assert any(t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t for t in text), text
     assert any(t.startswith("segments: 1 gap(s) or overlap(s)") for t in text), text
-    assert "segment_split: split ids outside 0-2" in text
+    assert "segments: split ids outside 0-2" in text
+    assert "symbols/0/segment_start: the symbol's segment table differs from the root segments index" in text
     assert run_verify(capsys, cache)[0] == 1
 
 
@@ -135,5 +136,5 @@ def test_damaged_segment_table_cannot_be_opened(cache, capsys):
 def test_compare_caches(built, cache):
     assert compare_caches(built, cache) == []
     group = zarr.open_group(str(cache), mode="r+")
-    group["features"][5, 0] = 0.0
-    assert compare_caches(built, cache) == ["features/c/0/0 differs"]
+    group["symbols/0/features"][5, 0] = 0.0
+    assert compare_caches(built, cache) == ["symbols/0/features/c/0/0 differs"]

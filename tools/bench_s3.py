@@ -6,8 +6,9 @@ the machine), uploads the cache with s3fs and measures, for the local copy and t
 * **open**: ``open_cache`` (manifest and segment table);
 * **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder, one
   request per shard), as a stream decodes its blocks when ``prefetch=0``;
-* **zarr, one call per symbol**: ``features[a:b]`` over each symbol's rows, where zarr fetches
-  the shards concurrently, up to ``zarr.config["async.concurrency"]`` (default 10) at a time;
+* **zarr, one call per symbol**: ``symbols/<i>/features[...]``, each symbol's whole array, where
+  zarr fetches the shards concurrently, up to ``zarr.config["async.concurrency"]`` (default 10)
+  at a time;
 * **stream**: one epoch of ``WindowStream`` (``--seq-len``, ``--batch-size``) with 0 and 2
   DataLoader workers (each worker has its own reader thread), in windows/s.
 
@@ -107,29 +108,17 @@ def _stream(cache: Cache, workers: int, seq_len: int, batch_size: int) -> tuple[
         return first or 0.0, n
 
 
-def _regions(table: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal runs of consecutive stored rows (one per symbol in a format-2 cache) from the shard table."""
-    out: list[tuple[int, int]] = []
-    for _, a, b in table.tolist():
-        if out and out[-1][1] == a:
-            out[-1] = (out[-1][0], b)
-        else:
-            out.append((a, b))
-    return out
-
-
 def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto | None) -> dict[str, str]:
     """One column of the table: every measurement for the cache at ``url``, best of ``--repeat``."""
-    prefix = url.split("://", 1)[-1] + "/features/"
+    prefix = url.split("://", 1)[-1] + "/symbols/"
     count = (lambda: moto.requests(prefix)) if moto else (lambda: 0)
     t_open, cache = _best(lambda: open_cache(url, options), args.repeat)
     raw, n_reads = cache.n_bars * cache.n_features * 4, args.repeat * cache.n_shards
     row = {"open (ms)": f"{t_open * 1000:.0f}"}
-    regions = [(int(a), int(b)) for a, b in _regions(cache.shard_table)]
     reads = {
         "shard by shard": lambda: [cache.read_rows(a, b) for _, a, b in cache.shard_table.tolist()],
         f"zarr, one call per symbol, async.concurrency={zarr.config.get('async.concurrency')}":
-            lambda: [np.asarray(cache.features[a:b]) for a, b in regions],
+            lambda: [np.asarray(cache.array(i, "features")[...]) for i in range(len(cache.symbols))],
     }
     for name, fn in reads.items():
         c0 = count()
