@@ -14,7 +14,7 @@ Prints a markdown table, one column per layout and store, and the many/few ratio
 
 Usage::
 
-    python tools/bench_symbols.py [--bars 600000] [--many 2000] [--few 4] [--features 16] [--no-s3]
+    python tools/bench_symbols.py [--bars 600000] [--many 2000] [--few 4] [--features 16] [--stores local,s3]
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--many", type=int, default=2000, help="symbols of the many-symbols layout")
     parser.add_argument("--few", type=int, default=4, help="symbols of the few-symbols layout")
     parser.add_argument("--features", type=int, default=16)
-    parser.add_argument("--no-s3", action="store_true", help="local disk only")
+    parser.add_argument("--stores", default="local,s3", help="comma-separated: local, s3 (a moto server)")
     args = parser.parse_args(argv)
 
     from shardcache.sample import make_sample_parquet
@@ -136,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
             files = make_sample_parquet(folder, n_bars=args.bars, n_features=args.features,
                                         symbols=[f"S{i:05d}" for i in range(n)])
             layouts[name] = (str(files[0]), n)
-        moto = None if args.no_s3 else Moto()
+        stores = set(args.stores.split(","))
+        moto = Moto() if "s3" in stores else None
         try:
             for name, (src, n) in layouts.items():
                 label = f"{n:,} x {args.bars // n:,}"
-                columns[f"{label}, local"] = measure(src, os.path.join(work, f"{name}.zarr"), None, env)
+                if "local" in stores:
+                    columns[f"{label}, local"] = measure(src, os.path.join(work, f"{name}.zarr"), None, env)
                 if moto:
                     import s3fs
 
@@ -153,17 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = list(columns[names[0]])
     print(f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; "
           f"ratio = many / few (same store)\n")
-    print("| | " + " | ".join(names) + " | ratio local | " + ("ratio S3 |" if len(names) > 2 else ""))
-    print("|---" * (len(names) + 1 + (2 if len(names) > 2 else 1)) + "|")
+    per_layout = len(names) // 2  # columns are many (each store), then few (each store)
+    stores_shown = [n.split(", ", 1)[1] for n in names[:per_layout]]
+    print("| | " + " | ".join(names) + " | " + " | ".join(f"ratio {s}" for s in stores_shown) + " |")
+    print("|---" * (len(names) + 1 + per_layout) + "|")
     for row in rows:
         values = [columns[c][row] for c in names]
-        cells = " | ".join(values)
         ratios = []
-        pairs = [(0, 2), (1, 3)] if len(names) > 2 else [(0, 1)]
-        for a, b in pairs:
-            x, y = (float(values[k].replace(",", "")) for k in (a, b))
+        for k in range(per_layout):
+            x, y = (float(values[j].replace(",", "")) for j in (k, k + per_layout))
             ratios.append(f"{x / y:.2f}" if y else "-")
-        print(f"| {row} | {cells} | " + " | ".join(ratios) + " |")
+        print(f"| {row} | " + " | ".join(values) + " | " + " | ".join(ratios) + " |")
     return 0
 
 
