@@ -169,7 +169,7 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "shards": int(_shard_counts(cache).sum()),
         "features": cache.feature_names,
         "stats": cache.stats,
-        "normalize": build.get("normalize", m.get("normalize")),
+        "normalize": m.get("normalize", build.get("normalize")),
         "splits": m["splits"],
         "seq_len": seq_len,
         "horizon": horizon,
