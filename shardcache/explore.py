@@ -118,8 +118,12 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
 
         async def one(i: int) -> np.ndarray:
             async with limit:
-                arr = await root.getitem(f"{groups[i]}/time")
-                return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
+                try:
+                    arr = await root.getitem(f"{groups[i]}/time")
+                    return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
+                except Exception as exc:  # a missing key, a damaged chunk (codecs raise several types)
+                    raise CacheError(f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
+                                     "`shardcache verify` lists the damage; rebuild the cache") from None
 
         return await asyncio.gather(*(one(i) for i in ids.tolist()))
 

@@ -189,3 +189,15 @@ def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_pat
     assert info(open_cache(url, options))["windows_per_split"] == info(cache_path)["windows_per_split"]
     ds = open_symbol(open_cache(url, options), "BRK/B")
     np.testing.assert_array_equal(ds.features.values, source["BRK/B"].values)
+
+
+def test_ls_names_a_damaged_time_array_in_one_line(cache_path, tmp_path, capsys):
+    broken = str(tmp_path / "broken.zarr")
+    shutil.copytree(cache_path, broken)
+    group = open_cache(broken).manifest["groups"][1]
+    with open(os.path.join(broken, *group.split("/"), "time", "c", "0"), "wb") as fh:
+        fh.write(b"not zstd")
+    assert main(["ls", broken]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"shardcache: error: {broken}: {group}/time cannot be read (")
+    assert err[0].endswith("`shardcache verify` lists the damage; rebuild the cache")
