@@ -201,7 +201,7 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
 def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
     """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones."""
     b = cache.manifest["build"]
-    old = [s["path"] for s in cache.read_json("sources") or []]
+    old = [s["path"] for s in cache.history().get("sources", [])]
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
     if missing is not None:
@@ -273,13 +273,15 @@ def append_cache(
                           unit="shard")
         staging.written = True
         manifest = _manifest(cache, plan, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
-        writer.write_object("sources", [*(cache.read_json("sources") or []), *described])
-        writer.write_object("appends", [*(cache.read_json("appends") or []), {
+        record = {
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "inputs": len(described), "bars": plan.new_bars, "stats": stats, "fingerprint": digest(wanted),
             "shards_rewritten": len(plan.kept), "shards_written": len(plan.touched) - len(plan.kept),
             "elapsed_s": round(time.perf_counter() - t0, 3),
-        }])
+        }
+        history = cache.history()
+        writer.write_history({"sources": [*history.get("sources", []), *described],
+                              "appends": [*history.get("appends", []), record]})
         writer.finish(plan.segments, plan.segment_split, manifest, dict(zip(plan.touched, new_digests)),
                       symbols=plan.grown)
         staging.publish()
@@ -321,7 +323,7 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, wri
         },
         "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
         "layout": {**m["layout"], "shards": writer.n_shards},
-        "appends": m.get("appends", 0) + 1,  # how many; their records are in appends.json
+        "appends": m.get("appends", 0) + 1,  # how many; their records are in the history group
     }
 
 

@@ -391,8 +391,7 @@ def build_cache(
             "layout": {"codec": codec, "shards": len(shards)},
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
-        layout.writer.write_object("sources", sources_described)
-        layout.writer.write_object("appends", [])
+        layout.writer.write_history({"sources": sources_described, "appends": []})
         layout.writer.finish(layout.segments, layout.segment_split, manifest, dict(zip(shards, digests)))
         staging.publish()
         staging.remove()

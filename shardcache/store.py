@@ -10,7 +10,7 @@ Layout (readable with plain ``zarr`` and ``xarray``)::
         time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])
         feature   str (F,)          the feature names (an xarray coordinate)
         segment_start, segment_stop int64, segment_split int8 (S_i,): the symbol's segments
-      sources.json, appends.json  the inputs and the append history (not read to open a cache)
+      history/                  attrs: sources (the inputs), appends (one record per append); not read to open
 
 Every array is dense: row ``r`` of symbol ``i``'s arrays is its ``r``-th bar in time order. A
 segment is a maximal run of one symbol's bars with no gap above ``max_gap`` and inside one
@@ -27,14 +27,13 @@ one per symbol); per-symbol arrays are opened on first use.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
@@ -137,6 +136,24 @@ def spanned_shards(first: np.ndarray, last: np.ndarray, shard_rows: int) -> np.n
     a = np.asarray(first, dtype=np.int64) // shard_rows
     n = np.asarray(last, dtype=np.int64) // shard_rows - a + 1
     return np.unique(np.repeat(a, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+
+
+def _gather(coros: list[Any], limit: int = 64) -> None:
+    """Run ``coros`` on zarr's event loop, ``limit`` at a time (metadata writes of many symbols)."""
+    async def run() -> None:
+        gate = asyncio.Semaphore(limit)
+
+        async def one(c: Any) -> None:
+            async with gate:
+                await c
+
+        failed = [r for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    if coros:
+        sync(run())
 
 
 def _local_file(url: str, key: str) -> str | None:
@@ -334,15 +351,12 @@ class Cache:
         stop = np.minimum(start + self.shard_rows, self.bases[sym] + self.bars_per_symbol[sym])
         return np.stack([s, start, stop], axis=1)
 
-    def read_json(self, name: str) -> Any:
-        """The plain JSON object ``name`` (``sources``, ``appends``) stored beside the groups; None if absent."""
-        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
-        path = f"{root.rstrip('/')}/{name}.json"
+    def history(self) -> dict[str, Any]:
+        """The inputs (``sources``) and append records (``appends``) kept in the ``history`` group."""
         try:
-            with fs.open(path, "rb") as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
+            return dict(self.handles.group["history"].attrs)
+        except KeyError:
+            return {}
 
     # -- virtual rows ---------------------------------------------------------------------
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -354,13 +368,17 @@ class Cache:
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
         """Bar start times (int64 ns since the epoch) of virtual rows; reads and keeps the symbols' ``time``."""
         sym, local = self.locate(rows)
+        group = self.handles.group._async_group
+
+        async def load(i: int) -> None:  # the symbols' time arrays are read concurrently
+            arr = await group.getitem(f"{self.groups[i]}/time")
+            self._times[i] = np.asarray(await arr.getitem(...), dtype=np.int64)
+
+        _gather([load(i) for i in np.unique(sym).tolist() if i not in self._times])
         out = np.empty(sym.shape, dtype=np.int64)
         for i in np.unique(sym).tolist():
-            t = self._times.get(i)
-            if t is None:
-                t = self._times[i] = np.asarray(self.array(i, "time")[...], dtype=np.int64)
             pick = sym == i
-            out[pick] = t[local[pick]]
+            out[pick] = self._times[i][local[pick]]
         return out
 
     def region_stop(self, row: int) -> int:
@@ -502,34 +520,43 @@ class CacheWriter:
                 pass
 
     def _ensure_symbols(self) -> None:
-        """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only)."""
-        root = self.root
-        have = set(root["symbols"].group_keys()) if "symbols" in root else set()
-        for i, n in enumerate(self.bars_per_symbol.tolist()):
-            path = group_path(i)
-            if path.split("/")[1] not in have:
-                self._create_symbol(root, path, int(n))
-                continue
-            for name, shape in (("features", (n, self.n_features)), ("time", (n,))):
-                arr = self._array(i, name)
-                if arr.shape[0] < n:
-                    self._release(f"{path}/{name}/zarr.json")
-                    arr.resize(shape)
+        """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only).
 
-    def _create_symbol(self, root: zarr.Group, path: str, n: int) -> None:
-        g = root.require_group(path)
-        g.create_array(
-            "features", shape=(n, self.n_features), dtype="float32",
-            chunks=(self.chunk_rows, max(self.n_features, 1)), shards=(self.shard_rows, max(self.n_features, 1)),
-            compressors=compressors(self.codec), fill_value=np.nan, dimension_names=("time", "feature"),
+        Thousands of symbols mean thousands of small metadata objects: they are written
+        concurrently on zarr's event loop (``_gather``; one PUT each on an object store).
+        """
+        symbols = self.root.require_group("symbols")
+        have = set(symbols.group_keys())
+        sizes = list(enumerate(self.bars_per_symbol.tolist()))
+        grow = [(i, n) for i, n in sizes if str(i) in have]
+        _gather([self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
+                + [self._agrow(symbols._async_group, i, n) for i, n in grow])
+
+    async def _acreate_symbol(self, symbols: Any, name: str, n: int) -> None:
+        g = await symbols.require_group(name)
+        f = max(self.n_features, 1)
+        await asyncio.gather(
+            g.create_array("features", shape=(n, self.n_features), dtype="float32", chunks=(self.chunk_rows, f),
+                           shards=(self.shard_rows, f), compressors=compressors(self.codec), fill_value=np.nan,
+                           dimension_names=("time", "feature")),
+            g.create_array("time", shape=(n,), dtype="int64", chunks=(self.shard_rows,),
+                           compressors=compressors("zstd"), fill_value=0, dimension_names=("time",),
+                           attributes=dict(TIME_ATTRS)),
+            self._anames(g, f),
         )
-        g.create_array("time", shape=(n,), dtype="int64", chunks=(self.shard_rows,),
-                       compressors=compressors("zstd"), fill_value=0, dimension_names=("time",),
-                       attributes=dict(TIME_ATTRS))
-        names = g.create_array("feature", shape=(self.n_features,), dtype=str, chunks=(max(self.n_features, 1),),
-                               dimension_names=("feature",))
+
+    async def _anames(self, g: Any, f: int) -> None:
+        names = await g.create_array("feature", shape=(self.n_features,), dtype=str, chunks=(f,),
+                                     dimension_names=("feature",))
         if self.n_features:
-            names[...] = np.asarray(self.feature_names, dtype=str)
+            await names.setitem(..., np.asarray(self.feature_names, dtype=str))
+
+    async def _agrow(self, symbols: Any, i: int, n: int) -> None:
+        for array, shape in (("features", (n, self.n_features)), ("time", (n,))):
+            arr = await symbols.getitem(f"{i}/{array}")
+            if arr.shape[0] < n:
+                self._release(f"{group_path(i)}/{array}/zarr.json")  # rewritten from the copy in memory
+                await arr.resize(shape)
 
     def _array(self, i: int, name: str) -> zarr.Array:
         arr = self._arrays.get((i, name))
@@ -584,19 +611,19 @@ class CacheWriter:
         times[a:b] = np.asarray(ts, dtype=np.int64)
         return shard_digest(block)
 
-    def _write_small(self, g: zarr.Group, prefix: str, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
-        """(Re)create a small one-chunk array."""
-        self._release(f"{prefix}/{name}".lstrip("/"))
-        arr = g.create_array(name, shape=data.shape, dtype=data.dtype, chunks=tuple(max(1, n) for n in data.shape),
-                             compressors=compressors("zstd"), fill_value=0, overwrite=True, dimension_names=dims)
+    async def _asmall(self, g: Any, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
+        """(Re)create a small one-chunk array (its old objects already released)."""
+        arr = await g.create_array(name, shape=data.shape, dtype=data.dtype,
+                                   chunks=tuple(max(1, n) for n in data.shape), compressors=compressors("zstd"),
+                                   fill_value=0, overwrite=True, dimension_names=dims)
         if data.size:
-            arr[...] = data
+            await arr.setitem(..., data)
 
-    def write_object(self, name: str, obj: Any) -> None:
-        """Store the plain JSON object ``name.json`` beside the groups (sources, appends)."""
-        self._release(f"{name}.json")
-        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
-        fs.pipe(f"{root.rstrip('/')}/{name}.json", json.dumps(obj).encode())
+    def write_history(self, history: dict[str, Any]) -> None:
+        """Store the inputs and append records (``{"sources": [...], "appends": [...]}``) as the
+        attributes of the ``history`` group: out of the manifest, and not read to open the cache."""
+        self._release("history/zarr.json")
+        self.root.require_group("history").attrs.update(history)
 
     def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: dict, digests: dict[int, str],
                symbols: Any = None) -> None:
@@ -617,19 +644,26 @@ class CacheWriter:
         root = self.root
         todo = range(len(self.bars_per_symbol)) if symbols is None else sorted(set(int(s) for s in symbols))
         for i in todo:
-            path = group_path(i)
-            g = root[path]
+            for name in _SEGMENT_ARRAYS:
+                self._release(f"{group_path(i)}/{name}")
+        self._release("segments")
+        groups = root.require_group("symbols")._async_group
+
+        async def one(i: int) -> None:
+            g = await groups.getitem(str(i))
             mine = local[bounds[i]:bounds[i + 1]]
             for name, col, dtype in zip(_SEGMENT_ARRAYS, (1, 2, 3), ("int64", "int64", "int8")):
-                self._write_small(g, path, name, mine[:, col].astype(dtype), ("segment",))
-            feats = self._array(i, "features")
+                await self._asmall(g, name, mine[:, col].astype(dtype), ("segment",))
+            feats = await g.getitem("features")
+            self._release(f"{group_path(i)}/features/zarr.json")  # rewritten from the copy in memory
             first = int(self.bases[i]) // self.shard_rows
             n_local = -(-int(self.bars_per_symbol[i]) // self.shard_rows)
             old = list(feats.attrs.get("digests") or [])
             old += [None] * (n_local - len(old))
-            self._release(f"{path}/features/zarr.json")
-            feats.attrs["digests"] = [digests.get(first + k, old[k]) for k in range(n_local)]
-        self._write_small(root, "", "segments", local.astype(np.int64), ("all_segments", "field"))
+            await feats.update_attributes({"digests": [digests.get(first + k, old[k]) for k in range(n_local)]})
+
+        _gather([one(i) for i in todo])
+        sync(self._asmall(root._async_group, "segments", local.astype(np.int64), ("all_segments", "field")))
         self._release("zarr.json")
         root.attrs[ATTR] = {
             **manifest,

@@ -216,8 +216,8 @@ def compare_caches(a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] 
     ma, mb = ({k: v for k, v in c.manifest.items() if k not in _VOLATILE} for c in (ca, cb))
     out += [f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb))
             if ma.get(k) != mb.get(k)]
-    if ca.read_json("sources") != cb.read_json("sources"):
-        out.append("sources.json differs")
+    if ca.history().get("sources") != cb.history().get("sources"):
+        out.append("history['sources'] differs")
     for name in ("segments", "segment_split", "bars_per_symbol"):
         if not np.array_equal(getattr(ca, name), getattr(cb, name)):
             out.append(f"{name} differ")

@@ -137,7 +137,7 @@ def test_cli_build_info_ls_verify_on_s3(sample, reference, s3_bucket, capsys):
     assert_same_cache(cache, reference)
     assert verify_cache(url, options).ok
     assert [s.missing for s in shards(cache)] == [False] * reference.n_shards
-    assert cache.read_json("sources")[0]["path"].startswith(f"{bucket}/dbn/")
+    assert cache.history()["sources"][0]["path"].startswith(f"{bucket}/dbn/")
 
 
 def test_parquet_inputs_from_s3(tmp_path, s3_bucket):

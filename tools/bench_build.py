@@ -146,7 +146,7 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     k = np.searchsorted(table[:, 1], cache_starts, side="right") - 1  # the same windows in the raw file
     np.save(starts, cache_starts - table[k, 1] + (np.cumsum(table[:, 2] - table[:, 1]) - (table[:, 2] - table[:, 1]))[k])
     return {"F": f, "cache": str(cache_path), "raw": str(raw), "starts": str(starts), "n_bars": cache.n_bars,
-            "n_windows": cache.n_windows(seq_len, horizon), "cache_bytes": dir_bytes(cache_path),
+            "n_windows": valid_ranges(cache, seq_len, horizon).total(), "cache_bytes": dir_bytes(cache_path),
             "raw_bytes": raw.stat().st_size}
 
 
@@ -199,6 +199,12 @@ def flat_verdict(results: list[BuildResult]) -> tuple[bool, str]:
     return ok, text
 
 
+def _zarr_rows(cache: Any, start: int, n: int) -> np.ndarray:
+    """Virtual rows ``[start, start + n)`` read with plain zarr from their symbol's ``features``."""
+    sym, local = (int(x[0]) for x in cache.locate(np.array([start])))
+    return np.asarray(cache.array(sym, "features")[local : local + n])
+
+
 def _median_ms(fn: Callable[[int], Any], shards: list[int]) -> float:
     """Median milliseconds of ``fn(shard)`` over two rounds of ``shards``, after one warm-up call."""
     fn(shards[0])
@@ -231,7 +237,7 @@ def read_probe(spec: dict) -> dict[str, Any]:
         firsts = [int(a) for (_, a, b), (_, c, _) in zip(table[:-1], table[1:]) if b - a == rows and c == b]
         firsts = firsts[: spec["shards"]]
         res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
-               "zarr_ms": _median_ms(lambda a: np.asarray(cache.features[a : a + rows]), firsts)}
+               "zarr_ms": _median_ms(lambda a: _zarr_rows(cache, a, rows), firsts)}
         if spec["full"]:
             res["read_rows_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows), firsts)
             batch = torch.randn(256, seq_len, f)
