@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -35,7 +36,7 @@ import json, sys, time
 from shardcache import build_cache
 src, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t0 = time.perf_counter()
-cache = build_cache(src, out, storage_options=options, progress=False)
+cache = build_cache(src, out, storage_options=options, progress=False, overwrite=True)
 print(json.dumps({"seconds": time.perf_counter() - t0, "bars": cache.n_bars, "symbols": len(cache.symbols)}))
 """
 
@@ -146,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 if moto:
                     import s3fs
 
-                    s3fs.S3FileSystem(**moto.options).mkdir(f"bench-{name}")
-                    columns[f"{label}, S3 (moto)"] = measure(src, f"s3://bench-{name}/c.zarr", moto.options, env)
+                    bucket = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+                    s3fs.S3FileSystem(**moto.options).mkdir(bucket)
+                    columns[f"{label}, S3 (moto)"] = measure(src, f"s3://{bucket}/c.zarr", moto.options, env)
+                for column in list(columns)[-len(stores):]:  # as they come: a later failure keeps them
+                    print(column, json.dumps(columns[column]), file=sys.stderr, flush=True)
         finally:
             if moto:
                 moto.stop()
