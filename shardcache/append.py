@@ -53,7 +53,8 @@ from .errors import CacheError, ShardcacheError
 from .features import required_columns, resolve_features
 from .index import SegmentTable, valid_ranges
 from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
-from .store import Cache, CacheWriter, open_cache, symbol_bases
+from .store import Cache, open_cache, symbol_bases
+from .writer import CacheWriter
 
 __all__ = ["STATS", "append_cache"]
 

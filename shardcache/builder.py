@@ -52,7 +52,8 @@ from .index import SegmentTable, valid_ranges
 from .sources import Source, expand_inputs, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
-from .store import CODECS, Cache, CacheWriter, default_chunking, group_path, open_cache, symbol_bases
+from .store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
+from .writer import CacheWriter
 
 __all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
            "scan_inputs", "stored_bytes"]

@@ -20,7 +20,7 @@ import pyarrow.ipc as ipc
 
 from .errors import ShardcacheError
 from .features import compute_features
-from .store import CacheWriter
+from .writer import CacheWriter
 
 __all__ = ["Layout", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardcache.store import Cache, CacheWriter, symbol_bases
+from shardcache.store import Cache, symbol_bases
+from shardcache.writer import CacheWriter
 
 __all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]
 

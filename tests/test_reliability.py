@@ -25,7 +25,7 @@ from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream,
 from shardcache.builder import build_cache
 from shardcache.cli import build_cache_main, main
 from shardcache.sample import make_sample, write_dbn
-from shardcache.store import CacheWriter
+from shardcache.writer import CacheWriter
 from shardcache.verify import compare_caches, verify_cache
 
 # shards of 1,024 rows: symbol 0 (~9,800 rows) fills shards 0-9, so the shard numbers below are all written
