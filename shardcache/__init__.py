@@ -3,7 +3,8 @@
 ``build_cache`` writes DBN or Parquet bars once into a compressed, sharded Zarr v3 store and
 ``append_cache`` adds later bars to it;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory;
-``WindowDataset`` is the map-style twin for evaluation.
+``WindowDataset`` is the map-style twin for evaluation;
+``info``, ``shards``, ``open_symbol`` and ``to_xarray`` show a cache to people (``shardcache.explore``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ __all__ = [
     "WindowStream",
     "append_cache",
     "build_cache",
+    "info",
     "open_cache",
+    "open_symbol",
+    "shards",
+    "to_xarray",
 ]
 
 
@@ -39,6 +44,10 @@ def __getattr__(name: str) -> Any:
         from .builder import build_cache
 
         return build_cache
+    if name in ("info", "open_symbol", "shards", "to_xarray"):
+        from . import explore
+
+        return getattr(explore, name)
     if name == "append_cache":
         from .append import append_cache
 

@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import explore
 from .errors import ShardcacheError
-from .index import valid_ranges
 
 if TYPE_CHECKING:
     from .explore import ShardInfo
@@ -121,6 +119,7 @@ def _explicit(argv: Sequence[str]) -> set[str]:
 
 def _cmd_append(args: argparse.Namespace) -> int:
     from .append import append_cache
+    from .explore import info
 
     explicit = getattr(args, "explicit", None)
     if explicit is None:  # called without the command line: compare with the defaults
@@ -135,7 +134,7 @@ def _cmd_append(args: argparse.Namespace) -> int:
                          scheduler=args.scheduler, resume=args.resume,
                          storage_options=_storage_options(args.storage_option), progress=not args.quiet)
     windows = cache.manifest["counts"]["windows"]
-    _print_info(explore.info(cache, windows["seq_len"], windows["horizon"]), args.json)
+    _print_info(info(cache, windows["seq_len"], windows["horizon"]), args.json)
     return 0
 
 
@@ -143,6 +142,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from .builder import build_cache
     from .checks import check_options
     from .tasks import tune_allocator
+    from .explore import info
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
 
@@ -162,7 +162,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         resume=args.resume, storage_options=_storage_options(args.storage_option),
         progress=not args.quiet, stats_from=args.stats_from,
     )
-    _print_info(explore.info(cache, args.seq_len, args.horizon), args.json)
+    _print_info(info(cache, args.seq_len, args.horizon), args.json)
     return 0
 
 
@@ -190,17 +190,23 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str, in
     ]
 
 
+def _some(names: Sequence[str], shown: int = 12) -> str:
+    """The first ``shown`` names, then how many more: a cache may hold thousands of symbols."""
+    more = f", ... ({len(names) - shown:,} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def format_info(info: dict[str, Any]) -> str:
     """A cache summary for people: counts, splits, drops, features with their statistics."""
     c, b = info["counts"], info.get("bytes", {})
     lines = [
         f"cache     {info['path']}  (format {info['format_version']}, built {info.get('created')})",
         f"bars      {info['bars']:,} in {len(info['symbols'])} symbols, {info['segments']:,} segments",
-        f"symbols   {', '.join(info['symbols'])}",
+        f"symbols   {_some(info['symbols'])}",
         f"windows   {info['windows']:,} at seq_len {info['seq_len']}, horizon {info['horizon']}, stride 1",
         f"size      {_fmt_bytes(b.get('stored'))} on disk for {_fmt_bytes(b.get('raw'))} of float32 "
         f"(ratio {b.get('ratio')}x, codec {info['layout'].get('codec')}, "
-        f"{info['layout'].get('shards')} shards of {info['layout']['shard_rows']:,} rows)",
+        f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)",
     ]
     splits = info["splits"]
     per = info.get("windows_per_split", {})
@@ -238,18 +244,14 @@ def format_info(info: dict[str, Any]) -> str:
 
 
 def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
-    """The per-shard table for people: key, rows, symbols, time range, stored bytes and ratio."""
-    rows = []
-    for s in shards:
-        names = ",".join(s.symbols[:3]) + (f" +{len(s.symbols) - 3}" if len(s.symbols) > 3 else "")
-        rows.append((str(s.index), s.key, f"{s.start:,}", f"{s.stop - 1:,}", f"{s.rows:,}", names,
-                     _utc(s.first_ts), _utc(s.last_ts),
-                     "missing" if s.missing else _fmt_bytes(s.stored_bytes),
-                     "-" if s.ratio is None else f"{s.ratio:.2f}x"))
-    headers = ("shard", "key", "first row", "last row", "rows", "symbols",
-               "first bar (UTC)", "last bar (UTC)", "stored", "ratio")
-    lines = [f"{url}: {len(shards)} shards" if url else f"{len(shards)} shards"]
-    lines += _table(headers, rows, "rlrrrlllrr")
+    """The per-shard table for people: symbol, object key, rows, time range, stored bytes and ratio."""
+    rows = [(s.symbol, str(s.shard), s.key, f"{s.rows:,}", _utc(s.first_ts), _utc(s.last_ts),
+             "missing" if s.missing else _fmt_bytes(s.stored_bytes), "-" if s.ratio is None else f"{s.ratio:.2f}x")
+            for s in shards]
+    headers = ("symbol", "shard", "key", "rows", "first bar (UTC)", "last bar (UTC)", "stored", "ratio")
+    n_symbols = len({s.symbol_id for s in shards})
+    lines = [f"{url + ': ' if url else ''}{len(shards)} shards of {n_symbols} symbols"]
+    lines += _table(headers, rows, "lrlrllrr")
     stored = sum(s.stored_bytes or 0 for s in shards)
     raw = sum(s.raw_bytes for s in shards)
     ratio = f"ratio {raw / stored:.2f}x" if stored else "ratio -"
@@ -266,13 +268,14 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
+    from .explore import info
     from .store import open_cache
 
     if args.seq_len < 1 or args.horizon < 0:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
         raise ShardcacheError(f"{flag} {value}: must be at least {1 if flag == '--seq-len' else 0}")
     cache = open_cache(args.cache, _storage_options(args.storage_option))
-    _print_info(explore.info(cache, args.seq_len, args.horizon), args.json)
+    _print_info(info(cache, args.seq_len, args.horizon), args.json)
     return 0
 
 
@@ -287,16 +290,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
+    from .explore import shards
     from .store import open_cache
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
-    shards = explore.shards(cache)
+    table = shards(cache)
     if args.json:
         print(json.dumps({"path": cache.url, "shard_rows": cache.shard_rows, "n_features": cache.n_features,
-                          "shards": [s.to_dict() for s in shards]}, indent=2))
+                          "symbols": len(cache.symbols), "shards": [s.to_dict() for s in table]}, indent=2))
     else:
-        print(format_shards(shards, cache.url))
-    return 1 if any(s.missing for s in shards) else 0
+        print(format_shards(table, cache.url))
+    return 1 if any(s.missing for s in table) else 0
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -313,6 +317,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import psutil
 
     from .builder import build_cache
+    from .explore import info
+    from .index import valid_ranges
     from .sample import make_sample
     from .stream import WindowStream
     from .tasks import tune_allocator
@@ -329,7 +335,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cache = build_cache(data, out, split="train=0.8,val=0.1,test=0.1", overwrite=True)
     build_s = time.perf_counter() - t0
     print(f"2. built {out} in {build_s:.1f} s ({cache.n_bars / build_s:,.0f} bars/s)")
-    print(format_info(explore.info(cache, args.seq_len)))
+    print(format_info(info(cache, args.seq_len)))
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     with WindowStream(cache, seq_len=args.seq_len, split="train", batch_size=256) as ds:
