@@ -111,10 +111,12 @@ def _explicit(argv: Sequence[str]) -> set[str]:
     """The build options that ``argv`` names itself, whatever their values (``--split none`` included)."""
     parser = argparse.ArgumentParser(add_help=False)
     _add_build_args(parser)  # the options, from the one place that declares them
-    dests = vars(parser.parse_known_args(argv)[0])
     unset = object()  # not a string, so argparse does not convert it
-    parser.set_defaults(**dict.fromkeys(dests, unset))
-    return {k for k, v in vars(parser.parse_known_args(argv)[0]).items() if v is not unset}
+    appended = {a.dest for a in parser._actions if isinstance(a, argparse._AppendAction)}
+    for action in parser._actions:  # an append action extends its default, so it starts from None
+        action.default = None if action.dest in appended else unset
+    given = vars(parser.parse_known_args(argv)[0]).items()
+    return {k for k, v in given if v is not (None if k in appended else unset)}
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
