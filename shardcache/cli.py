@@ -20,7 +20,7 @@ import numpy as np
 from .errors import ShardcacheError
 
 if TYPE_CHECKING:
-    from .explore import ShardInfo
+    from .inspect.views import ShardInfo
 
 __all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 
@@ -118,8 +118,8 @@ def _explicit(argv: Sequence[str]) -> set[str]:
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
-    from .append import append_cache
-    from .explore import info
+    from .build.append import append_cache
+    from .inspect.views import info
 
     explicit = getattr(args, "explicit", None)
     if explicit is None:  # called without the command line: compare with the defaults
@@ -139,10 +139,10 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .builder import build_cache
-    from .checks import check_options
-    from .tasks import tune_allocator
-    from .explore import info
+    from .build.builder import build_cache
+    from .build.checks import check_options
+    from .build.tasks import tune_allocator
+    from .inspect.views import info
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
 
@@ -268,8 +268,8 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .explore import info
-    from .store import open_cache
+    from .inspect.views import info
+    from .format.store import open_cache
 
     if args.seq_len < 1 or args.horizon < 0:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
@@ -281,7 +281,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Re-read every shard; exit 1 if anything is corrupt or missing (each named by its key)."""
-    from .verify import verify_cache
+    from .inspect.verify import verify_cache
 
     report = verify_cache(args.cache, _storage_options(args.storage_option), progress=not args.json)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
@@ -290,8 +290,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
-    from .explore import shards
-    from .store import open_cache
+    from .inspect.views import shards
+    from .format.store import open_cache
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     table = shards(cache)
@@ -304,7 +304,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from .sample import make_sample
+    from .build.sample import make_sample
 
     t0 = time.perf_counter()
     files = make_sample(args.out, days=args.days, seed=args.seed)
@@ -316,12 +316,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """Generate the sample, build it, stream one epoch at stride 1 and say what happened."""
     import psutil
 
-    from .builder import build_cache
-    from .explore import info
-    from .index import valid_ranges
-    from .sample import make_sample
-    from .stream import WindowStream
-    from .tasks import tune_allocator
+    from .build.builder import build_cache
+    from .inspect.views import info
+    from .read.plan import valid_ranges
+    from .build.sample import make_sample
+    from .read.stream import WindowStream
+    from .build.tasks import tune_allocator
 
     tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")

@@ -19,13 +19,13 @@ import pytest
 from helpers import make_cache, stored_rows, synthetic_bars
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache import append as append_mod
-from shardcache.append import append_cache
-from shardcache.builder import build_cache
+from shardcache.build import append as append_mod
+from shardcache.build.append import append_cache
+from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main, main
-from shardcache.index import valid_ranges
-from shardcache.sample import make_sample, write_dbn
-from shardcache.verify import compare_caches, verify_cache
+from shardcache.read.plan import valid_ranges
+from shardcache.build.sample import make_sample, write_dbn
+from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
 MIN = 60 * 10**9

@@ -27,29 +27,14 @@ PACKAGE = ROOT / "shardcache"
 # listed belongs to the wing of its nearest listed package ("" excepted: a new top-level module
 # must be listed).
 WINGS = {
-    "": "top",  # the lazy __init__: re-exports from every wing
+    "": "top",
     "cli": "top",
     "errors": "shared",
     "_version": "shared",
-    "store": "format",
-    "decode": "format",
-    "index": "read",
-    "reader": "read",
-    "stream": "read",
-    "explore": "inspect",
-    "verify": "inspect",
-    "sources": "build",
-    "features": "build",
-    "splits": "build",
-    "builder": "build",
-    "append": "build",
-    "compute": "build",
-    "staging": "build",
-    "tasks": "build",
-    "cluster": "build",
-    "sample": "build",
-    "markers": "build",  # nopickle's staging markers
-    "checks": "build",  # input's option checks
+    "format": "format",
+    "read": "read",
+    "inspect": "inspect",
+    "build": "build",
 }
 MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
     "shared": {"shared"},

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 
 __all__ = ["DERIVED", "DEFAULT_OHLCV", "resolve_features", "required_columns", "compute_features"]
 

@@ -17,7 +17,7 @@ only after its marker), so a build killed at any moment (SIGKILL included) leave
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
 the same, array for array, as an uninterrupted build. Markers are data, never code
-(``shardcache.markers``); a resume that finds a damaged one starts the build again, since a
+(``shardcache.build.markers``); a resume that finds a damaged one starts the build again, since a
 merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
 at the disk to its end, so a second build of the same output is refused while one runs.
 
@@ -52,9 +52,9 @@ from typing import Any
 
 import fsspec
 
-from .errors import CacheError, ShardcacheError
+from ..errors import CacheError, ShardcacheError
 from .markers import SUFFIXES, Unreadable, decode, encode
-from .store import ATTR, FORMAT_VERSION, Cache, open_group
+from ..format.store import ATTR, FORMAT_VERSION, Cache, open_group
 from .tasks import release_memory, run_tasks
 
 __all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "is_local", "local_path", "prepare"]
@@ -194,7 +194,7 @@ class Staging:
         return _read_marker(_marker(self.root, prefix, i), kind)
 
     def save(self, prefix: str, value: Any) -> None:
-        """Record step ``prefix`` as finished with ``value`` (data: see ``shardcache.markers``)."""
+        """Record step ``prefix`` as finished with ``value`` (data: see ``shardcache.build.markers``)."""
         _write_marker(_marker(self.root, prefix, None), value)
 
     def forget(self, prefix: str) -> None:

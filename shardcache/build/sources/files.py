@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import fsspec
 
-from ..errors import SourceError
+from ...errors import SourceError
 
 __all__ = ["is_url", "local_path", "url_fs", "open_input", "stat_input", "find_urls"]
 

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .base import TS_MAX, TS_MIN, Source, clean_piece, parse_duration, refuse_empty_columns
 
 __all__ = ["TabularSource", "TS_NAMES", "SYMBOL_NAMES"]

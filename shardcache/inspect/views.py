@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import numpy as np
 
-from .errors import CacheError
-from .store import Cache, open_cache
+from ..errors import CacheError
+from ..format.store import Cache, open_cache
 
 if TYPE_CHECKING:
     import xarray
@@ -157,7 +157,7 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
 def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
     """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon``
     (a read-time choice, counted by ``index.valid_ranges``), features with their statistics, size."""
-    from .index import valid_ranges
+    from ..read.plan import valid_ranges
 
     cache = open_cache(cache)
     m = cache.manifest

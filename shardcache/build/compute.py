@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 from .features import compute_features
-from .writer import CacheWriter
+from ..format.writer import CacheWriter
 
 __all__ = ["Layout", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
 

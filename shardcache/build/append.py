@@ -1,6 +1,6 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-A format-3 cache keeps each symbol in its own group (``shardcache.store``), so a symbol grows
+A format-3 cache keeps each symbol in its own group (``shardcache.format.store``), so a symbol grows
 in place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
 for every symbol with new bars:
 
@@ -20,7 +20,7 @@ build), and statistics are frozen: the cache's mean/std normalize the new bars.
 ``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
 (``--overwrite``): every shard is rewritten with statistics over all train bars.
 
-Atomicity reuses the build's staging (``shardcache.staging``): locally the append works on
+Atomicity reuses the build's staging (``shardcache.build.staging``): locally the append works on
 ``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
 one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` removes a staged link before it writes
 that key (shards, metadata, JSON objects), so the staging copy never changes a file it
@@ -48,12 +48,12 @@ import numpy as np
 from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,
                       stored_bytes)
 from .compute import Layout, cluster_path, read_arrow, write_shard
-from .errors import CacheError, ShardcacheError
+from ..errors import CacheError, ShardcacheError
 from .features import required_columns, resolve_features
-from .index import SegmentTable, valid_ranges
+from ..read.plan import SegmentTable, valid_ranges
 from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
-from .store import Cache, open_cache, symbol_bases
-from .writer import CacheWriter
+from ..format.store import Cache, open_cache, symbol_bases
+from ..format.writer import CacheWriter
 
 __all__ = ["STATS", "append_cache"]
 
@@ -323,6 +323,6 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, wri
 
 
 def _version() -> str:
-    from ._version import __version__
+    from .._version import __version__
 
     return __version__

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 
 __all__ = ["SplitSpec", "parse_split"]
 

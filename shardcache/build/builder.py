@@ -14,16 +14,16 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
 4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
    split, merged with Chan's formula, so no statistic leaks from val/test.
 5. **write** (one task per shard): compute features, normalize, write the whole shard.
-   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.compute``.
+   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.build.compute``.
 
 ``stats_from=CACHE`` skips stage 4 and normalizes with CACHE's statistics and split cut
-times instead: what ``shardcache.append`` keeps, so a cache built at once this way equals
+times instead: what ``shardcache.build.append`` keeps, so a cache built at once this way equals
 one built by appends. Scan and merge are also the first stages of an append.
 
 Memory is bounded by a piece, a cluster and a shard per worker, never by the bar count.
 Every finished task is recorded in the staging folder, and the cache is published (renamed
 into place) only once complete, so a killed build resumes where it stopped (``resume``)
-and readers never see a partial cache: see ``shardcache.staging``.
+and readers never see a partial cache: see ``shardcache.build.staging``.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ import pyarrow.compute as pc
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
 from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 from .features import required_columns, resolve_features
-from .index import SegmentTable, valid_ranges
+from ..read.plan import SegmentTable, valid_ranges
 from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
-from .store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
-from .writer import CacheWriter
+from ..format.store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
+from ..format.writer import CacheWriter
 
 __all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
            "scan_inputs", "stored_bytes"]
@@ -575,6 +575,6 @@ def connect(scheduler: Any, staging: str, urls: Sequence[str]) -> Iterator[Any]:
 
 
 def _version() -> str:
-    from ._version import __version__
+    from .._version import __version__
 
     return __version__

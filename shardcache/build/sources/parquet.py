@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .base import one_line
 from .files import is_url, open_input, url_fs
 from .table import SYMBOL_NAMES, TS_NAMES, TabularSource

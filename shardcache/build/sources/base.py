@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .files import is_url, stat_input
 
 __all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 from .sources import Source, format_duration, parse_duration
 from .splits import SplitSpec
 

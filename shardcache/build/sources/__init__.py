@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .base import (DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece, format_duration,
                    parse_duration)
 from .csv import CsvSource

@@ -7,7 +7,7 @@
 
 How a batch is made
     The epoch's plan (``index.make_plan``) is computed before a byte is read. Each iterator
-    has a reader (``shardcache.reader``, given a ``ReadSpec``): ``decoders`` threads read each
+    has a reader (``shardcache.read.reader``, given a ``ReadSpec``): ``decoders`` threads read each
     mixing pool's shard blocks into one arena per pool, in plan order, as far ahead as the
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
     thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
@@ -54,7 +54,7 @@ Elastic resume
 
 Torch threads
     The stream never changes torch's thread settings as the caller sees them: only its gather
-    thread runs on one OpenMP thread, set for that thread alone (see ``shardcache.reader``).
+    thread runs on one OpenMP thread, set for that thread alone (see ``shardcache.read.reader``).
 
 Outputs
     Batches are ``Batch(x, y)`` (``x, y = batch`` works), or ``MetaBatch(x, y, index, symbol,
@@ -82,11 +82,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from .index import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
+from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, open_for_reading,
                       parse_budget, rank_world, window_spec)
 from .reader import RUN_BYTES, Reader, ReadSpec
-from .store import Cache
+from ..format.store import Cache
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SourceError
+from ...errors import SourceError
 
 __all__ = ["Symbols"]
 

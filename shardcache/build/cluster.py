@@ -27,7 +27,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ShardcacheError
+from ..errors import ShardcacheError
 from .staging import STATE
 
 __all__ = ["check_cluster"]

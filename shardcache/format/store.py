@@ -22,7 +22,7 @@ symbol ``i``'s bars are rows ``[base[i], base[i] + n_i)`` with ``base`` aligned 
 shards (``symbol_bases``), so virtual shard ``s`` lies inside one symbol and is its local
 shard ``s - base[i] / shard_rows``. ``locate`` maps virtual rows back to (symbol, row).
 Opening reads the root manifest and the root ``segments`` index only (one object each, not
-one per symbol); per-symbol arrays are opened on first use. ``shardcache.writer.CacheWriter``
+one per symbol); per-symbol arrays are opened on first use. ``shardcache.format.writer.CacheWriter``
 writes this layout.
 """
 
@@ -40,7 +40,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
 from .decode import ChunkError, MissingShard, ShardDecoder
-from .errors import CacheError
+from ..errors import CacheError
 
 try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
     from zarr.codecs.numcodecs import LZ4

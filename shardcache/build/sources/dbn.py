@@ -52,7 +52,7 @@ import databento_dbn as dbn
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, one_line, parse_duration
 from .files import is_url, open_input
 from .symbology import Symbols

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .store import Cache, _one_line, open_cache, shard_digest
+from ..format.store import Cache, _one_line, open_cache, shard_digest
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 

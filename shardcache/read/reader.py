@@ -53,7 +53,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .index import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
+from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 
 __all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ..errors import SourceError
+from ...errors import SourceError
 from .base import one_line
 from .files import open_input
 from .table import TabularSource

@@ -1,4 +1,4 @@
-"""Writing the format-3 layout of ``shardcache.store``: symbol groups, whole shards, the manifest last."""
+"""Writing the format-3 layout of ``shardcache.format.store``: symbol groups, whole shards, the manifest last."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 from zarr.core.sync import sync
 
-from .errors import CacheError
+from ..errors import CacheError
 from .store import (ATTR, FORMAT_VERSION, TIME_ATTRS, _gather, compressors, group_path, open_group, shard_digest,
                     symbol_bases)
 
@@ -36,7 +36,7 @@ class CacheWriter:
     with ``complete: true``, the last write of a build. ``create=False`` reopens the arrays
     (a resume, an append: existing symbols grown to ``bars_per_symbol``, new ones created).
     Before rewriting any object of a local cache it removes the file, so a hard-linked
-    staging copy (``shardcache.append``) never changes a file it shares with the original.
+    staging copy (``shardcache.build.append``) never changes a file it shares with the original.
     Picklable, so shard writes can run as dask tasks on any worker.
     """
 
