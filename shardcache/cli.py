@@ -389,7 +389,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn", "psutil"})  # pyproject's [build]
+_BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn"})  # pyproject's [build]
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str) -> int:

@@ -48,7 +48,7 @@ MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
 THIRD_PARTY = {
     "shared": set(),
     "format": {"numpy", "zarr", "numcodecs", "google_crc32c", "fsspec"},
-    "read": {"numpy", "torch"},
+    "read": {"numpy", "torch", "psutil"},  # psutil: memory_budget="auto"
     "inspect": {"numpy", "zarr", "fsspec", "tqdm", "xarray", "dask"},  # xarray, dask: to_xarray, its extra
     "build": {"numpy", "zarr", "fsspec", "tqdm", "dask", "distributed", "pyarrow", "databento_dbn", "psutil"},
     "top": {"numpy", "psutil"},

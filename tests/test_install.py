@@ -124,7 +124,7 @@ def test_a_dask_worker_preload_opts_in(monkeypatch):
 # ---- a core install: the build extra missing -------------------------------------------------
 
 BLOCK_BUILD_EXTRA = ("import sys\n"  # None in sys.modules: `import dask` raises ModuleNotFoundError, as uninstalled
-                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn', 'psutil'):\n"
+                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn'):\n"
                      "    sys.modules[name] = None\n")
 
 
