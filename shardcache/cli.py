@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ShardcacheError
+from .format.store import CODECS
 
 if TYPE_CHECKING:
     from .inspect.views import ShardInfo
@@ -80,7 +81,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
-    p.add_argument("--codec", choices=["blosc-lz4", "zstd", "lz4", "none"], default="blosc-lz4")
+    p.add_argument("--codec", choices=CODECS, default="blosc-lz4")
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument("--scheduler", default=None,
                    help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
@@ -103,9 +104,6 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
-_BUILD_ONLY = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
-               "shard_rows", "chunk_rows", "codec", "seq_len", "horizon", "overwrite", "stats_from")
-
 
 def _explicit(argv: Sequence[str]) -> set[str]:
     """The build options that ``argv`` names itself, whatever their values (``--split none`` included)."""
@@ -119,14 +117,16 @@ def _explicit(argv: Sequence[str]) -> set[str]:
 
 def _cmd_append(args: argparse.Namespace) -> int:
     from .build.append import append_cache
+    from .build.checks import BUILD_OPTIONS
     from .inspect.views import info
 
+    build_only = (*BUILD_OPTIONS, "overwrite", "stats_from")  # what --append refuses: the cache has them
     explicit = getattr(args, "explicit", None)
     if explicit is None:  # called without the command line: compare with the defaults
         parser = argparse.ArgumentParser()
         _add_build_args(parser)
-        explicit = {k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)}
-    given = [k for k in _BUILD_ONLY if k in explicit]
+        explicit = {k for k in build_only if getattr(args, k) != parser.get_default(k)}
+    given = [k for k in build_only if k in explicit]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")

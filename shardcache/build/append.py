@@ -45,15 +45,17 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,
-                      stored_bytes)
-from .compute import Layout, cluster_path, read_arrow, write_shard
 from ..errors import CacheError, ShardcacheError
-from .features import required_columns, resolve_features
-from ..read.plan import SegmentTable, valid_ranges
-from .staging import Staging, digest, fingerprint, is_local, local_path, prepare
+from ..format.paths import is_local, local_path
 from ..format.store import Cache, open_cache, symbol_bases
 from ..format.writer import CacheWriter
+from ..read.plan import SegmentTable, valid_ranges
+from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,
+                      stored_bytes)
+from .checks import BUILD_OPTIONS
+from .compute import Layout, cluster_path, read_arrow, write_shard
+from .features import required_columns, resolve_features
+from .staging import Staging, digest, fingerprint, prepare
 
 __all__ = ["STATS", "append_cache"]
 
@@ -201,9 +203,7 @@ def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
     if missing is not None:
         raise ShardcacheError(f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
                               "(use --stats frozen to append without it)")
-    keys = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
-            "shard_rows", "chunk_rows", "codec", "seq_len", "horizon")
-    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in keys}, **kwargs)
+    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in BUILD_OPTIONS}, **kwargs)
 
 
 def append_cache(

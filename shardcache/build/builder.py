@@ -44,17 +44,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import ShardcacheError
+from ..format.store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
+from ..format.writer import CacheWriter
+from ..read.plan import SegmentTable, valid_ranges
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
 from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
-from ..errors import ShardcacheError
 from .features import required_columns, resolve_features
-from ..read.plan import SegmentTable, valid_ranges
 from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
-from ..format.store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
-from ..format.writer import CacheWriter
 
 __all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
            "scan_inputs", "stored_bytes"]

@@ -17,9 +17,14 @@ from ..errors import ShardcacheError
 from .sources import Source, format_duration, parse_duration
 from .splits import SplitSpec
 
-__all__ = ["check_options", "check_bar_sizes", "resolve_unmapped", "stats_source", "check_splits"]
+__all__ = ["BUILD_OPTIONS", "check_options", "check_bar_sizes", "resolve_unmapped", "stats_source", "check_splits"]
 
 log = logging.getLogger("shardcache")
+
+# The options a cache is built with, recorded in its manifest's "build": an append keeps them,
+# ``--stats recompute`` rebuilds with them.
+BUILD_OPTIONS = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
+                 "shard_rows", "chunk_rows", "codec", "seq_len", "horizon")
 
 
 def _positive(flag: str, value: Any, *, zero: bool = False) -> None:

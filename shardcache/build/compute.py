@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..errors import ShardcacheError
-from .features import compute_features
 from ..format.writer import CacheWriter
+from .features import compute_features
 
 __all__ = ["Layout", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
 

@@ -29,10 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ShardcacheError
+from .sources.base import DAY_NS
 
 __all__ = ["DERIVED", "DEFAULT_OHLCV", "resolve_features", "required_columns", "compute_features"]
-
-_DAY_NS = 86_400 * 10**9
 
 Columns = Mapping[str, np.ndarray]
 
@@ -53,7 +52,7 @@ def _log_ratio_or_zero(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _tod(ts: np.ndarray) -> np.ndarray:
-    return 2 * np.pi * (np.asarray(ts, dtype=np.int64) % _DAY_NS) / _DAY_NS
+    return 2 * np.pi * (np.asarray(ts, dtype=np.int64) % DAY_NS) / DAY_NS
 
 
 # name -> (source columns needed, function(cols, ts, starts) -> float64 array)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .sources.base import DAY_NS, TS_MAX
 from .sources.dbn import SCHEMAS, UNDEF_PRICE, record_dtype
 
 __all__ = ["CONTRACTS", "Contract", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
@@ -206,8 +207,8 @@ def _records(schema: str, fields: Mapping[str, np.ndarray] | np.ndarray) -> np.n
 def _mappings(recs: np.ndarray, symbols: Mapping[int, str]) -> list:
     """Metadata symbol mappings: each instrument over the UTC dates its records span."""
     ts = recs["ts_event"].view(np.int64)
-    valid = (ts > 0) & (ts < 4_102_444_800_000_000_000)
-    days = ts[valid] // (86_400 * 10**9)
+    valid = (ts > 0) & (ts < TS_MAX)
+    days = ts[valid] // DAY_NS
     lo = dt.date(1970, 1, 1) + dt.timedelta(days=int(days.min()) if len(days) else 0)
     hi = dt.date(1970, 1, 1) + dt.timedelta(days=int(days.max()) + 1 if len(days) else 1)
     by_name = sorted(symbols.items(), key=lambda kv: kv[1])

@@ -53,26 +53,17 @@ from typing import Any
 import fsspec
 
 from ..errors import CacheError, ShardcacheError
-from .markers import SUFFIXES, Unreadable, decode, encode
+from ..format.paths import is_local, local_path
 from ..format.store import ATTR, FORMAT_VERSION, Cache, open_group
+from .markers import SUFFIXES, Unreadable, decode, encode
 from .tasks import release_memory, run_tasks
 
-__all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "is_local", "local_path", "prepare"]
+__all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "prepare"]
 
 log = logging.getLogger("shardcache")
 STATE = "state.json"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
-
-
-def is_local(url: str) -> bool:
-    """Whether ``url`` is a path on this machine (a plain path or ``file://``)."""
-    return "://" not in url or url.startswith("file://")
-
-
-def local_path(url: str) -> str:
-    """The filesystem path of a local ``url``."""
-    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def fingerprint(sources: Sequence[Any], options: dict[str, Any], version: str) -> dict[str, Any]:

@@ -39,8 +39,9 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
+from ..errors import CacheError, one_line
 from .decode import ChunkError, MissingShard, ShardDecoder
-from ..errors import CacheError
+from .paths import is_url, local_path
 
 try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
     from zarr.codecs.numcodecs import LZ4
@@ -55,6 +56,7 @@ __all__ = [
     "Cache",
     "compressors",
     "default_chunking",
+    "describe_damage",
     "group_path",
     "open_cache",
     "open_group",
@@ -116,9 +118,9 @@ def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(-(-n // shard_rows) * shard_rows)]).astype(np.int64)
 
 
-def _one_line(exc: BaseException) -> str:
-    """An exception as one short line for an error message."""
-    text = (str(exc).strip().splitlines() or [""])[0][:200]
+def describe_damage(exc: BaseException) -> str:
+    """A read error of damaged data as one short line: its type, its first line, a checksum named."""
+    text = one_line(exc)[:200] if str(exc).strip() else ""
     if "checksum" in text.lower():
         return f"crc32c checksum mismatch ({text})"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -212,7 +214,7 @@ class Cache:
             local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
         except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
             raise CacheError(f"{self.url}: the segment table (segments) is damaged: "
-                             f"{_one_line(exc)}; rebuild the cache") from None
+                             f"{describe_damage(exc)}; rebuild the cache") from None
         self.local_segments = local
         sym = local[:, 0]
         if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
@@ -225,10 +227,10 @@ class Cache:
 
     def _identity(self) -> tuple[int, int] | None:
         """Device and inode of a local cache's folder, to notice it being swapped; None for URLs."""
-        if "://" in self.url and not self.url.startswith("file://"):
+        if is_url(self.url):
             return None
         try:
-            st = os.stat(self.url[len("file://"):] if self.url.startswith("file://") else self.url)
+            st = os.stat(local_path(self.url))
         except OSError:
             return (-1, -1)
         return (st.st_dev, st.st_ino)

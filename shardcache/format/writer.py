@@ -12,6 +12,7 @@ import zarr
 from zarr.core.sync import sync
 
 from ..errors import CacheError
+from .paths import is_url, local_path
 from .store import (ATTR, FORMAT_VERSION, TIME_ATTRS, _gather, compressors, group_path, open_group, shard_digest,
                     symbol_bases)
 
@@ -22,9 +23,7 @@ _SEGMENT_ARRAYS = ("segment_start", "segment_stop", "segment_split")
 
 def _local_file(url: str, key: str) -> str | None:
     """The file behind ``key`` of a local cache, None for object stores."""
-    if "://" in url and not url.startswith("file://"):
-        return None
-    return os.path.join(url[len("file://"):] if url.startswith("file://") else url, key)
+    return None if is_url(url) else os.path.join(local_path(url), key)
 
 
 class CacheWriter:

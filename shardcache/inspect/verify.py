@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..format.store import Cache, _one_line, open_cache, shard_digest
+from ..format.store import Cache, describe_damage, open_cache, shard_digest
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 
@@ -104,7 +104,7 @@ def _read(cache: Cache, shard: int, array: str, a: int, b: int, problems: list[P
     except MemoryError:
         raise
     except Exception as exc:  # checksum mismatch (ValueError) or a codec error
-        problems.append(Problem(key, f"corrupt ({_one_line(exc)})"))
+        problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
         return None
 
 
@@ -139,7 +139,7 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
         table = np.stack([np.asarray(cache.array(i, name)[...], dtype=np.int64)
                           for name in ("segment_start", "segment_stop", "segment_split")], axis=1).reshape(-1, 3)
     except Exception as exc:  # missing or damaged
-        problems.append(Problem(f"{path}/segment_start", f"unreadable ({_one_line(exc)})"))
+        problems.append(Problem(f"{path}/segment_start", f"unreadable ({describe_damage(exc)})"))
     else:
         if not np.array_equal(table, index[:, 1:]):
             problems.append(Problem(f"{path}/segment_start", "the symbol's segment table differs from the root "

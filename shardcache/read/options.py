@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .plan import WindowSpec
 from ..format.store import Cache, open_cache
+from .plan import WindowSpec
 
 __all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MetaBatch", "check_device",
            "check_split", "columns", "open_for_reading", "parse_budget", "rank_world", "window_spec"]

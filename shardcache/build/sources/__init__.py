@@ -32,11 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import SourceError
+from ...format.paths import is_url, local_path
 from .base import (DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece, format_duration,
                    parse_duration)
 from .csv import CsvSource
 from .dbn import DbnSource
-from .files import find_urls, is_url, local_path, open_input
+from .files import find_urls, open_input
 from .parquet import ParquetSource
 
 __all__ = ["Source", "open_source", "open_sources", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration",

@@ -15,14 +15,16 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import SourceError
-from .files import is_url, stat_input
+from ...format.paths import is_url
+from .files import stat_input
 
 __all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration",
-           "one_line", "PRICE_COLUMNS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
+           "PRICE_COLUMNS", "DAY_NS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
 
 PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
 TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
 TS_MAX = 4_102_444_800_000_000_000  # 2100-01-01T00:00:00Z in ns
+DAY_NS = 86_400_000_000_000
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PARQUET_MAGIC = b"PAR1"
@@ -35,7 +37,7 @@ _UNITS = {
     "s": 1_000_000_000,
     "m": 60_000_000_000,
     "h": 3_600_000_000_000,
-    "d": 86_400_000_000_000,
+    "d": DAY_NS,
 }
 _DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
 
@@ -57,12 +59,6 @@ def format_duration(ns: int) -> str:
         if ns and ns % _UNITS[unit] == 0:
             return f"{ns // _UNITS[unit]}{unit}"
     return f"{ns}ns"
-
-
-def one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when it has none)."""
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 class Source:

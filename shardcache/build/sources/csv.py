@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from ...errors import SourceError
-from .base import one_line
+from ...errors import one_line
 from .files import open_input
 from .table import TabularSource
 

@@ -53,8 +53,10 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import SourceError
-from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, one_line, parse_duration
-from .files import is_url, open_input
+from ...errors import one_line
+from ...format.paths import is_url
+from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
+from .files import open_input
 from .symbology import Symbols
 
 __all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]

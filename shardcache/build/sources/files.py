@@ -16,18 +16,9 @@ from typing import IO, Any
 import fsspec
 
 from ...errors import SourceError
+from ...format.paths import is_url, local_path
 
-__all__ = ["is_url", "local_path", "url_fs", "open_input", "stat_input", "find_urls"]
-
-
-def is_url(path: str) -> bool:
-    """Whether ``path`` is read through fsspec (a URL other than ``file://``)."""
-    return "://" in path and not path.startswith("file://")
-
-
-def local_path(path: str) -> str:
-    """The filesystem path of a plain path or a ``file://`` URL."""
-    return path[len("file://") :] if path.startswith("file://") else path
+__all__ = ["url_fs", "open_input", "stat_input", "find_urls"]
 
 
 def url_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:

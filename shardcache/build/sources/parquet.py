@@ -13,8 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...errors import SourceError
-from .base import one_line
-from .files import is_url, open_input, url_fs
+from ...errors import one_line
+from ...format.paths import is_url
+from .files import open_input, url_fs
 from .table import SYMBOL_NAMES, TS_NAMES, TabularSource
 
 __all__ = ["ParquetSource", "TS_NAMES", "SYMBOL_NAMES"]

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SourceError
+from .base import DAY_NS
 
 __all__ = ["Symbols"]
 
-DAY = 86_400_000_000_000
 _EPOCH = dt.date(1970, 1, 1)
 _DAYS = 1 << 20  # mapping dates are packed below the instrument id in one int64 key
 
@@ -89,7 +89,7 @@ class Symbols:
     def _by_date(self, iid: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """Codes from the mapping interval holding each record's UTC date, else the id's nearest one."""
         m = len(self.keys)
-        day = np.maximum(ts, 0) // DAY
+        day = np.maximum(ts, 0) // DAY_NS
         i = np.searchsorted(self.keys, (iid << 20) | day, side="right") - 1
         here = np.clip(i, 0, m - 1)
         after = np.clip(i + 1, 0, m - 1)
@@ -108,7 +108,7 @@ class Symbols:
         lo, hi = int(ts.min()), int(ts.max())
         if lo < 0:
             return None
-        first, last = lo // DAY, hi // DAY
+        first, last = lo // DAY_NS, hi // DAY_NS
         overlap = (self.start <= last) & (self.end > first)
         ids = self.iid[overlap]
         if not len(ids) or len(np.unique(ids)) != len(ids):

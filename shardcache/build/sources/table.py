@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import SourceError
-from .base import TS_MAX, TS_MIN, Source, clean_piece, parse_duration, refuse_empty_columns
+from .base import DAY_NS, TS_MAX, TS_MIN, Source, clean_piece, parse_duration, refuse_empty_columns
 
 __all__ = ["TabularSource", "TS_NAMES", "SYMBOL_NAMES"]
 
@@ -41,7 +41,6 @@ TS_NAMES = ("ts_event", "timestamp", "time", "ts", "datetime")
 SYMBOL_NAMES = ("symbol", "instrument_id", "ticker")
 _KNOWN = ("open", "high", "low", "close", "volume", "count", "price", "bid", "ask", "spread", "vwap")
 _NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-_DAY_NS = 86_400_000_000_000
 _EXACT = 2**53  # float64 holds every integer up to this
 
 
@@ -239,7 +238,7 @@ class TabularSource(Source):
         if pa.types.is_timestamp(t):
             scale = _NS_PER[t.unit]
         elif pa.types.is_date32(t):
-            scale = _DAY_NS
+            scale = DAY_NS
         elif pa.types.is_date64(t):
             scale = 1_000_000
         else:
