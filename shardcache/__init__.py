@@ -13,7 +13,7 @@ from typing import Any
 
 from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
-from .format.store import Cache, open_cache
+from .format.cache import Cache, open_cache
 
 __all__ = [
     "Cache",

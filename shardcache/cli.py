@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ShardcacheError
-from .format.store import CODECS
+from .format.layout import CODECS
 
 if TYPE_CHECKING:
     from .inspect.views import ShardInfo
@@ -269,7 +269,7 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from .inspect.views import info
-    from .format.store import open_cache
+    from .format.cache import open_cache
 
     if args.seq_len < 1 or args.horizon < 0:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
@@ -291,7 +291,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
     from .inspect.views import shards
-    from .format.store import open_cache
+    from .format.cache import open_cache
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     table = shards(cache)

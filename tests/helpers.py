@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardcache.format.store import Cache, symbol_bases
+from shardcache.format.cache import Cache
+from shardcache.format.layout import symbol_bases
 from shardcache.format.writer import CacheWriter
 
 __all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]

@@ -21,7 +21,8 @@ from shardcache.build.cluster import check_cluster
 from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.build.sources import expand_inputs
 from shardcache.inspect.views import shards
-from shardcache.format.store import Cache, open_group
+from shardcache.format.cache import Cache
+from shardcache.format.layout import open_group
 from shardcache.inspect.verify import verify_cache
 from test_build import run_cli
 

@@ -31,7 +31,8 @@ from shardcache.cli import build_cache_main
 from shardcache.build.compute import read_arrow, shard_stats, write_arrow, write_shard
 from shardcache.build.markers import Unreadable, decode, encode
 from shardcache.build.sample import make_sample
-from shardcache.format.store import FORMAT_VERSION, open_cache
+from shardcache.format.cache import open_cache
+from shardcache.format.layout import FORMAT_VERSION
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)

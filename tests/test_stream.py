@@ -14,7 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 import shardcache.read.stream as stream_mod
 from helpers import brute_starts, make_cache, synthetic_bars
 from shardcache.errors import CacheError
-from shardcache.format.store import Cache
+from shardcache.format.cache import Cache
 from shardcache.read.stream import WindowDataset, WindowStream
 from stream_helpers import rows_of
 

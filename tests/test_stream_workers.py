@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, get_worker_info
 
 from helpers import brute_starts, make_cache, run_helper, synthetic_bars
-from shardcache.format.store import Cache
+from shardcache.format.cache import Cache
 from shardcache.read.stream import WindowStream
 from stream_helpers import rows_of
 

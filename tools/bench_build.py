@@ -227,7 +227,7 @@ def read_probe(spec: dict) -> dict[str, Any]:
 
     from shardcache import open_cache
     from shardcache.format.decode import ShardDecoder
-    from shardcache.format.store import compressors
+    from shardcache.format.layout import compressors
 
     out: dict[str, Any] = {}
     for path in spec["caches"]:

@@ -41,7 +41,7 @@ import zarr
 
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample
-from shardcache.format.store import Cache, open_cache
+from shardcache.format.cache import Cache, open_cache
 from shardcache.read.stream import WindowStream
 
 MIB = 1 << 20

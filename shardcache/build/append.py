@@ -1,6 +1,6 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-A format-3 cache keeps each symbol in its own group (``shardcache.format.store``), so a symbol grows
+A format-3 cache keeps each symbol in its own group (``shardcache.format.layout``), so a symbol grows
 in place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
 for every symbol with new bars:
 
@@ -46,8 +46,9 @@ import fsspec
 import numpy as np
 
 from ..errors import CacheError, ShardcacheError
+from ..format.cache import Cache, open_cache
+from ..format.layout import symbol_bases
 from ..format.paths import is_local, local_path
-from ..format.store import Cache, open_cache, symbol_bases
 from ..format.writer import CacheWriter
 from ..read.plan import SegmentTable, valid_ranges
 from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,

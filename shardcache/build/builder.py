@@ -45,7 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ShardcacheError
-from ..format.store import CODECS, Cache, default_chunking, group_path, open_cache, symbol_bases
+from ..format.cache import Cache, open_cache
+from ..format.layout import CODECS, default_chunking, group_path, symbol_bases
 from ..format.writer import CacheWriter
 from ..read.plan import SegmentTable, valid_ranges
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source

@@ -53,8 +53,9 @@ from typing import Any
 import fsspec
 
 from ..errors import CacheError, ShardcacheError
+from ..format.cache import Cache
+from ..format.layout import ATTR, FORMAT_VERSION, open_group
 from ..format.paths import is_local, local_path
-from ..format.store import ATTR, FORMAT_VERSION, Cache, open_group
 from .markers import SUFFIXES, Unreadable, decode, encode
 from .tasks import release_memory, run_tasks
 

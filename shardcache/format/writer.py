@@ -1,4 +1,4 @@
-"""Writing the format-3 layout of ``shardcache.format.store``: symbol groups, whole shards, the manifest last."""
+"""Writing the format-3 layout of ``shardcache.format.layout``: symbol groups, whole shards, the manifest last."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import zarr
 from zarr.core.sync import sync
 
 from ..errors import CacheError
+from .layout import ATTR, FORMAT_VERSION, TIME_ATTRS, compressors, gather, group_path, open_group, shard_digest, symbol_bases
 from .paths import is_url, local_path
-from .store import (ATTR, FORMAT_VERSION, TIME_ATTRS, _gather, compressors, group_path, open_group, shard_digest,
-                    symbol_bases)
 
 __all__ = ["CacheWriter"]
 
@@ -105,7 +104,7 @@ class CacheWriter:
         have = set(symbols.group_keys())
         sizes = list(enumerate(self.bars_per_symbol.tolist()))
         grow = [(i, n) for i, n in sizes if str(i) in have]
-        _gather([self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
+        gather([self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
                 + [self._agrow(symbols._async_group, i, n) for i, n in grow])
 
     async def _acreate_symbol(self, symbols: Any, name: str, n: int) -> None:
@@ -238,7 +237,7 @@ class CacheWriter:
             old += [None] * (n_local - len(old))
             await feats.update_attributes({"digests": [digests.get(first + k, old[k]) for k in range(n_local)]})
 
-        _gather([one(i) for i in todo])
+        gather([one(i) for i in todo])
         sync(self._asmall(root._async_group, "segments", local.astype(np.int64), ("all_segments", "field")))
         self._release("zarr.json")
         root.attrs[ATTR] = {

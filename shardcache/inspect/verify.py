@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..format.store import Cache, describe_damage, open_cache, shard_digest
+from ..format.cache import Cache, open_cache
+from ..format.layout import describe_damage, shard_digest
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 

@@ -19,7 +19,7 @@ import fsspec
 import numpy as np
 
 from ..errors import CacheError
-from ..format.store import Cache, open_cache
+from ..format.cache import Cache, open_cache
 
 if TYPE_CHECKING:
     import xarray

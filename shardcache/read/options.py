@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..format.store import Cache, open_cache
+from ..format.cache import Cache, open_cache
 from .plan import WindowSpec
 
 __all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MetaBatch", "check_device",

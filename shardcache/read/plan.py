@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..format.store import spanned_shards
+from ..format.layout import spanned_shards
 
 __all__ = ["EpochPlan", "PoolLayout", "Ranges", "Run", "SegmentTable", "WindowSpec", "as_spec", "make_plan",
            "n_windows", "no_windows_error", "pool_layout", "reader_runs", "valid_ranges"]

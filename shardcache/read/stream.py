@@ -82,7 +82,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from ..format.store import Cache
+from ..format.cache import Cache
 from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, open_for_reading,
                       parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
