@@ -50,11 +50,10 @@ from ..format.cache import Cache, open_cache
 from ..format.layout import symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
-from ..read.plan import SegmentTable, valid_ranges
-from .builder import (Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs,
-                      stored_bytes)
+from .builder import (Merged, build_cache, bytes_summary, connect, merge_symbols, open_inputs, place_clusters,
+                      scan_inputs, split_bar_counts, stored_bytes, window_count)
 from .checks import BUILD_OPTIONS
-from .compute import Layout, cluster_path, read_arrow, write_shard
+from .compute import ShardWork, write_shard
 from .features import required_columns, resolve_features
 from .staging import Staging, digest, fingerprint, prepare
 
@@ -64,7 +63,7 @@ STATS = ("frozen", "recompute")
 
 
 @dataclass
-class _Plan:
+class _Placement:
     """The appended cache's symbols, segment table and what to write."""
 
     symbols: list[str]
@@ -72,9 +71,9 @@ class _Plan:
     grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
     segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
     segment_split: np.ndarray
-    clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see Layout), first rows, bar counts; row order
+    clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see ShardWork), first rows, bar counts; row order
     tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
-    kept: dict[int, int]  # tail shard -> first new row
+    first_new: dict[int, int]  # tail shard -> first new row
     touched: list[int]  # shards to write, in row order
     new_bars: int
 
@@ -121,7 +120,7 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
                 f"{sym} bar ({_t(last)}); an append adds only later bars")
 
 
-def _plan(cache: Cache, merged: list[Merged], staging: str) -> _Plan:
+def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
     appended cache's virtual rows."""
     shard_rows, max_gap = cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
@@ -142,8 +141,7 @@ def _plan(cache: Cache, merged: list[Merged], staging: str) -> _Plan:
         starts, splits = m.seg_starts + r0, m.seg_split
         if r0:
             last = last_of[i]
-            first_ts = int(read_arrow(cluster_path(staging, m.sym, 0))["ts"].to_numpy()[:1].astype(np.int64)[0])
-            gap = first_ts - int(tails[m.symbol]["ts"])
+            gap = m.first_ts - int(tails[m.symbol]["ts"])
             if int(splits[0]) == int(local[last, 3]) and not (max_gap > 0 and gap > max_gap):
                 local[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
                 starts, splits = starts[1:], splits[1:]
@@ -155,13 +153,13 @@ def _plan(cache: Cache, merged: list[Merged], staging: str) -> _Plan:
     bases = symbol_bases(n, shard_rows)
     virtual = np.stack([local[:, 0], local[:, 1] + bases[local[:, 0]], local[:, 2] + bases[local[:, 0]]], axis=1)
     order = np.argsort(virtual[:, 1], kind="stable")
-    lead, kept, touched, placed = {}, {}, [], []
+    lead, first_new, touched, placed = {}, {}, [], []
     for i, (m, r0) in grown.items():
         v0 = int(bases[i]) + r0
         if r0:
             lead[v0 - 1] = tails[m.symbol]
             if r0 % shard_rows:
-                kept[v0 // shard_rows] = v0
+                first_new[v0 // shard_rows] = v0
         placed.append(place_clusters(m, v0))
         touched += range(v0 // shard_rows, (v0 + m.n - 1) // shard_rows + 1)
     if placed:
@@ -169,9 +167,9 @@ def _plan(cache: Cache, merged: list[Merged], staging: str) -> _Plan:
     else:
         ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     by_row = np.argsort(first_rows, kind="stable")
-    return _Plan(symbols, np.asarray(n, dtype=np.int64), sorted(grown), virtual[order],
+    return _Placement(symbols, np.asarray(n, dtype=np.int64), sorted(grown), virtual[order],
                  local[order, 3].astype(np.int8), (ids[by_row], first_rows[by_row], counts[by_row]),
-                 lead, kept, sorted(touched), int(counts.sum()))
+                 lead, first_new, sorted(touched), int(counts.sum()))
 
 
 def _link_tree(src: str, dst: str) -> None:
@@ -242,48 +240,48 @@ def append_cache(
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
     with staging.guard("append"), connect(scheduler, staging.root, [out, *paths]) as client:
-        run = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
         described = [s.describe() for s in srcs]
-        scanned = scan_inputs(run, srcs, staging.root, read_cols)
+        scanned = scan_inputs(stage, srcs, staging.root, read_cols)
         del srcs
         _check_after(cache, scanned, paths)
-        merged = merge_symbols(run, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
-        plan = _plan(cache, merged, staging.root)
-        if not plan.new_bars:
+        merged = merge_symbols(stage, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
+        placement = _place(cache, merged)
+        if not placement.new_bars:
             raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
         _stage_copy(cache, staging)
-        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=plan.bars_per_symbol,
+        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=placement.bars_per_symbol,
                              shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
                              storage_options=storage_options, create=False)
         frozen = m.get("stats")
-        ids, first_rows, counts = plan.clusters
-        layout = Layout(staging.root, ids, first_rows, counts, plan.segments,
-                        plan.segment_split, names, writer, read_columns=read_cols, symbols=plan.symbols,
-                        tails=plan.tails, kept=plan.kept)
+        ids, first_rows, counts = placement.clusters
+        work = ShardWork(staging.root, ids, first_rows, counts, placement.segments,
+                        placement.segment_split, names, writer, read_columns=read_cols, symbols=placement.symbols,
+                        tails=placement.tails, first_new=placement.first_new)
         if frozen:
-            layout.mean = np.asarray(frozen["mean"]).astype(np.float32)
-            layout.std = np.asarray(frozen["std"]).astype(np.float32)
-        new_digests = run(write_shard, [(layout, s) for s in plan.touched], "write", desc="write shards",
+            work.mean = np.asarray(frozen["mean"]).astype(np.float32)
+            work.std = np.asarray(frozen["std"]).astype(np.float32)
+        new_digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards",
                           unit="shard")
         staging.written = True
-        manifest = _manifest(cache, plan, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
+        manifest = _manifest(cache, placement, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
         record = {
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "inputs": len(described), "bars": plan.new_bars, "stats": stats, "fingerprint": digest(wanted),
-            "shards_rewritten": len(plan.kept), "shards_written": len(plan.touched) - len(plan.kept),
+            "inputs": len(described), "bars": placement.new_bars, "stats": stats, "fingerprint": digest(wanted),
+            "shards_rewritten": len(placement.first_new), "shards_written": len(placement.touched) - len(placement.first_new),
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
         history = cache.history()
         writer.write_history({"sources": [*history.get("sources", []), *described],
                               "appends": [*history.get("appends", []), record]})
-        writer.finish(plan.segments, plan.segment_split, manifest, dict(zip(plan.touched, new_digests)),
-                      symbols=plan.grown)
+        writer.finish(placement.segments, placement.segment_split, manifest, dict(zip(placement.touched, new_digests)),
+                      symbols=placement.grown)
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
 
 
-def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, writer: CacheWriter,
+def _manifest(cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter,
               stored: int) -> dict:
     """The old manifest with the appended bars, segments and shards counted in."""
     m = cache.manifest
@@ -293,31 +291,29 @@ def _manifest(cache: Cache, plan: _Plan, merged: list[Merged], scanned: Any, wri
     dups = sum(x.duplicates for x in merged)
     if dups:
         dropped["duplicate timestamp"] += dups
-    n_bars = cache.n_bars + plan.new_bars
+    n_bars = cache.n_bars + placement.new_bars
     w = counts["windows"]
-    view = SegmentTable(plan.segments, plan.segment_split, names)
-    raw = n_bars * cache.n_features * 4
-    kept = set(plan.symbols)
+    known = set(placement.symbols)
     return {
         **m,
-        "symbols": plan.symbols,
-        "splits": {**m["splits"], "bars": {n: int(np.diff(plan.segments[plan.segment_split == i, 1:], axis=1).sum())
-                                           for i, n in enumerate(names)}},
-        "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in kept}},
+        "symbols": placement.symbols,
+        "splits": {**m["splits"], "bars": split_bar_counts(placement.segments, placement.segment_split, names)},
+        "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in known}},
         "rolls": {**m.get("rolls", {}), **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls]
                                            for x in merged if x.rolls}},
         "counts": {
             **counts,
             "bars": n_bars,
             "records_read": counts["records_read"] + scanned.records,
-            "symbols": len(plan.symbols),
-            "segments": int(len(plan.segments)),
+            "symbols": len(placement.symbols),
+            "segments": int(len(placement.segments)),
             "dropped": {k: int(v) for k, v in dropped.items()},
             "reordered": counts.get("reordered", 0) + scanned.reordered,
             "rolls": counts.get("rolls", 0) + sum(len(x.rolls) for x in merged),
-            "windows": {**w, "count": valid_ranges(view, w["seq_len"], w["horizon"], 1, None).total()},
+            "windows": {**w, "count": window_count(placement.segments, placement.segment_split, names, w["seq_len"],
+                                                   w["horizon"])},
         },
-        "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
+        "bytes": bytes_summary(stored, n_bars * cache.n_features * 4),
         "layout": {**m["layout"], "shards": writer.n_shards},
         "appends": m.get("appends", 0) + 1,  # how many; their records are in the history group
     }

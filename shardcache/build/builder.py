@@ -8,8 +8,8 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
    ranges (one cluster per daily file in the usual case), sort each cluster by time, drop
    duplicate timestamps (the last record in input order wins) and find segment starts
    (gaps above ``max_gap`` and split boundaries).
-3. **plan** (in the driver, small): skip symbols shorter than a window, lay each symbol's
-   rows out in time order in its own group (``store``; shards addressed in the virtual row
+3. **place** (in the driver, small): skip symbols shorter than a window, lay each symbol's
+   rows out in time order in its own group (``format.layout``; shards addressed in the virtual row
    space of ``store.symbol_bases``), build the segment table.
 4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
    split, merged with Chan's formula, so no statistic leaks from val/test.
@@ -51,14 +51,14 @@ from ..format.writer import CacheWriter
 from ..read.plan import SegmentTable, valid_ranges
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
-from .compute import Layout, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
+from .compute import ShardWork, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
 from .features import required_columns, resolve_features
 from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 
-__all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
-           "scan_inputs", "stored_bytes"]
+__all__ = ["Merged", "Scanned", "build_cache", "bytes_summary", "connect", "merge_symbols", "open_inputs",
+           "place_clusters", "scan_inputs", "split_bar_counts", "stored_bytes", "window_count"]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
@@ -114,6 +114,7 @@ class Merged:
     duplicates: int
     tail: dict  # the last bar's timestamp and source values: the "previous bar" of a later append
     rolls: list[list[int]] = field(default_factory=list)  # [ts_ns, from instrument, to instrument] at each change
+    first_ts: int = 0  # the first bar's timestamp: an append plans its gap check from it, reading no spill
 
 
 @dataclass
@@ -221,6 +222,7 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
             table = table.drop_columns(["instrument"])
         if last_ts is None:
             cut[0] = True
+            first_ts = int(ts[0])
         local = np.flatnonzero(cut)
         starts.append(local + n)
         splits.append(split[local])
@@ -230,7 +232,7 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         last_ts, last_split = int(ts[-1]), split[-1]
     tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"}}
     return Merged(symbol, sym_idx, np.asarray(out, dtype=np.int64), n, np.concatenate(starts),
-                  np.concatenate(splits), dups, tail, rolls)
+                  np.concatenate(splits), dups, tail, rolls, first_ts=first_ts)
 
 
 def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -331,70 +333,51 @@ def build_cache(
     if isinstance(staging, Cache):
         return staging
     with staging.guard("build"), connect(scheduler, staging.root, [out, *paths]) as client:
-        run = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
-        scanned = scan_inputs(run, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
+        scanned = scan_inputs(stage, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
         bar_ns = check_bar_sizes(srcs, scanned.steps, bar)
         resampled = sorted({format_duration(s.interval) for s in srcs
                             if getattr(s, "layout", None) == "ohlcv" and s.bar_ns != s.interval})
         del srcs, first
         dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
-        if frozen is not None:
-            cuts = frozen.manifest["splits"]["cuts_ns"]
-        elif spec.dates_ns is not None:
-            cuts = spec.dates_ns
-        elif spec.fractions and len(scanned.runs):
-            cuts = spec.fraction_cuts(scanned.sketch.ravel(), np.repeat(scanned.runs["n"] / _SKETCH, _SKETCH))
-        else:
-            cuts = []
+        cuts = _cut_times(spec, frozen, scanned)
         scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
-        merged = merge_symbols(run, staging.root, scanned, max_gap_ns, cuts)
+        merged = merge_symbols(stage, staging.root, scanned, max_gap_ns, cuts)
         unmapped = scanned.unmapped
         del scanned
-        kept = merged  # a symbol shorter than a window is kept: windows are chosen at read time
-        n_bars = sum(m.n for m in kept)
+        n_bars = sum(m.n for m in merged)
         if n_bars == 0:
             dropped = ", ".join(f"{k}: {v}" for k, v in drops.items()) or "none dropped"
             raise ShardcacheError(f"{', '.join(specs)}: no bars to build ({dropped})")
-        split_bars = _split_bars(kept, len(spec.names))
+        split_bars = _split_bars(merged, len(spec.names))
         check_splits(spec, stats_of if frozen is None else None, dict(zip(spec.names, split_bars)))
-        rolls = {m.symbol: m.rolls for m in kept if m.rolls}
-        layout = _plan(kept, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
+        rolls = {m.symbol: m.rolls for m in merged if m.rolls}
+        work = _place(merged, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
                        storage_options, staging)
-        shards = layout.writer.shard_ids
-        mean = std = None
-        n_train = 0
-        if normalize == "zscore" and frozen is not None:
-            stats = frozen.manifest["stats"]
-            mean, std, n_train = np.asarray(stats["mean"]), np.asarray(stats["std"]), int(stats["count"])
-        elif normalize == "zscore":
-            parts = run(shard_stats, [(layout, s) for s in shards], "stats", desc="statistics", unit="shard")
-            mean, std, n_train = merge_moments(parts)
-        if mean is not None:
-            layout.mean, layout.std = mean.astype(np.float32), std.astype(np.float32)
-        digests = run(write_shard, [(layout, s) for s in shards], "write", desc="write shards", unit="shard")
+        shards = work.writer.shard_ids
+        stats = _zscore(stage, work, normalize, frozen)
+        digests = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
         staging.written = True
         stored = stored_bytes(staging.cache_path, storage_options)
-        raw = n_bars * len(names) * 4
         manifest = {
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "shardcache_version": _version(),
             "feature_names": names,
-            "symbols": [m.symbol for m in kept],
+            "symbols": [m.symbol for m in merged],
             "normalize": normalize,
-            "stats": None if mean is None else {"mean": mean.tolist(), "std": std.tolist(), "count": n_train},
+            "stats": stats,
             "splits": {
                 "spec": spec.text,
                 "names": spec.names,
                 "stats_from": stats_of,  # where zscore statistics come from: train, all (no splits) or stats_from
                 "cuts_ns": [int(c) for c in cuts],
                 "cuts": [str(np.datetime64(int(c), "ns")) for c in cuts],
-                "bars": {name: int(np.diff(layout.segments[layout.segment_split == i, 1:], axis=1).sum())
-                         for i, name in enumerate(spec.names)},
+                "bars": split_bar_counts(work.segments, work.segment_split, spec.names),
             },
             "rolls": rolls,  # symbol -> [[first bar of the new contract (ns), old instrument id, new id], ...]
-            "tails": {m.symbol: m.tail for m in kept},
+            "tails": {m.symbol: m.tail for m in merged},
             "build": {
                 **options, "max_gap_ns": int(max_gap_ns), "bar_ns": bar_ns, "fingerprint": digest(wanted),
                 "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
@@ -403,8 +386,8 @@ def build_cache(
             "counts": {
                 "bars": n_bars,
                 "records_read": records_read,
-                "symbols": len(kept),
-                "segments": int(len(layout.segments)),
+                "symbols": len(merged),
+                "segments": int(len(work.segments)),
                 "dropped": {**{k: int(v) for k, v in drops.items()},
                             **({"duplicate timestamp": sum(m.duplicates for m in merged)}
                                if any(m.duplicates for m in merged) else {})},
@@ -414,19 +397,62 @@ def build_cache(
                 **({"unmapped": unmapped} if unmapped else {}),
                 "windows": {
                     "seq_len": seq_len, "horizon": horizon,
-                    "count": valid_ranges(SegmentTable(layout.segments, layout.segment_split, spec.names),
-                                          seq_len, horizon, 1, None).total(),
+                    "count": window_count(work.segments, work.segment_split, spec.names, seq_len, horizon),
                 },
             },
-            "bytes": {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None},
+            "bytes": bytes_summary(stored, n_bars * len(names) * 4),
             "layout": {"codec": codec, "shards": len(shards)},
             "elapsed_s": round(time.perf_counter() - t0, 3),
         }
-        layout.writer.write_history({"sources": sources_described, "appends": []})
-        layout.writer.finish(layout.segments, layout.segment_split, manifest, dict(zip(shards, digests)))
+        work.writer.write_history({"sources": sources_described, "appends": []})
+        work.writer.finish(work.segments, work.segment_split, manifest, dict(zip(shards, digests)))
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
+
+
+def _cut_times(spec: SplitSpec, frozen: Cache | None, scanned: Scanned) -> Sequence[int]:
+    """The split cut times (ns): those of ``stats_from``, the spec's dates, or its fractions placed
+    over the scan's timestamp sketch."""
+    if frozen is not None:
+        return frozen.manifest["splits"]["cuts_ns"]
+    if spec.dates_ns is not None:
+        return spec.dates_ns
+    if spec.fractions and len(scanned.runs):
+        return spec.fraction_cuts(scanned.sketch.ravel(), np.repeat(scanned.runs["n"] / _SKETCH, _SKETCH))
+    return []
+
+
+def _zscore(stage: Any, work: ShardWork, normalize: str, frozen: Cache | None) -> dict | None:
+    """Set ``work``'s z-score statistics (``stats_from``'s, or the train split's from a stats stage)
+    and return them as the manifest records them; None for ``normalize="none"``."""
+    if normalize != "zscore":
+        return None
+    if frozen is not None:
+        stats = frozen.manifest["stats"]
+        mean, std, n_train = np.asarray(stats["mean"]), np.asarray(stats["std"]), int(stats["count"])
+    else:
+        parts = stage(shard_stats, [(work, s) for s in work.writer.shard_ids], "stats", desc="statistics",
+                      unit="shard")
+        mean, std, n_train = merge_moments(parts)
+    work.mean, work.std = mean.astype(np.float32), std.astype(np.float32)
+    return {"mean": mean.tolist(), "std": std.tolist(), "count": n_train}
+
+
+def split_bar_counts(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str]) -> dict[str, int]:
+    """Bars per split name, from a segment table (the manifest's ``splits.bars``)."""
+    return {name: int(np.diff(segments[segment_split == i, 1:], axis=1).sum()) for i, name in enumerate(names)}
+
+
+def window_count(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int,
+                 horizon: int) -> int:
+    """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
+    return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
+
+
+def bytes_summary(stored: int, raw: int) -> dict[str, Any]:
+    """The manifest's ``bytes``: stored against raw float32 features, and their ratio."""
+    return {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None}
 
 
 def _split_bars(merged: list[Merged], n_splits: int) -> list[int]:
@@ -458,17 +484,17 @@ def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]
             np.concatenate(sketches) if sketches else np.empty((0, _SKETCH), np.int64), names)
 
 
-def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
+def _place(merged: list[Merged], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
           shard_rows: int | None, chunk_rows: int | None, codec: str, storage_options: dict | None,
-          staging: Staging) -> Layout:
+          staging: Staging) -> ShardWork:
     """Lay each symbol's rows out in time order from its first virtual row, build the segment
     table and create the empty cache (or, on a resume, reopen the one already created)."""
     auto_shard, auto_chunk = default_chunking(len(names))
     shard_rows = shard_rows or auto_shard
     chunk_rows = chunk_rows or min(auto_chunk, shard_rows)
-    bases = symbol_bases([m.n for m in kept], shard_rows)
+    bases = symbol_bases([m.n for m in merged], shard_rows)
     placed, segs, seg_split = [], [], []
-    for sym_id, m in enumerate(kept):
+    for sym_id, m in enumerate(merged):
         row = int(bases[sym_id])
         starts = m.seg_starts + row
         stops = np.concatenate([starts[1:], [row + m.n]])
@@ -484,15 +510,15 @@ def _plan(kept: list[Merged], names: list[str], read_cols: list[str], spec: Spli
         created = False
     if not created and not staging.local and staging.replace and fs.exists(fs_path):
         fs.rm(fs_path, recursive=True)
-    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=[m.n for m in kept],
+    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=[m.n for m in merged],
                          shard_rows=shard_rows, chunk_rows=chunk_rows, codec=codec, storage_options=storage_options,
                          create=not created)
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
     ids, first_row, counts = (np.concatenate(parts) for parts in zip(*placed))
-    return Layout(staging.root, ids, first_row, counts, segments, np.concatenate(seg_split).astype(np.int8), names,
+    return ShardWork(staging.root, ids, first_row, counts, segments, np.concatenate(seg_split).astype(np.int8), names,
                   writer, train_split=train,
-                  read_columns=read_cols, symbols=[m.symbol for m in kept])
+                  read_columns=read_cols, symbols=[m.symbol for m in merged])
 
 
 def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: dict | None,
@@ -512,10 +538,10 @@ def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     return specs, paths, srcs
 
 
-def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
-    """Stage 1 over every input (``run`` is ``Staging.run``): runs spilled, counts gathered; with
+def scan_inputs(stage: Any, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
+    """Stage 1 over every input (``stage`` is ``Staging.run``): runs spilled, counts gathered; with
     ``sketch``, timestamps sampled from every run to place fraction splits."""
-    scans = run(_scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan",
+    scans = stage(_scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan",
                 desc="read files", unit="file")
     unmapped = resolve_unmapped([s.path for s in srcs], [s.symbols for s in scans], [s.symbology for s in scans])
     runs, sketch, symbols = _gather_runs(scans)
@@ -524,12 +550,12 @@ def scan_inputs(run: Any, srcs: list[Source], staging: str, read_cols: list[str]
                    sum((s.drops for s in scans), Counter()), [s.step for s in scans], unmapped)
 
 
-def merge_symbols(run: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int]) -> list[Merged]:
+def merge_symbols(stage: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int]) -> list[Merged]:
     """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names)."""
     runs = scanned.runs
     by_sym = np.argsort(runs["sym"], kind="stable")
     bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(scanned.symbols) + 1))
-    return run(
+    return stage(
         _merge,
         [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging), staging, max_gap_ns,
           np.asarray(cuts, dtype=np.int64))

@@ -1,11 +1,11 @@
 """Per-shard work of a build or an append: a shard's features, train-split statistics, the write.
 
-Rows come from the sorted cluster files the merge stage spilled (``Layout.clusters``, in row
+Rows come from the sorted cluster files the merge stage spilled (``ShardWork.clusters``, in row
 order, named by ``cluster_path``). A feature that looks at the previous bar (``log_return``, ``gap``) reads one extra
 leading row: from the clusters, or, for the first new bar of an appended symbol, from the
-raw last bar the manifest keeps per symbol (``Layout.tails``), so appended bars get the
+raw last bar the manifest keeps per symbol (``ShardWork.tails``), so appended bars get the
 same features as a build that saw every bar at once. Rows of a shard that an append keeps
-(``Layout.kept``) are read back from the cache as stored and written again with the new
+(``ShardWork.first_new``) are read back from the cache as stored and written again with the new
 rows: one writer per shard, every write a whole shard.
 """
 
@@ -22,7 +22,7 @@ from ..errors import ShardcacheError
 from ..format.writer import CacheWriter
 from .features import compute_features
 
-__all__ = ["Layout", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
+__all__ = ["ShardWork", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
 
 
 def cluster_path(staging: str, sym: int, c: int) -> str:
@@ -32,7 +32,7 @@ def cluster_path(staging: str, sym: int, c: int) -> str:
 
 
 @dataclass
-class Layout:
+class ShardWork:
     """Where each row to compute comes from, and how to normalize and write it."""
 
     staging: str  # the folder holding the cluster files
@@ -49,7 +49,7 @@ class Layout:
     read_columns: list[str] = field(default_factory=list)
     symbols: list[str] = field(default_factory=list)
     tails: dict[int, dict] = field(default_factory=dict)  # row -> raw bar ({"ts": ..., column: ...}) before new rows
-    kept: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
+    first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 
 def write_arrow(path: str, table: pa.Table) -> None:
@@ -63,56 +63,56 @@ def read_arrow(path: str) -> pa.Table:
     return ipc.open_file(pa.memory_map(path, "r")).read_all()
 
 
-def _cluster(layout: Layout, ci: int) -> str:
-    sym, c = layout.clusters[ci].tolist()
-    return cluster_path(layout.staging, sym, c)
+def _cluster(work: ShardWork, ci: int) -> str:
+    sym, c = work.clusters[ci].tolist()
+    return cluster_path(work.staging, sym, c)
 
 
-def _lead(layout: Layout, row: int) -> dict[str, np.ndarray] | None:
+def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
     """The raw bar at ``row`` as one-row columns, if it is stored in a cluster or kept as a tail."""
-    ci = int(np.searchsorted(layout.first_row, row, side="right")) - 1
-    if ci >= 0 and row < layout.first_row[ci] + layout.counts[ci]:
-        table = read_arrow(_cluster(layout, ci)).slice(row - int(layout.first_row[ci]), 1)
-        return {c: table[c].to_numpy() for c in ["ts", *layout.read_columns]}
-    tail = layout.tails.get(row)
+    ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
+    if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
+        table = read_arrow(_cluster(work, ci)).slice(row - int(work.first_row[ci]), 1)
+        return {c: table[c].to_numpy() for c in ["ts", *work.read_columns]}
+    tail = work.tails.get(row)
     if tail is None:
         return None
     return {"ts": np.asarray([tail["ts"]], dtype=np.int64),
-            **{c: np.asarray([tail[c]], dtype=np.float64) for c in layout.read_columns}}
+            **{c: np.asarray([tail[c]], dtype=np.float64) for c in work.read_columns}}
 
 
-def rows_features(layout: Layout, a: int, b: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rows_features(work: ShardWork, a: int, b: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features (unnormalized), timestamps and split ids of rows ``[a, b)``, all in the clusters."""
-    lead = _lead(layout, a - 1) if a > 0 else None
-    ci = int(np.searchsorted(layout.first_row, a, side="right")) - 1
+    lead = _lead(work, a - 1) if a > 0 else None
+    ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
     parts, row = [], a
     while row < b:
-        first = int(layout.first_row[ci])
-        table = read_arrow(_cluster(layout, ci))
+        first = int(work.first_row[ci])
+        table = read_arrow(_cluster(work, ci))
         take = min(b, first + table.num_rows) - row
         parts.append(table.slice(row - first, take))
         row += take
         ci += 1
     table = pa.concat_tables(parts)
     ts = table["ts"].to_numpy().astype(np.int64, copy=False)
-    cols = {c: table[c].to_numpy() for c in layout.read_columns}
+    cols = {c: table[c].to_numpy() for c in work.read_columns}
     n_lead = 0 if lead is None else 1
     if lead is not None:
         ts = np.concatenate([lead["ts"].astype(np.int64), ts])
         cols = {c: np.concatenate([lead[c], v]) for c, v in cols.items()}
     rows = np.arange(a - n_lead, b, dtype=np.int64)
-    seg = np.searchsorted(layout.segments[:, 1], rows, side="right") - 1
+    seg = np.searchsorted(work.segments[:, 1], rows, side="right") - 1
     starts = np.zeros(len(rows), dtype=bool)
     starts[0] = True
     starts[1:] = seg[1:] != seg[:-1]
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
-        feats = compute_features(layout.names, cols, ts, starts)
+        feats = compute_features(work.names, cols, ts, starts)
     feats, ts, seg = feats[n_lead:], ts[n_lead:], seg[n_lead:]
-    _check_finite(layout, shard, feats, ts, seg, "is not finite")
-    return feats, ts, layout.segment_split[seg]
+    _check_finite(work, shard, feats, ts, seg, "is not finite")
+    return feats, ts, work.segment_split[seg]
 
 
-def _check_finite(layout: Layout, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray,
+def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray,
                   what: str) -> None:
     """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
     or from a derived feature of extreme inputs."""
@@ -120,19 +120,19 @@ def _check_finite(layout: Layout, shard: int, feats: np.ndarray, ts: np.ndarray,
     if not bad.any():
         return
     rows, cols = np.nonzero(bad)
-    sym = layout.symbols[int(layout.segments[seg[rows[0]], 0])] if layout.symbols else "?"
+    sym = work.symbols[int(work.segments[seg[rows[0]], 0])] if work.symbols else "?"
     raise ShardcacheError(
-        f"feature {layout.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
+        f"feature {work.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
         f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
         "derived feature of extreme inputs; fix those bars or pick other --features")
 
 
-def shard_stats(job: tuple[Layout, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def shard_stats(job: tuple[ShardWork, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-feature (count, mean, M2) of one shard's train-split rows."""
-    layout, shard = job
-    feats, _, split = rows_features(layout, *layout.writer.shard_bounds(shard), shard)
-    if layout.train_split is not None:
-        feats = feats[split == layout.train_split]
+    work, shard = job
+    feats, _, split = rows_features(work, *work.writer.shard_bounds(shard), shard)
+    if work.train_split is not None:
+        feats = feats[split == work.train_split]
     x = feats.astype(np.float64)
     n = np.full(x.shape[1], len(x), dtype=np.float64)
     mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
@@ -156,18 +156,18 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
     return mean, std, int(n[0]) if len(n) else 0
 
 
-def write_shard(job: tuple[Layout, int]) -> str:
+def write_shard(job: tuple[ShardWork, int]) -> str:
     """Compute, normalize and write one whole shard (with the rows an append keeps); its digest."""
-    layout, shard = job
-    a, b = layout.writer.shard_bounds(shard)
-    c = layout.kept.get(shard, a)
-    feats, ts, _ = rows_features(layout, c, b, shard)
-    if layout.mean is not None:
+    work, shard = job
+    a, b = work.writer.shard_bounds(shard)
+    c = work.first_new.get(shard, a)
+    feats, ts, _ = rows_features(work, c, b, shard)
+    if work.mean is not None:
         with np.errstate(over="ignore", invalid="ignore"):
-            feats = ((feats - layout.mean) / layout.std).astype(np.float32)
-        seg = np.searchsorted(layout.segments[:, 1], c + np.arange(len(ts)), side="right") - 1
-        _check_finite(layout, shard, feats, ts, seg, "overflows float32 after z-scoring")
+            feats = ((feats - work.mean) / work.std).astype(np.float32)
+        seg = np.searchsorted(work.segments[:, 1], c + np.arange(len(ts)), side="right") - 1
+        _check_finite(work, shard, feats, ts, seg, "overflows float32 after z-scoring")
     if c > a:
-        old_feats, old_ts = layout.writer.read(a, c)
+        old_feats, old_ts = work.writer.read(a, c)
         feats, ts = np.concatenate([old_feats, feats]), np.concatenate([old_ts, ts])
-    return layout.writer.write_shard(shard, feats, ts)
+    return work.writer.write_shard(shard, feats, ts)
