@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: {', '.join(stale)}")
 
 
-# ---- window index and stream (shardcache/index.py, shardcache/stream.py) -------------------
+# ---- window plan and stream (shardcache/read/plan.py, shardcache/read/stream.py) ----------
 
 
 @pytest.fixture(scope="session")

@@ -50,12 +50,12 @@ from ..format.cache import Cache, open_cache
 from ..format.layout import symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
-from .builder import (Merged, build_cache, bytes_summary, connect, merge_symbols, open_inputs, place_clusters,
-                      scan_inputs, split_bar_counts, stored_bytes, window_count)
+from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
 from .checks import BUILD_OPTIONS
 from .compute import ShardWork, write_shard
 from .features import required_columns, resolve_features
 from .staging import Staging, digest, fingerprint, prepare
+from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
 
 __all__ = ["STATS", "append_cache"]
 

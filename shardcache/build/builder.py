@@ -48,7 +48,6 @@ from ..errors import ShardcacheError
 from ..format.cache import Cache, open_cache
 from ..format.layout import CODECS, default_chunking, group_path, symbol_bases
 from ..format.writer import CacheWriter
-from ..read.plan import SegmentTable, valid_ranges
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
 from .compute import ShardWork, cluster_path, merge_moments, read_arrow, shard_stats, write_arrow, write_shard
@@ -56,9 +55,10 @@ from .features import required_columns, resolve_features
 from .sources import Source, expand_inputs, format_duration, open_sources, parse_duration
 from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
+from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
 
-__all__ = ["Merged", "Scanned", "build_cache", "bytes_summary", "connect", "merge_symbols", "open_inputs",
-           "place_clusters", "scan_inputs", "split_bar_counts", "stored_bytes", "window_count"]
+__all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
+           "scan_inputs"]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
@@ -250,13 +250,6 @@ def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
 
 
 # -- the build -------------------------------------------------------------------------------
-def stored_bytes(url: str, storage_options: dict | None) -> int:
-    """Bytes of every symbol's ``features`` shard objects (what the compression ratio is about)."""
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    found = fs.find(path.rstrip("/") + "/symbols", detail=True)
-    return int(sum(d["size"] for p, d in found.items() if "/features/c/" in p))
-
-
 def _resolve_max_gap(max_gap: str | int | None, bar_ns: int | None) -> int:
     if max_gap is None or max_gap == "auto":
         return max(3_600 * 10**9, 5 * (bar_ns or 60 * 10**9))
@@ -437,22 +430,6 @@ def _zscore(stage: Any, work: ShardWork, normalize: str, frozen: Cache | None) -
         mean, std, n_train = merge_moments(parts)
     work.mean, work.std = mean.astype(np.float32), std.astype(np.float32)
     return {"mean": mean.tolist(), "std": std.tolist(), "count": n_train}
-
-
-def split_bar_counts(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str]) -> dict[str, int]:
-    """Bars per split name, from a segment table (the manifest's ``splits.bars``)."""
-    return {name: int(np.diff(segments[segment_split == i, 1:], axis=1).sum()) for i, name in enumerate(names)}
-
-
-def window_count(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int,
-                 horizon: int) -> int:
-    """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
-    return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
-
-
-def bytes_summary(stored: int, raw: int) -> dict[str, Any]:
-    """The manifest's ``bytes``: stored against raw float32 features, and their ratio."""
-    return {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None}
 
 
 def _split_bars(merged: list[Merged], n_splits: int) -> list[int]:

@@ -29,14 +29,10 @@ class CsvSource(TabularSource):
 
     kind = "csv"
 
-    def __init__(self, path: str, *, ts_column: str | None = None, symbol_column: str | None = None,
-                 columns: list[str] | None = None, bar: str | None = None,
-                 storage_options: dict | None = None) -> None:
-        self.path = path
-        self.storage_options = storage_options
+    def _schema(self) -> pa.Schema:
+        """The columns and types ``pyarrow.csv`` infers from the header and the first block."""
         with self._reader() as reader:
-            schema = reader.schema
-        super().__init__(path, schema, ts_column=ts_column, symbol_column=symbol_column, columns=columns, bar=bar)
+            return reader.schema
 
     def _reader(self, columns: list[str] | None = None) -> pcsv.CSVStreamingReader:
         """A block reader; with ``columns``, the value columns are read as float64 whatever the first

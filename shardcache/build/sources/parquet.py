@@ -26,11 +26,9 @@ class ParquetSource(TabularSource):
 
     kind = "parquet"
 
-    def __init__(self, path: str, *, ts_column: str | None = None, symbol_column: str | None = None,
-                 columns: list[str] | None = None, bar: str | None = None,
-                 storage_options: dict | None = None) -> None:
-        self.path = path
-        self.storage_options = storage_options
+    def _schema(self) -> pa.Schema:
+        """The file's Arrow schema from its footer; a one-line SourceError for a file that is not Parquet."""
+        path, storage_options = self.path, self.storage_options
         try:
             pf = self._open()
         except (pa.ArrowException, OSError) as exc:
@@ -44,7 +42,7 @@ class ParquetSource(TabularSource):
             raise SourceError(path, f"corrupt Parquet metadata ({msg})") from None
         schema = pf.schema_arrow
         pf.close()
-        super().__init__(path, schema, ts_column=ts_column, symbol_column=symbol_column, columns=columns, bar=bar)
+        return schema
 
     def _open(self) -> pq.ParquetFile:
         """The file's Parquet reader: Arrow's own file locally, an fsspec file for a URL (closed with it)."""

@@ -83,9 +83,12 @@ def _int_unit(values: np.ndarray) -> str | None:
 class TabularSource(Source):
     """A table of bars with detected columns (see the module docstring); Parquet and CSV subclass it."""
 
-    def __init__(self, path: str, schema: pa.Schema, *, ts_column: str | None, symbol_column: str | None,
-                 columns: list[str] | None, bar: str | None) -> None:
+    def __init__(self, path: str, *, ts_column: str | None = None, symbol_column: str | None = None,
+                 columns: list[str] | None = None, bar: str | None = None,
+                 storage_options: dict | None = None) -> None:
         self.path = path
+        self.storage_options = storage_options
+        schema = self._schema()
         names = list(schema.names)
         self._check_names(names)
         self._types = {f.name: f.type for f in schema}
@@ -126,6 +129,10 @@ class TabularSource(Source):
         self.bar_request = None if bar is None else parse_duration(bar)
         self._unit: str | None = None
         super().__init__(path, self.kind, list(self._source_name), None)
+
+    def _schema(self) -> pa.Schema:
+        """The file's Arrow schema, read by each subclass its own way (before any row is read)."""
+        raise NotImplementedError
 
     def _check_names(self, names: list[str]) -> None:
         """Refuse two columns whose names are equal, or equal ignoring case (``Close`` and ``close``)."""
