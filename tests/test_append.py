@@ -22,6 +22,7 @@ from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream,
 from shardcache.build import append as append_mod
 from shardcache.build.append import append_cache
 from shardcache.build.builder import build_cache
+from shardcache.build.checks import BUILD_OPTIONS
 from shardcache.cli import build_cache_main, main
 from shardcache.read.plan import valid_ranges
 from shardcache.build.sample import make_sample, write_dbn
@@ -213,6 +214,10 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
     rebuilt = open_cache(out)
     whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "workers": None})
     assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
+    # the rebuild takes BUILD_OPTIONS from the manifest: the builder must record every one of them
+    assert set(BUILD_OPTIONS) <= set(rebuilt.manifest["build"])
+    assert {k: rebuilt.manifest["build"][k] for k in BUILD_OPTIONS} == {
+        k: whole.manifest["build"][k] for k in BUILD_OPTIONS}
     assert "appends" not in rebuilt.manifest and len(rebuilt.history()["sources"]) == len(files)
 
 
