@@ -4,7 +4,7 @@
 ``append_cache`` adds later bars to it;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory;
 ``WindowDataset`` is the map-style twin for evaluation;
-``info``, ``shards``, ``open_symbol`` and ``to_xarray`` show a cache to people (``shardcache.explore``).
+``info``, ``shards``, ``open_symbol`` and ``to_xarray`` show a cache to people (``shardcache.inspect.views``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
-from .store import Cache, open_cache
+from .format.cache import Cache, open_cache
 
 __all__ = [
     "Cache",
@@ -37,19 +37,19 @@ def __getattr__(name: str) -> Any:
     """Load on first use: build workers never import torch (~150 MiB), training processes
     never import the builder's dask and pyarrow stack (~40 MiB)."""
     if name in ("WindowStream", "WindowDataset", "WindowSpec"):
-        from . import stream
+        from .read import stream
 
         return getattr(stream, name)
     if name == "build_cache":
-        from .builder import build_cache
+        from .build.builder import build_cache
 
         return build_cache
     if name in ("info", "open_symbol", "shards", "to_xarray"):
-        from . import explore
+        from .inspect import views as explore
 
         return getattr(explore, name)
     if name == "append_cache":
-        from .append import append_cache
+        from .build.append import append_cache
 
         return append_cache
     raise AttributeError(f"module 'shardcache' has no attribute {name!r}")

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ShardcacheError
+from .format.layout import CODECS
 
 if TYPE_CHECKING:
-    from .explore import ShardInfo
+    from .inspect.views import ShardInfo
 
 __all__ = ["main", "build_cache_main", "format_info", "format_shards"]
 
@@ -80,7 +81,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
-    p.add_argument("--codec", choices=["blosc-lz4", "zstd", "lz4", "none"], default="blosc-lz4")
+    p.add_argument("--codec", choices=CODECS, default="blosc-lz4")
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument("--scheduler", default=None,
                    help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
@@ -103,9 +104,6 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
 
 
-_BUILD_ONLY = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
-               "shard_rows", "chunk_rows", "codec", "seq_len", "horizon", "overwrite", "stats_from")
-
 
 def _explicit(argv: Sequence[str]) -> set[str]:
     """The build options that ``argv`` names itself, whatever their values (``--split none`` included)."""
@@ -120,15 +118,17 @@ def _explicit(argv: Sequence[str]) -> set[str]:
 
 
 def _cmd_append(args: argparse.Namespace) -> int:
-    from .append import append_cache
-    from .explore import info
+    from .build.append import append_cache
+    from .build.checks import BUILD_OPTIONS
+    from .inspect.views import info
 
+    build_only = (*BUILD_OPTIONS, "overwrite", "stats_from")  # what --append refuses: the cache has them
     explicit = getattr(args, "explicit", None)
     if explicit is None:  # called without the command line: compare with the defaults
         parser = argparse.ArgumentParser()
         _add_build_args(parser)
-        explicit = {k for k in _BUILD_ONLY if getattr(args, k) != parser.get_default(k)}
-    given = [k for k in _BUILD_ONLY if k in explicit]
+        explicit = {k for k in build_only if getattr(args, k) != parser.get_default(k)}
+    given = [k for k in build_only if k in explicit]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
@@ -141,10 +141,10 @@ def _cmd_append(args: argparse.Namespace) -> int:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .builder import build_cache
-    from .checks import check_options
-    from .tasks import tune_allocator
-    from .explore import info
+    from .build.builder import build_cache
+    from .build.checks import check_options
+    from .build.tasks import tune_allocator
+    from .inspect.views import info
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
 
@@ -270,8 +270,8 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .explore import info
-    from .store import open_cache
+    from .inspect.views import info
+    from .format.cache import open_cache
 
     if args.seq_len < 1 or args.horizon < 0:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
@@ -283,7 +283,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Re-read every shard; exit 1 if anything is corrupt or missing (each named by its key)."""
-    from .verify import verify_cache
+    from .inspect.verify import verify_cache
 
     report = verify_cache(args.cache, _storage_options(args.storage_option), progress=not args.json)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format())
@@ -292,8 +292,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
-    from .explore import shards
-    from .store import open_cache
+    from .inspect.views import shards
+    from .format.cache import open_cache
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     table = shards(cache)
@@ -306,7 +306,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from .sample import make_sample
+    from .build.sample import make_sample
 
     t0 = time.perf_counter()
     files = make_sample(args.out, days=args.days, seed=args.seed)
@@ -318,12 +318,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """Generate the sample, build it, stream one epoch at stride 1 and say what happened."""
     import psutil
 
-    from .builder import build_cache
-    from .explore import info
-    from .index import valid_ranges
-    from .sample import make_sample
-    from .stream import WindowStream
-    from .tasks import tune_allocator
+    from .build.builder import build_cache
+    from .inspect.views import info
+    from .read.plan import valid_ranges
+    from .build.sample import make_sample
+    from .read.stream import WindowStream
+    from .build.tasks import tune_allocator
 
     tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
@@ -391,7 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn", "psutil"})  # pyproject's [build]
+_BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn"})  # pyproject's [build]
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str) -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["ShardcacheError", "SourceError", "CacheError"]
+__all__ = ["ShardcacheError", "SourceError", "CacheError", "one_line"]
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), for a message."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 class ShardcacheError(Exception):

@@ -14,6 +14,9 @@ SLOW_FIXTURES = {
     "this_python_kernel": "a notebook kernel",
 }
 SLOW_TESTS = {  # file -> test function -> why
+    "test_train_loop.py": {
+        "test_two_steps_of_every_scenario_give_one_table_row_each": "six training processes and DataLoader workers",
+    },
     "test_scaling.py": {"test_ddp_ranks_cover_the_epoch_once": "DDP ranks spawned"},
     "test_memory.py": {
         "test_worker_tree_memory_does_not_grow_with_bars": "memory of a process tree",
@@ -64,7 +67,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: {', '.join(stale)}")
 
 
-# ---- window index and stream (shardcache/index.py, shardcache/stream.py) -------------------
+# ---- window plan and stream (shardcache/read/plan.py, shardcache/read/stream.py) ----------
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardcache.store import Cache, symbol_bases
-from shardcache.writer import CacheWriter
+from shardcache.format.cache import Cache
+from shardcache.format.layout import symbol_bases
+from shardcache.format.writer import CacheWriter
 
 __all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]
 
@@ -181,7 +182,7 @@ def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: st
     import torch
     import torch.distributed as dist
 
-    from shardcache.stream import WindowStream
+    from shardcache.read.stream import WindowStream
     from stream_helpers import rows_of
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -203,7 +204,7 @@ def _resume(cache_path: str, state_file: str, workers: int, out: str, kwargs: di
     """Load a saved state into a fresh stream and save the indices of the rest of the epoch."""
     import torch
 
-    from shardcache.stream import WindowStream
+    from shardcache.read.stream import WindowStream
     from stream_helpers import rows_of
 
     with open(state_file) as f:
@@ -219,7 +220,7 @@ def _stream_rss(cache_path: str, limit: int, out: str, kwargs: dict) -> None:
     """Peak RSS growth while streaming ``limit`` batches (the stream's plan included)."""
     import psutil
 
-    from shardcache.stream import WindowStream
+    from shardcache.read.stream import WindowStream
 
     proc = psutil.Process()
     cache = Cache(cache_path)

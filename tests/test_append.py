@@ -19,13 +19,14 @@ import pytest
 from helpers import make_cache, stored_rows, synthetic_bars
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache import append as append_mod
-from shardcache.append import append_cache
-from shardcache.builder import build_cache
+from shardcache.build import append as append_mod
+from shardcache.build.append import append_cache
+from shardcache.build.builder import build_cache
+from shardcache.build.checks import BUILD_OPTIONS
 from shardcache.cli import build_cache_main, main
-from shardcache.index import valid_ranges
-from shardcache.sample import make_sample, write_dbn
-from shardcache.verify import compare_caches, verify_cache
+from shardcache.read.plan import valid_ranges
+from shardcache.build.sample import make_sample, write_dbn
+from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
 MIN = 60 * 10**9
@@ -213,6 +214,10 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
     rebuilt = open_cache(out)
     whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "workers": None})
     assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
+    # the rebuild takes BUILD_OPTIONS from the manifest: the builder must record every one of them
+    assert set(BUILD_OPTIONS) <= set(rebuilt.manifest["build"])
+    assert {k: rebuilt.manifest["build"][k] for k in BUILD_OPTIONS} == {
+        k: whole.manifest["build"][k] for k in BUILD_OPTIONS}
     assert "appends" not in rebuilt.manifest and len(rebuilt.history()["sources"]) == len(files)
 
 

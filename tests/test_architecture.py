@@ -27,29 +27,14 @@ PACKAGE = ROOT / "shardcache"
 # listed belongs to the wing of its nearest listed package ("" excepted: a new top-level module
 # must be listed).
 WINGS = {
-    "": "top",  # the lazy __init__: re-exports from every wing
+    "": "top",
     "cli": "top",
     "errors": "shared",
     "_version": "shared",
-    "store": "format",
-    "decode": "format",
-    "index": "read",
-    "reader": "read",
-    "stream": "read",
-    "explore": "inspect",
-    "verify": "inspect",
-    "sources": "build",
-    "features": "build",
-    "splits": "build",
-    "builder": "build",
-    "append": "build",
-    "compute": "build",
-    "staging": "build",
-    "tasks": "build",
-    "cluster": "build",
-    "sample": "build",
-    "markers": "build",  # nopickle's staging markers
-    "checks": "build",  # input's option checks
+    "format": "format",
+    "read": "read",
+    "inspect": "inspect",
+    "build": "build",
 }
 MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
     "shared": {"shared"},
@@ -63,7 +48,7 @@ MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
 THIRD_PARTY = {
     "shared": set(),
     "format": {"numpy", "zarr", "numcodecs", "google_crc32c", "fsspec"},
-    "read": {"numpy", "torch", "psutil"},  # psutil: memory_budget="auto" (issue #13)
+    "read": {"numpy", "torch", "psutil"},  # psutil: memory_budget="auto"
     "inspect": {"numpy", "zarr", "fsspec", "tqdm", "xarray", "dask"},  # xarray, dask: to_xarray, its extra
     "build": {"numpy", "zarr", "fsspec", "tqdm", "dask", "distributed", "pyarrow", "databento_dbn", "psutil"},
     "top": {"numpy", "psutil"},

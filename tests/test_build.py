@@ -14,12 +14,12 @@ import pytest
 import zarr
 
 from helpers import stored_rows
-from shardcache.index import n_windows
+from shardcache.read.plan import n_windows
 from shardcache import ShardcacheError, open_cache
-from shardcache.builder import build_cache
-from shardcache.index import valid_ranges
-from shardcache.splits import parse_split
-from shardcache.sample import make_sample, write_dbn
+from shardcache.build.builder import build_cache
+from shardcache.read.plan import valid_ranges
+from shardcache.build.splits import parse_split
+from shardcache.build.sample import make_sample, write_dbn
 
 OHLCV = ["open", "high", "low", "close", "volume"]
 MIN = 60 * 10**9

@@ -8,8 +8,8 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardcache.decode import ChunkError, MissingShard, ShardDecoder
-from shardcache.store import CODECS, compressors
+from shardcache.format.decode import ChunkError, MissingShard, ShardDecoder
+from shardcache.format.layout import CODECS, compressors
 
 
 def _array(path, data: np.ndarray, shard_rows: int, chunk_rows: int, codec: str) -> zarr.Array:

@@ -14,7 +14,7 @@ import pytest
 from parquet_cache import build_raw, make_bars, write_parquet
 from shardcache import CacheError, open_cache
 from shardcache.cli import main
-from shardcache.explore import info, open_symbol, shards, to_xarray
+from shardcache.inspect.views import info, open_symbol, shards, to_xarray
 
 SHARD, CHUNK = 256, 64
 COUNTS = {"ESZ3": 700, "BRK/B": 256, "NQ Z3": 300}  # 3 + 1 + 2 shards

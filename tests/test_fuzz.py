@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from helpers import stored_rows
 from shardcache import ShardcacheError, open_cache
-from shardcache.builder import build_cache
-from shardcache.sample import write_dbn
-from shardcache.verify import verify_cache
+from shardcache.build.builder import build_cache
+from shardcache.build.sample import write_dbn
+from shardcache.inspect.verify import verify_cache
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

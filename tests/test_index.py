@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import brute_starts, synthetic_bars
-from shardcache.index import Ranges, make_plan, pool_layout, reader_runs, valid_ranges
+from shardcache.read.plan import Ranges, make_plan, pool_layout, reader_runs, valid_ranges
 
 SHARD = 256
 

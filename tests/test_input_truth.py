@@ -24,7 +24,7 @@ import pytest
 
 from shardcache import WindowDataset, WindowStream, build_cache
 from shardcache.cli import build_cache_main, main
-from shardcache.sample import _Interval, _Mapping, _records, write_dbn
+from shardcache.build.sample import _Interval, _Mapping, _records, write_dbn
 
 MIN = 60 * 10**9
 HOUR = 60 * MIN
@@ -397,7 +397,7 @@ def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
 
 def test_source_readers_never_import_their_package():
     """The readers import the shared base; only the package imports the readers (no import circle)."""
-    import shardcache.sources as pkg
+    import shardcache.build.sources as pkg
 
     folder = Path(pkg.__file__).parent
     for path in folder.glob("*.py"):
@@ -406,7 +406,7 @@ def test_source_readers_never_import_their_package():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.level == 1 and node.module is None), f"{path.name} imports its package"
-                assert node.module not in ("shardcache.sources",), f"{path.name} imports its package"
+                assert node.module not in ("shardcache.build.sources",), f"{path.name} imports its package"
 
 
 @pytest.mark.parametrize("args", [["--seq-len", "abc"], ["--workers", "1.5"], ["--codec", "brotli"]])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import shardcache
-from shardcache import tasks
+from shardcache.build import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def _run_python(code: str, tmp_path: Path) -> dict:
 
 
 BUILD = """
-from shardcache.sample import make_sample
+from shardcache.build.sample import make_sample
 files = make_sample("dbn", days=3, seed=1)
 """
 
@@ -60,7 +60,7 @@ files = make_sample("dbn", days=3, seed=1)
 def test_build_cache_from_python_leaves_the_allocator_alone(tmp_path):
     got = _run_python(BUILD + """
 from shardcache import build_cache
-from shardcache import tasks
+from shardcache.build import tasks
 pinned_before = mmap_threshold_pinned()
 cache = build_cache(files, "c.zarr", progress=False)
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned,
@@ -74,7 +74,7 @@ print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tu
 def test_the_cli_pins_the_mmap_threshold_of_its_own_process(tmp_path):
     got = _run_python(BUILD + """
 from shardcache.cli import build_cache_main
-from shardcache import tasks
+from shardcache.build import tasks
 pinned_before = mmap_threshold_pinned()
 code = build_cache_main([*map(str, files), "--out", "c.zarr", "-q"])
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned, "code": code}))
@@ -117,14 +117,14 @@ def test_a_dask_worker_preload_opts_in(monkeypatch):
     libc = _FakeLibc()
     monkeypatch.setattr(tasks, "_glibc", lambda: libc)
     monkeypatch.setattr(tasks, "_tuned", False)
-    tasks.dask_setup(worker=None)  # what `dask worker --preload shardcache.tasks` calls
+    tasks.dask_setup(worker=None)  # what `dask worker --preload shardcache.build.tasks` calls
     assert tasks._tuned and libc.calls == [("mallopt", -3, 128 << 10)]
 
 
 # ---- a core install: the build extra missing -------------------------------------------------
 
 BLOCK_BUILD_EXTRA = ("import sys\n"  # None in sys.modules: `import dask` raises ModuleNotFoundError, as uninstalled
-                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn', 'psutil'):\n"
+                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn'):\n"
                      "    sys.modules[name] = None\n")
 
 
@@ -160,16 +160,16 @@ def test_version_comes_from_the_installed_metadata():
 
 
 def test_dask_workers_preloading_shardcache_tasks_are_tuned():
-    """``dask worker --preload shardcache.tasks``: real worker processes run the hook; the driver does not."""
+    """``dask worker --preload shardcache.build.tasks``: real worker processes run the hook; the driver does not."""
     distributed = pytest.importorskip("distributed")
 
     def tuned() -> bool:
-        from shardcache import tasks
+        from shardcache.build import tasks
 
         return tasks._tuned
 
     before = tasks._tuned  # True only if an earlier test ran the CLI in this process
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  preload=["shardcache.tasks"]) as cluster, distributed.Client(cluster) as client:
+                                  preload=["shardcache.build.tasks"]) as cluster, distributed.Client(cluster) as client:
         assert list(client.run(tuned).values()) == [_glibc()]
     assert tasks._tuned is before  # the preload tunes the workers, never the driver

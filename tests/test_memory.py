@@ -137,7 +137,7 @@ def _random(path: str, n: int) -> dict:
     import psutil
 
     from shardcache import WindowDataset
-    from shardcache.stream import _LRU_BLOCKS
+    from shardcache.read.stream import _LRU_BLOCKS
 
     proc = psutil.Process()
     ds = WindowDataset(path, 60, split="all")

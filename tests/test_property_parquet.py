@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from shardcache import explore, open_cache
+from shardcache import open_cache
+from shardcache.inspect import views as explore
 from shardcache.cli import build_cache_main, format_info
-from shardcache.sources import PRICE_COLUMNS
-from shardcache.verify import verify_cache
+from shardcache.build.sources import PRICE_COLUMNS
+from shardcache.inspect.verify import verify_cache
 
 MIN = 60 * 10**9
 T0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))

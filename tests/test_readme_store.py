@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import build_cache
-from shardcache.sample import make_sample
+from shardcache.build.sample import make_sample
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -19,14 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import shardcache.builder as builder
-import shardcache.staging as staging
+import shardcache.build.builder as builder
+import shardcache.build.staging as staging
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache.builder import build_cache
+from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main, main
-from shardcache.sample import make_sample, write_dbn
-from shardcache.writer import CacheWriter
-from shardcache.verify import compare_caches, verify_cache
+from shardcache.build.sample import make_sample, write_dbn
+from shardcache.format.writer import CacheWriter
+from shardcache.inspect.verify import compare_caches, verify_cache
 
 # shards of 1,024 rows: symbol 0 (~9,800 rows) fills shards 0-9, so the shard numbers below are all written
 OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache.sample import CONTRACTS, make_sample, make_sample_parquet, session_minutes, write_dbn
-from shardcache.sources import open_source
+from shardcache.build.sample import CONTRACTS, make_sample, make_sample_parquet, session_minutes, write_dbn
+from shardcache.build.sources import open_source
 
 MIN = 60_000_000_000
 HOUR = 60 * MIN

@@ -15,14 +15,15 @@ import torch.multiprocessing as mp
 
 from helpers import brute_starts, ddp_rank, stored_rows
 from shardcache import ShardcacheError, WindowStream, open_cache
-from shardcache.builder import build_cache
+from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main, main
-from shardcache.cluster import check_cluster
-from shardcache.sample import make_sample, make_sample_parquet
-from shardcache.sources import expand_inputs
-from shardcache.explore import shards
-from shardcache.store import Cache, open_group
-from shardcache.verify import verify_cache
+from shardcache.build.cluster import check_cluster
+from shardcache.build.sample import make_sample, make_sample_parquet
+from shardcache.build.sources import expand_inputs
+from shardcache.inspect.views import shards
+from shardcache.format.cache import Cache
+from shardcache.format.layout import open_group
+from shardcache.inspect.verify import verify_cache
 from test_build import run_cli
 
 OPTS = {"split": "train=0.8,val=0.1,test=0.1", "shard_rows": 4096, "chunk_rows": 512}

@@ -1,4 +1,4 @@
-"""The build's resumable state (``shardcache.staging``, ``shardcache.markers``): markers are data and
+"""The build's resumable state (``shardcache.build.staging``, ``shardcache.build.markers``): markers are data and
 never code, a damaged one is "not finished", ``prepare`` is its decision table, and a second build of
 the same output is refused while the first runs."""
 
@@ -24,15 +24,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import shardcache.builder as builder
-import shardcache.staging as staging
-from shardcache.builder import Merged, build_cache
+import shardcache.build.builder as builder
+import shardcache.build.staging as staging
+from shardcache.build.builder import Merged, build_cache
 from shardcache.cli import build_cache_main
-from shardcache.compute import read_arrow, shard_stats, write_arrow, write_shard
-from shardcache.markers import Unreadable, decode, encode
-from shardcache.sample import make_sample
-from shardcache.store import FORMAT_VERSION, open_cache
-from shardcache.verify import compare_caches, verify_cache
+from shardcache.build.compute import read_arrow, shard_stats, write_arrow, write_shard
+from shardcache.build.markers import Unreadable, decode, encode
+from shardcache.build.sample import make_sample
+from shardcache.format.cache import open_cache
+from shardcache.format.layout import FORMAT_VERSION
+from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
 KINDS = ("scan", "merge", "stats", "write", "created")  # every kind of marker a build writes

@@ -11,7 +11,7 @@ import zarr
 
 from helpers import make_cache, synthetic_bars
 from shardcache import CacheError, open_cache
-from shardcache.store import FORMAT_VERSION, TIME_ATTRS, symbol_bases
+from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, symbol_bases
 
 SHARD = 256
 

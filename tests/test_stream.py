@@ -11,11 +11,11 @@ import pytest
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-import shardcache.stream as stream_mod
+import shardcache.read.stream as stream_mod
 from helpers import brute_starts, make_cache, synthetic_bars
 from shardcache.errors import CacheError
-from shardcache.store import Cache
-from shardcache.stream import WindowDataset, WindowStream
+from shardcache.format.cache import Cache
+from shardcache.read.stream import WindowDataset, WindowStream
 from stream_helpers import rows_of
 
 
@@ -106,7 +106,7 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
     def refuse(*args):
         raise AssertionError("the stream changed torch's thread settings")
 
-    import shardcache.reader as reader_mod
+    import shardcache.read.reader as reader_mod
 
     for name in ("set_num_threads", "set_num_interop_threads"):
         monkeypatch.setattr(torch, name, refuse)

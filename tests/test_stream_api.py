@@ -13,8 +13,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import DataLoader
 
 from helpers import brute_starts, make_cache, synthetic_bars
-from shardcache.index import WindowSpec, n_windows
-from shardcache.stream import MetaBatch, WindowDataset, WindowStream, parse_budget
+from shardcache.read.plan import WindowSpec, n_windows
+from shardcache.read.stream import MetaBatch, WindowDataset, WindowStream, parse_budget
 from stream_helpers import rows_of, window_rows
 
 
@@ -237,7 +237,7 @@ def test_a_five_trial_sweep_in_one_process_leaves_nothing_behind(stream_cache):
 def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_cache, features):
     """One index_select per pool on a one-thread gather thread (libgomp), inline index_select
     pieces, or numpy.take: forced each way, the batches are the same, and right."""
-    import shardcache.reader as reader_mod
+    import shardcache.read.reader as reader_mod
 
     def run():
         ds = WindowStream(stream_cache, 14, horizon=(1, 2), split="all", batch_size=64, features=features, meta=True)

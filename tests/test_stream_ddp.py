@@ -9,7 +9,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from helpers import brute_starts
-from shardcache.stream import WindowStream
+from shardcache.read.stream import WindowStream
 from stream_helpers import ddp_stream_made_before_init
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shardcache import build_cache
-from shardcache.index import n_windows
-from shardcache.sample import make_sample
+from shardcache.read.plan import n_windows
+from shardcache.build.sample import make_sample
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

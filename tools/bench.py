@@ -337,7 +337,7 @@ def _scaling_table(scaling: list[Row], imports: dict[str, int]) -> str:
 def _import_rss() -> dict[str, int]:
     """RSS of a fresh interpreter after importing torch, torch with zarr, and torch with shardcache's stream."""
     code = "import psutil, {}; print(psutil.Process().memory_info().rss)"
-    mods = ("torch", "torch, zarr, fsspec", "torch, shardcache.stream")
+    mods = ("torch", "torch, zarr, fsspec", "torch, shardcache.read.stream")
     return {m: int(subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
                                   check=True).stdout) for m in mods}
 

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import zarr
 
-from shardcache.builder import build_cache
-from shardcache.sample import make_sample
-from shardcache.store import Cache, open_cache
-from shardcache.stream import WindowStream
+from shardcache.build.builder import build_cache
+from shardcache.build.sample import make_sample
+from shardcache.format.cache import Cache, open_cache
+from shardcache.read.stream import WindowStream
 
 MIB = 1 << 20
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

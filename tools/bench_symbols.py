@@ -3,7 +3,7 @@
 For each layout, on local disk and on a moto S3 server on 127.0.0.1 (``python -m moto.server``,
 fake credentials; nothing leaves the machine), it measures in fresh processes:
 
-* **build**: ``build_cache`` from one Parquet file (``shardcache.sample.make_sample_parquet``),
+* **build**: ``build_cache`` from one Parquet file (``shardcache.build.sample.make_sample_parquet``),
   seconds inside the process and bars/s;
 * **import + open + first batch**: ``import shardcache``, ``open_cache``, ``import torch`` (the
   first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="local,s3", help="comma-separated: local, s3 (a moto server)")
     args = parser.parse_args(argv)
 
-    from shardcache.sample import make_sample_parquet
+    from shardcache.build.sample import make_sample_parquet
 
     env = {**os.environ, **ENV}
     columns: dict[str, dict[str, str]] = {}

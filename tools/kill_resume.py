@@ -11,7 +11,7 @@ cleanly while timing its stages from the build's own log lines, then for each tr
 3. records the stage it was in (its last log line, or ``published`` once the cache was renamed
    into place) and what the staging folder says was finished;
 4. runs the same command with ``--resume`` and compares the cache, array for array and manifest
-   less build times (``shardcache.verify.compare_caches``), with the clean build, then runs
+   less build times (``shardcache.inspect.verify.compare_caches``), with the clean build, then runs
    ``verify_cache`` on it.
 
 Prints a table and ``N/N identical``; exits 1 unless every trial is identical and verifies.
@@ -33,8 +33,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from shardcache.sample import make_sample
-from shardcache.verify import compare_caches, verify_cache
+from shardcache.build.sample import make_sample
+from shardcache.inspect.verify import compare_caches, verify_cache
 
 __all__ = ["main"]
 

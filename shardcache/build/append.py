@@ -1,0 +1,325 @@
+"""Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
+
+A format-3 cache keeps each symbol in its own group (``shardcache.format.layout``), so a symbol grows
+in place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
+for every symbol with new bars:
+
+* refuses bars at or before the symbol's last stored bar (one line naming the file): an
+  append adds only later bars, it never inserts or replaces;
+* grows the symbol's ``features`` and ``time`` (zarr resize: a metadata write), rewrites
+  its partial last shard (its stored rows read back as they are, plus the new ones) and
+  writes new whole shards after it; every other shard object is left as it is;
+* continues the symbol's last segment when the first new bar follows the last stored one
+  within the cache's ``max_gap`` and in the same split, so windows across the boundary
+  become valid; the first new bar's features use the raw last bar kept in the manifest
+  (``tails``), as a build that saw every bar at once would.
+
+New symbols get new groups after the existing ones (the symbol list keeps its order).
+Splits keep the cache's cut times (fraction splits were resolved to times at the first
+build), and statistics are frozen: the cache's mean/std normalize the new bars.
+``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
+(``--overwrite``): every shard is rewritten with statistics over all train bars.
+
+Atomicity reuses the build's staging (``shardcache.build.staging``): locally the append works on
+``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
+one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` removes a staged link before it writes
+that key (shards, metadata, JSON objects), so the staging copy never changes a file it
+shares with ``OUT``, whatever the store library does when it writes. A killed append leaves
+``OUT`` byte for byte untouched and resumes with ``resume=True``. On object stores the
+append writes in place: new and rewritten shards first (a rewritten tail shard keeps its
+stored rows), then the segment tables, the digests and the manifest last.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from ..errors import CacheError, ShardcacheError
+from ..format.cache import Cache, open_cache
+from ..format.layout import symbol_bases
+from ..format.paths import is_local, local_path
+from ..format.writer import CacheWriter
+from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
+from .checks import BUILD_OPTIONS
+from .compute import ShardWork, write_shard
+from .features import required_columns, resolve_features
+from .staging import Staging, digest, fingerprint, prepare
+from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
+
+__all__ = ["STATS", "append_cache"]
+
+STATS = ("frozen", "recompute")
+
+
+@dataclass
+class _Placement:
+    """The appended cache's symbols, segment table and what to write."""
+
+    symbols: list[str]
+    bars_per_symbol: np.ndarray
+    grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
+    segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
+    segment_split: np.ndarray
+    clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see ShardWork), first rows, bar counts; row order
+    tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
+    first_new: dict[int, int]  # tail shard -> first new row
+    touched: list[int]  # shards to write, in row order
+    new_bars: int
+
+
+def _t(ts_ns: int) -> str:
+    return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
+
+
+def _open_target(out: str, storage_options: dict | None) -> Cache:
+    """The cache to append to, or a one-line refusal (missing, not a cache, an old format)."""
+    try:
+        cache = open_cache(out, storage_options)
+    except CacheError as exc:
+        if "no cache found" not in str(exc) and "not a shardcache cache" not in str(exc):
+            raise
+        fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
+        if fs.exists(path):
+            raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
+        raise CacheError(f"{out}: no cache to append to (build it first without --append)") from None
+    return cache
+
+
+def _check_inputs(cache: Cache, srcs: list, names: list[str]) -> None:
+    """Refuse inputs whose features or bar size differ from the cache's."""
+    if names != cache.feature_names:
+        raise ShardcacheError(f"{srcs[0].path}: gives features {', '.join(names)}; the cache {cache.url} has "
+                              f"{', '.join(cache.feature_names)}")
+    bar_ns, first = cache.manifest["build"].get("bar_ns"), srcs[0]
+    if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
+        raise ShardcacheError(f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {cache.url} holds "
+                              f"{int(bar_ns) / 1e9:g} s bars")
+
+
+def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
+    """Refuse new bars at or before a symbol's last stored bar, naming the first such file."""
+    tails = cache.manifest.get("tails", {})
+    runs = scanned.runs
+    for run in runs[np.argsort(runs["file"], kind="stable")]:
+        sym = scanned.symbols[int(run["sym"])]
+        last = tails.get(sym, {}).get("ts")
+        if last is not None and int(run["ts_min"]) <= int(last):
+            raise ShardcacheError(
+                f"{paths[int(run['file'])]}: {sym} bars from {_t(run['ts_min'])} are not after the cache's last "
+                f"{sym} bar ({_t(last)}); an append adds only later bars")
+
+
+def _place(cache: Cache, merged: list[Merged]) -> _Placement:
+    """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
+    appended cache's virtual rows."""
+    shard_rows, max_gap = cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
+    tails = cache.manifest.get("tails", {})
+    symbols = cache.symbols
+    where = {s: i for i, s in enumerate(symbols)}
+    local = cache.local_segments.copy()  # symbol, start, stop, split in the symbol's rows
+    last_of = {int(i): k for k, i in enumerate(local[:, 0].tolist())}  # each symbol's last segment
+    n = cache.bars_per_symbol.tolist()
+    added, grown = [], {}
+    for m in merged:
+        if m.symbol not in where:
+            where[m.symbol] = len(symbols)
+            symbols = [*symbols, m.symbol]
+            n.append(0)
+        i = where[m.symbol]
+        r0 = int(n[i])
+        starts, splits = m.seg_starts + r0, m.seg_split
+        if r0:
+            last = last_of[i]
+            gap = m.first_ts - int(tails[m.symbol]["ts"])
+            if int(splits[0]) == int(local[last, 3]) and not (max_gap > 0 and gap > max_gap):
+                local[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
+                starts, splits = starts[1:], splits[1:]
+        stops = np.r_[starts[1:], r0 + m.n] if len(starts) else starts
+        added.append(np.stack([np.full(len(starts), i), starts, stops, splits], axis=1))
+        n[i] = r0 + m.n
+        grown[i] = (m, r0)
+    local = np.concatenate([local, *added]).astype(np.int64)
+    bases = symbol_bases(n, shard_rows)
+    virtual = np.stack([local[:, 0], local[:, 1] + bases[local[:, 0]], local[:, 2] + bases[local[:, 0]]], axis=1)
+    order = np.argsort(virtual[:, 1], kind="stable")
+    lead, first_new, touched, placed = {}, {}, [], []
+    for i, (m, r0) in grown.items():
+        v0 = int(bases[i]) + r0
+        if r0:
+            lead[v0 - 1] = tails[m.symbol]
+            if r0 % shard_rows:
+                first_new[v0 // shard_rows] = v0
+        placed.append(place_clusters(m, v0))
+        touched += range(v0 // shard_rows, (v0 + m.n - 1) // shard_rows + 1)
+    if placed:
+        ids, first_rows, counts = (np.concatenate(parts) for parts in zip(*placed))
+    else:
+        ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    by_row = np.argsort(first_rows, kind="stable")
+    return _Placement(symbols, np.asarray(n, dtype=np.int64), sorted(grown), virtual[order],
+                 local[order, 3].astype(np.int8), (ids[by_row], first_rows[by_row], counts[by_row]),
+                 lead, first_new, sorted(touched), int(counts.sum()))
+
+
+def _link_tree(src: str, dst: str) -> None:
+    """``dst`` as a tree of hard links to ``src``'s files (copies where links are refused)."""
+    for root, _, files in os.walk(src):
+        target = os.path.join(dst, os.path.relpath(root, src))
+        os.makedirs(target, exist_ok=True)
+        for name in files:
+            try:
+                os.link(os.path.join(root, name), os.path.join(target, name))
+            except OSError:
+                shutil.copy2(os.path.join(root, name), os.path.join(target, name))
+
+
+def _stage_copy(cache: Cache, staging: Staging) -> None:
+    """Locally, the append works on hard links to the cache's files (made once; kept on a resume)."""
+    if not staging.local or staging.load("linked") is not None:
+        return
+    shutil.rmtree(staging.cache_path, ignore_errors=True)
+    _link_tree(local_path(cache.url).rstrip("/"), staging.cache_path)
+    staging.save("linked", True)
+
+
+def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
+    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones."""
+    b = cache.manifest["build"]
+    old = [s["path"] for s in cache.history().get("sources", [])]
+    new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
+    missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
+    if missing is not None:
+        raise ShardcacheError(f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
+                              "(use --stats frozen to append without it)")
+    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in BUILD_OPTIONS}, **kwargs)
+
+
+def append_cache(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    stats: str = "frozen",
+    workers: int | None = None,
+    scheduler: Any = None,
+    resume: bool = False,
+    storage_options: dict | None = None,
+    progress: bool = True,
+) -> Cache:
+    """Add the bars of ``sources`` (later than each symbol's last bar) to the cache at ``out``.
+
+    Uses the cache's build options; ``stats="frozen"`` keeps its statistics and rewrites only
+    each symbol's partial last shard, ``"recompute"`` rebuilds it (see the module docstring).
+    """
+    t0 = time.perf_counter()
+    out = os.fspath(out)
+    if stats not in STATS:
+        raise ShardcacheError(f"--stats {stats!r}: choose {' or '.join(STATS)}")
+    cache = _open_target(out, storage_options)
+    m, b = cache.manifest, cache.manifest["build"]
+    if stats == "recompute":
+        return _rebuild(cache, sources, out, workers=workers, scheduler=scheduler, resume=resume,
+                        storage_options=storage_options, progress=progress)
+    _, paths, srcs = open_inputs(sources, storage_options, bar=b.get("bar"), ts_column=b.get("ts_column"),
+                                 symbol_column=b.get("symbol_column"), columns=b.get("columns"))
+    names = resolve_features(b.get("features"), srcs[0].columns)
+    _check_inputs(cache, srcs, names)
+    read_cols = required_columns(names, srcs[0].columns)
+    previous = {"fingerprint": b["fingerprint"], "bars": cache.n_bars, "appends": m.get("appends", 0)}
+    wanted = fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
+    assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
+    with staging.guard("append"), connect(scheduler, staging.root, [out, *paths]) as client:
+        stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
+        described = [s.describe() for s in srcs]
+        scanned = scan_inputs(stage, srcs, staging.root, read_cols)
+        del srcs
+        _check_after(cache, scanned, paths)
+        merged = merge_symbols(stage, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
+        placement = _place(cache, merged)
+        if not placement.new_bars:
+            raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
+        _stage_copy(cache, staging)
+        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=placement.bars_per_symbol,
+                             shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
+                             storage_options=storage_options, create=False)
+        frozen = m.get("stats")
+        ids, first_rows, counts = placement.clusters
+        work = ShardWork(staging.root, ids, first_rows, counts, placement.segments,
+                        placement.segment_split, names, writer, read_columns=read_cols, symbols=placement.symbols,
+                        tails=placement.tails, first_new=placement.first_new)
+        if frozen:
+            work.mean = np.asarray(frozen["mean"]).astype(np.float32)
+            work.std = np.asarray(frozen["std"]).astype(np.float32)
+        new_digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards",
+                          unit="shard")
+        staging.written = True
+        manifest = _manifest(cache, placement, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
+        record = {
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "inputs": len(described), "bars": placement.new_bars, "stats": stats, "fingerprint": digest(wanted),
+            "shards_rewritten": len(placement.first_new), "shards_written": len(placement.touched) - len(placement.first_new),
+            "elapsed_s": round(time.perf_counter() - t0, 3),
+        }
+        history = cache.history()
+        writer.write_history({"sources": [*history.get("sources", []), *described],
+                              "appends": [*history.get("appends", []), record]})
+        writer.finish(placement.segments, placement.segment_split, manifest, dict(zip(placement.touched, new_digests)),
+                      symbols=placement.grown)
+        staging.publish()
+        staging.remove()
+    return open_cache(out, storage_options)
+
+
+def _manifest(cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter,
+              stored: int) -> dict:
+    """The old manifest with the appended bars, segments and shards counted in."""
+    m = cache.manifest
+    names = m["splits"]["names"]
+    counts = m["counts"]
+    dropped = Counter(counts.get("dropped", {})) + Counter(scanned.drops)
+    dups = sum(x.duplicates for x in merged)
+    if dups:
+        dropped["duplicate timestamp"] += dups
+    n_bars = cache.n_bars + placement.new_bars
+    w = counts["windows"]
+    known = set(placement.symbols)
+    return {
+        **m,
+        "symbols": placement.symbols,
+        "splits": {**m["splits"], "bars": split_bar_counts(placement.segments, placement.segment_split, names)},
+        "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in known}},
+        "rolls": {**m.get("rolls", {}), **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls]
+                                           for x in merged if x.rolls}},
+        "counts": {
+            **counts,
+            "bars": n_bars,
+            "records_read": counts["records_read"] + scanned.records,
+            "symbols": len(placement.symbols),
+            "segments": int(len(placement.segments)),
+            "dropped": {k: int(v) for k, v in dropped.items()},
+            "reordered": counts.get("reordered", 0) + scanned.reordered,
+            "rolls": counts.get("rolls", 0) + sum(len(x.rolls) for x in merged),
+            "windows": {**w, "count": window_count(placement.segments, placement.segment_split, names, w["seq_len"],
+                                                   w["horizon"])},
+        },
+        "bytes": bytes_summary(stored, n_bars * cache.n_features * 4),
+        "layout": {**m["layout"], "shards": writer.n_shards},
+        "appends": m.get("appends", 0) + 1,  # how many; their records are in the history group
+    }
+
+
+def _version() -> str:
+    from .._version import __version__
+
+    return __version__

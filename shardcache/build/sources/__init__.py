@@ -1,0 +1,168 @@
+"""Input files as streams of bar tables: the contract every reader keeps, discovery and cleaning.
+
+A :class:`Source` is one opened input file. Its ``pieces()`` yield bounded ``pyarrow``
+tables with the columns ``symbol`` (string), ``ts`` (int64 ns since the epoch, UTC, the bar
+start) and then ``columns`` (float64, or float32 where a Parquet column is float32). Rows
+in a piece need not be sorted; a large file is never loaded whole.
+
+Every reader applies one value policy (:func:`clean_piece`) before it yields a piece, and
+counts what it drops in ``Source.drops`` (reason -> rows):
+
+* ``timestamp out of range``: ``ts`` outside 1980-01-01 .. 2100-01-01 (this also catches
+  DBN's undefined timestamp);
+* ``non-finite price`` / ``non-positive price``: a price column (:data:`PRICE_COLUMNS`)
+  that is NaN or infinite (DBN's undefined price included), or ``<= 0``;
+* ``non-finite value``: NaN or infinity in any other column.
+
+DBN pieces end with one more column, ``instrument`` (int64 instrument id), so the build can cut a
+continuous symbol's series where it rolls from one contract to the next.
+
+Which reader opens a file is decided by its first bytes (``PAR1`` for Parquet, ``DBN`` or
+a zstd frame for DBN; text named ``*.csv`` or ``*.csv.gz`` is CSV), so a misnamed file is
+still read or refused plainly. Files may be
+local paths or fsspec URLs (``s3://bucket/prefix/*.dbn.zst``), see :mod:`.files`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ...errors import SourceError
+from ...format.paths import is_url, local_path
+from .base import (DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece, format_duration,
+                   parse_duration)
+from .csv import CsvSource
+from .dbn import DbnSource
+from .files import find_urls, open_input
+from .parquet import ParquetSource
+
+__all__ = ["Source", "open_source", "open_sources", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration",
+           "format_duration"]
+
+INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".pq", ".csv", ".csv.gz")
+_LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.pq, *.csv, *.csv.gz"
+
+
+def _is_input(name: str) -> bool:
+    lower = name.lower()
+    return lower.endswith(INPUT_SUFFIXES) and not os.path.basename(name).startswith(".")
+
+
+def _walk(root: str) -> list[str]:
+    """Input files under ``root``, recursively, skipping hidden files and folders."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(os.path.join(folder, f) for f in files if _is_input(f))
+    return found
+
+
+def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> list[str]:
+    """Files named by ``specs`` (files, folders searched recursively, globs), sorted and unique.
+
+    A spec may be an fsspec URL (an object, a prefix or a glob such as ``s3://b/dbn/*.dbn.zst``),
+    listed with ``storage_options``; its files are returned as URLs.
+    """
+    seen: dict[str, str] = {}
+    for spec in specs:
+        spec = os.fspath(spec)
+        if is_url(spec):
+            found = find_urls(spec, storage_options, _is_input)
+            if not found:
+                raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
+            seen.update((url, url) for url in found)
+            continue
+        spec = local_path(spec)
+        if os.path.isdir(spec):
+            found = _walk(spec)
+        elif os.path.isfile(spec):
+            found = [spec]
+        elif glob.has_magic(spec):
+            found = []
+            for hit in glob.glob(spec, recursive=True):
+                if os.path.isdir(hit):
+                    found.extend(_walk(hit))
+                elif _is_input(hit):
+                    found.append(hit)
+        else:
+            raise SourceError(spec, "no such file or directory")
+        if not found:
+            raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
+        for path in found:
+            seen.setdefault(os.path.realpath(path), os.path.normpath(path))
+    return sorted(set(seen.values()))
+
+
+def _sniff(path: str, storage_options: dict | None = None) -> bytes:
+    """The first bytes of ``path``, after the checks every input needs (exists, is a file, not empty)."""
+    if is_url(path):
+        try:
+            with open_input(path, storage_options) as fh:
+                head = fh.read(8)
+        except FileNotFoundError:
+            raise SourceError(path, "no such file or directory") from None
+        except (OSError, IsADirectoryError) as exc:
+            raise SourceError(path, f"cannot read: {exc}") from None
+        if not head:
+            raise SourceError(path, "empty file")
+        return head
+    if not os.path.exists(path):
+        raise SourceError(path, "no such file or directory")
+    if os.path.isdir(path):
+        raise SourceError(path, "is a directory (give its files, or pass it through expand_inputs)")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise SourceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if not head:
+        raise SourceError(path, "empty file")
+    return head
+
+
+def open_source(
+    path: str,
+    *,
+    bar: str | None = None,
+    ts_column: str | None = None,
+    symbol_column: str | None = None,
+    columns: list[str] | None = None,
+    storage_options: dict | None = None,
+) -> Source:
+    """Open ``path`` (a local path or an fsspec URL) as DBN, Parquet or CSV, checking only its header or footer.
+
+    ``bar`` sets the bar size DBN ticks are aggregated to (default ``1m``) or resamples DBN
+    OHLCV bars to a multiple of their interval; Parquet and CSV bars are taken as they are
+    (a ``bar`` other than their step is refused once the step is known).
+    ``ts_column`` and ``symbol_column`` name Parquet or CSV columns. ``columns`` picks and orders
+    the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
+    """
+    path = os.fspath(path)
+    path = path if is_url(path) else local_path(path)
+    head = _sniff(path, storage_options)
+    tabular = {"ts_column": ts_column, "symbol_column": symbol_column, "columns": columns, "bar": bar,
+               "storage_options": storage_options}
+    if head.startswith(PARQUET_MAGIC):
+        return ParquetSource(path, **tabular)
+    lower = path.lower()
+    if head.startswith((DBN_MAGIC, ZSTD_MAGIC)):
+        return DbnSource(path, bar=bar, columns=columns, storage_options=storage_options)
+    if lower.endswith((".parquet", ".pq")):
+        raise SourceError(path, "not a Parquet file (bad magic bytes)")
+    if ".dbn" in lower:
+        raise SourceError(path, "not a DBN file (bad magic bytes)")
+    if lower.endswith((".csv", ".csv.gz")):
+        return CsvSource(path, **tabular)
+    raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
+
+
+def open_sources(paths: Sequence[str], storage_options: dict | None = None, **options: Any) -> list[Source]:
+    """``[open_source(p, **options) for p in paths]``, opening URLs 16 at a time (each costs round trips)."""
+    if not any(is_url(p) for p in paths):
+        return [open_source(p, storage_options=storage_options, **options) for p in paths]
+    with ThreadPoolExecutor(16, thread_name_prefix="shardcache-open") as pool:
+        return list(pool.map(lambda p: open_source(p, storage_options=storage_options, **options), paths))

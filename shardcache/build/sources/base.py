@@ -1,0 +1,170 @@
+"""What every input reader shares: the :class:`Source` contract, the value policy and durations.
+
+Kept apart from the package's discovery code so that the readers (``dbn``, ``parquet``,
+``csv``) import it and the package imports them, one way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from ...errors import SourceError
+from ...format.paths import is_url
+from .files import stat_input
+
+__all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration",
+           "PRICE_COLUMNS", "DAY_NS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
+
+PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
+TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
+TS_MAX = 4_102_444_800_000_000_000  # 2100-01-01T00:00:00Z in ns
+DAY_NS = 86_400_000_000_000
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+PARQUET_MAGIC = b"PAR1"
+DBN_MAGIC = b"DBN"
+
+_UNITS = {
+    "ns": 1,
+    "us": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+    "d": DAY_NS,
+}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
+
+
+def parse_duration(text: str) -> int:
+    """Nanoseconds in ``text`` such as ``1s``, ``1m``, ``5m``, ``1h``, ``1d`` or ``0``."""
+    match = _DURATION.match(str(text))
+    if not match or (match.group(2) is None and int(match.group(1)) != 0):
+        raise ValueError(
+            f"bad duration {text!r}: use a whole number and a unit "
+            "(ns, us, ms, s, m, h, d), e.g. 30s, 1m, 5m, 1h, 1d, or 0"
+        )
+    return int(match.group(1)) * _UNITS[match.group(2) or "ns"]
+
+
+def format_duration(ns: int) -> str:
+    """``ns`` in the largest unit that divides it (``60_000_000_000`` -> ``1m``), for messages."""
+    for unit in ("d", "h", "m", "s", "ms", "us"):
+        if ns and ns % _UNITS[unit] == 0:
+            return f"{ns // _UNITS[unit]}{unit}"
+    return f"{ns}ns"
+
+
+class Source:
+    """One opened input file; subclasses read DBN (``kind="dbn"``), Parquet or CSV.
+
+    ``bar_ns`` is the bar size the file gives (None until a tabular file's timestamps have
+    been seen: its most common step). ``symbology`` is what a reader learned about symbols
+    while reading (DBN: unmapped instruments), ``{}`` when there is nothing to say.
+    """
+
+    kind = ""
+    storage_options: dict | None = None
+
+    def __init__(self, path: str, schema: str, columns: list[str], bar_ns: int | None) -> None:
+        self.path = path
+        self.schema = schema
+        self.columns = list(columns)
+        self.bar_ns = bar_ns
+        self.drops: Counter = Counter()
+        self.symbology: dict = {}
+
+    def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
+        """Yield cleaned tables of at most ``max_rows`` rows, reading the file in bounded steps."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """What the manifest records about this input, to tell later whether it changed."""
+        if is_url(self.path):
+            size, version = stat_input(self.path, self.storage_options)
+            return {"path": self.path, "size": size, "version": version, "kind": self.kind, "schema": self.schema}
+        st = os.stat(self.path)
+        return {
+            "path": self.path,
+            "size": st.st_size,
+            "mtime": st.st_mtime,
+            "kind": self.kind,
+            "schema": self.schema,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r}, schema={self.schema!r}, columns={self.columns})"
+
+
+def keep_rows(
+    ts: np.ndarray, prices: Sequence[np.ndarray], others: Sequence[np.ndarray], counter: Counter
+) -> np.ndarray | None:
+    """Row mask of the value policy, counting each dropped row once; None when all rows pass.
+
+    Shared by :func:`clean_piece` and by readers that clean ticks before aggregating them.
+    """
+    ts = np.asarray(ts)
+    bad_ts = (ts < TS_MIN) | (ts >= TS_MAX)
+    nonfinite = np.zeros(len(ts), dtype=bool)
+    nonpositive = np.zeros(len(ts), dtype=bool)
+    for col in prices:
+        finite = np.isfinite(col)
+        nonfinite |= ~finite
+        nonpositive |= finite & (col <= 0)
+    other = np.zeros(len(ts), dtype=bool)
+    for col in others:
+        other |= ~np.isfinite(col)
+    drop = bad_ts | nonfinite | nonpositive | other
+    if not drop.any():
+        return None
+    for reason, mask in (
+        ("timestamp out of range", bad_ts),
+        ("non-finite price", nonfinite & ~bad_ts),
+        ("non-positive price", nonpositive & ~nonfinite & ~bad_ts),
+        ("non-finite value", other & ~nonpositive & ~nonfinite & ~bad_ts),
+    ):
+        n = int(np.count_nonzero(mask))
+        if n:
+            counter[reason] += n
+    return ~drop
+
+
+def _values(table: pa.Table, name: str) -> np.ndarray:
+    """A value column as floats, nulls as NaN."""
+    col = table.column(name)
+    if col.null_count:
+        col = col.cast(pa.float64()).fill_null(float("nan"))
+    return col.to_numpy()
+
+
+def clean_piece(table: pa.Table, counter: Counter, finite: set[str] | None = None) -> pa.Table:
+    """Drop rows that break the value policy (see the package docstring), counting them by reason.
+
+    ``finite``, when given, collects the names of the value columns that held at least one
+    finite value, so a reader can name a column that is entirely null or NaN.
+    """
+    names = [n for n in table.column_names if n not in ("symbol", "ts", "instrument")]
+    ts = table.column("ts").to_numpy()
+    values = {n: _values(table, n) for n in names}
+    if finite is not None:
+        finite.update(n for n, v in values.items() if n not in finite and np.isfinite(v).any())
+    prices = [v for n, v in values.items() if n in PRICE_COLUMNS]
+    others = [v for n, v in values.items() if n not in PRICE_COLUMNS]
+    keep = keep_rows(ts, prices, others, counter)
+    return table if keep is None else table.filter(pa.array(keep))
+
+
+def refuse_empty_columns(path: str, columns: Sequence[str], finite: set[str], rows: int) -> None:
+    """SourceError naming the value columns that held no finite value in ``rows`` rows read."""
+    empty = [c for c in columns if c not in finite]
+    if rows and empty:
+        others = [c for c in columns if c in finite]
+        hint = f"leave it out with --columns {','.join(others)}" if others else "this file has no usable values"
+        raise SourceError(path, f"column{'s' if len(empty) > 1 else ''} {', '.join(repr(c) for c in empty)} "
+                                f"{'are' if len(empty) > 1 else 'is'} entirely null or NaN; {hint}")

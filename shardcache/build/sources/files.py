@@ -1,0 +1,79 @@
+"""Input files at local paths or fsspec URLs (``s3://``, ``gs://``, ``memory://``...): find, open, identify.
+
+A plain path or a ``file://`` URL is read with the operating system (memory-mapped where the
+reader can); any other URL through ``fsspec`` with the build's ``storage_options`` (for
+``s3://`` these are ``s3fs.S3FileSystem`` arguments such as ``endpoint_url``, ``key``,
+``secret``, ``anon``; credentials may also come from the usual AWS environment variables).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable
+from typing import IO, Any
+
+import fsspec
+
+from ...errors import SourceError
+from ...format.paths import is_url, local_path
+
+__all__ = ["url_fs", "open_input", "stat_input", "find_urls"]
+
+
+def url_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path on it; a one-line SourceError if it has none."""
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise SourceError(url, f"cannot open this URL ({exc})") from None
+
+
+def open_input(path: str, storage_options: dict | None = None) -> IO[bytes]:
+    """``path`` opened for binary reading: a local file, or an fsspec file for a URL."""
+    if not is_url(path):
+        return open(local_path(path), "rb")
+    fs, p = url_fs(path, storage_options)
+    return fs.open(p, "rb")
+
+
+def stat_input(path: str, storage_options: dict | None = None) -> tuple[int, int | str]:
+    """Size and version of an input: its mtime in ns locally, else the object's ETag or modification time."""
+    if not is_url(path):
+        st = os.stat(local_path(path))
+        return st.st_size, st.st_mtime_ns
+    fs, p = url_fs(path, storage_options)
+    info = fs.info(p)
+    version = next((info[k] for k in ("ETag", "etag", "LastModified", "mtime", "updated", "created") if info.get(k)),
+                   "")
+    return int(info.get("size") or 0), str(version).strip('"')
+
+
+def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], bool]) -> list[str]:
+    """URLs of the input files named by the URL ``spec``: an object, a prefix searched recursively, or a glob.
+
+    ``keep`` picks input files by name; files under hidden folders are skipped as locally.
+    """
+    fs, path = url_fs(spec, storage_options)
+    if glob.has_magic(path):
+        hits = fs.glob(path, detail=True)
+        found = []
+        for hit, info in sorted(hits.items()):
+            found += _walk(fs, hit, keep) if info.get("type") == "directory" else [hit] if keep(hit) else []
+    elif fs.isfile(path):
+        found = [path]
+    elif fs.isdir(path):
+        found = _walk(fs, path, keep)
+    else:
+        raise SourceError(spec, "no such file or directory")
+    return [fs.unstrip_protocol(p) for p in found]
+
+
+def _walk(fs: Any, root: str, keep: Callable[[str], bool]) -> list[str]:
+    root = root.rstrip("/")
+    out = []
+    for p in fs.find(root):
+        rel = p[len(root) :].strip("/").split("/")
+        if keep(p) and not any(part.startswith(".") for part in rel):
+            out.append(p)
+    return out

@@ -1,0 +1,338 @@
+"""Tables of bars (Parquet, CSV): one way to find the columns and to turn a record batch into a piece.
+
+Columns, from the file's Arrow schema:
+
+* **timestamp**: ``ts_column``, else the column whose name (ignoring case) is one of
+  :data:`TS_NAMES`. Timestamp types of any unit and time zone (stored as UTC), dates
+  (midnight UTC), ISO-8601 text (a zone or offset converted, none taken as UTC) and
+  integers are accepted; an integer column's unit (s, ms, us or ns since
+  the epoch) is read from its values, the only unit that puts them in 1980-2100.
+* **symbol**: ``symbol_column``, else the column named (ignoring case) one of
+  :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats, trimmed of
+  surrounding blanks; an empty symbol counts as missing (the row is dropped, ``missing symbol``). With none,
+  the symbol comes from a ``symbol=...`` folder of a hive-partitioned layout, else from the
+  file name (``ESH3.parquet`` -> ``ESH3``).
+* **values**: ``columns`` (each must exist and be numeric) or every numeric column but
+  those. ``Open``/``HIGH``... are matched ignoring case, as the timestamp is. Integer,
+  decimal and boolean columns become float64, float16 becomes float32.
+
+Refused with one line naming the columns: two columns with one name (or names equal
+ignoring case), two timestamp or two symbol candidates (``ts_event`` beside a numeric
+``ts``), integers above 2**53 in a value column (float64 cannot hold them exactly), a
+column with no value at all (entirely null or NaN) and symbols that are not text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ...errors import SourceError
+from .base import DAY_NS, TS_MAX, TS_MIN, Source, clean_piece, parse_duration, refuse_empty_columns
+
+__all__ = ["TabularSource", "TS_NAMES", "SYMBOL_NAMES"]
+
+TS_NAMES = ("ts_event", "timestamp", "time", "ts", "datetime")
+SYMBOL_NAMES = ("symbol", "instrument_id", "ticker")
+_KNOWN = ("open", "high", "low", "close", "volume", "count", "price", "bid", "ask", "spread", "vwap")
+_NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+_EXACT = 2**53  # float64 holds every integer up to this
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:12])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    """Columns read as float features (a null-typed column holds no value: refused when read)."""
+    types = pa.types
+    return types.is_null(t) or types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
+
+
+def _is_time(t: pa.DataType) -> bool:
+    types = pa.types
+    return (types.is_timestamp(t) or types.is_date(t) or types.is_integer(t) or types.is_string(t)
+            or types.is_large_string(t))
+
+
+def _is_symbol(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    types = pa.types
+    return (types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t)
+            or types.is_floating(t))
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    types = pa.types
+    return types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t)
+
+
+def _int_unit(values: np.ndarray) -> str | None:
+    """The unit (s, ms, us, ns) that puts the median of integer timestamps in 1980-2100, if one does."""
+    mid = int(np.median(values))
+    return next((u for u, k in _NS_PER.items() if TS_MIN <= mid * k < TS_MAX), None)
+
+
+class TabularSource(Source):
+    """A table of bars with detected columns (see the module docstring); Parquet and CSV subclass it."""
+
+    def __init__(self, path: str, *, ts_column: str | None = None, symbol_column: str | None = None,
+                 columns: list[str] | None = None, bar: str | None = None,
+                 storage_options: dict | None = None) -> None:
+        self.path = path
+        self.storage_options = storage_options
+        schema = self._schema()
+        names = list(schema.names)
+        self._check_names(names)
+        self._types = {f.name: f.type for f in schema}
+        self.ts_column = self._find(ts_column, TS_NAMES, "timestamp", "--ts-column", names)
+        if self.ts_column is None:
+            raise SourceError(path, f"no timestamp column (looked for {', '.join(TS_NAMES)}; use --ts-column)")
+        ts_type = self._types[self.ts_column]
+        if not _is_time(ts_type):
+            raise SourceError(path, f"timestamp column '{self.ts_column}' has type {ts_type}; expected a "
+                                    "timestamp, a date, ISO-8601 text or integers since the epoch (s, ms, us or ns)")
+        self.symbol_column = self._find(symbol_column, SYMBOL_NAMES, "symbol", "--symbol-column", names)
+        if self.symbol_column is not None and not _is_symbol(self._types[self.symbol_column]):
+            raise SourceError(path, f"symbol column '{self.symbol_column}' has type "
+                                    f"{self._types[self.symbol_column]}; expected strings or integers")
+        self.fixed_symbol = None if self.symbol_column else _symbol_from_path(path)
+        keys = {self.ts_column, self.symbol_column}
+        lookalikes = {n for n in names if n.lower() in TS_NAMES + SYMBOL_NAMES}
+        self._source_name: dict[str, str] = {}  # value column -> its name in the file
+        if columns:
+            for name in columns:
+                actual = name if name in self._types else self._by_case(name, names)
+                if actual is None:
+                    raise SourceError(path, f"no column '{name}' (columns are: {_listing(names)})")
+                if actual in keys:
+                    raise SourceError(path, f"column '{name}' is the timestamp or symbol column")
+                if not _is_numeric(self._types[actual]):
+                    problem = f"column '{name}' has type {self._types[actual]}; feature columns must be numeric"
+                    raise SourceError(path, problem)
+                self._source_name[_canonical(actual)] = actual
+        else:
+            for n in names:
+                if n not in keys and n not in lookalikes and _is_numeric(self._types[n]):
+                    self._source_name[_canonical(n)] = n
+            if not self._source_name:
+                raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
+        # value columns of whole numbers, read as floats by a reader (CSV) that cannot know a later block's type
+        self._whole = {c for c, n in self._source_name.items() if pa.types.is_integer(self._types[n])}
+        self.bar_request = None if bar is None else parse_duration(bar)
+        self._unit: str | None = None
+        super().__init__(path, self.kind, list(self._source_name), None)
+
+    def _schema(self) -> pa.Schema:
+        """The file's Arrow schema, read by each subclass its own way (before any row is read)."""
+        raise NotImplementedError
+
+    def _check_names(self, names: list[str]) -> None:
+        """Refuse two columns whose names are equal, or equal ignoring case (``Close`` and ``close``)."""
+        seen = Counter(n for n in names)
+        twice = [n for n, k in seen.items() if k > 1]
+        if twice:
+            raise SourceError(self.path, f"duplicate column name{'s' if len(twice) > 1 else ''} "
+                                         f"{', '.join(repr(n) for n in twice)}; rename the columns so each "
+                                         "name appears once")
+        folded: dict[str, list[str]] = {}
+        for n in names:
+            folded.setdefault(n.lower(), []).append(n)
+        clash = next((group for group in folded.values() if len(group) > 1), None)
+        if clash:
+            raise SourceError(self.path, f"columns {', '.join(repr(n) for n in clash)} differ only in case; "
+                                         "rename one, or pick the columns with --columns")
+
+    @staticmethod
+    def _by_case(name: str, names: list[str]) -> str | None:
+        return next((n for n in names if n.lower() == name.lower()), None)
+
+    def _find(self, given: str | None, candidates: tuple[str, ...], what: str, flag: str,
+              names: list[str]) -> str | None:
+        """The column the user named (which must exist) or the one candidate present (ignoring case)."""
+        if given is not None:
+            if given not in self._types:
+                problem = f"no {what} column '{given}' (columns are: {_listing(names)}; see {flag})"
+                raise SourceError(self.path, problem)
+            return given
+        found = [n for n in names if n.lower() in candidates]
+        if len(found) > 1:
+            listed = ", ".join(f"'{n}' ({self._types[n]})" for n in found)
+            raise SourceError(self.path, f"several {what} columns: {listed}; name the right one with {flag}")
+        return found[0] if found else None
+
+    # -- reading ----------------------------------------------------------------------------
+    def _batches(self, max_rows: int, wanted: list[str]) -> Iterator[pa.RecordBatch]:
+        """The file's record batches of the ``wanted`` columns (a subclass reads its format)."""
+        raise NotImplementedError
+
+    def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
+        if max_rows < 1:
+            raise ValueError("max_rows must be positive")
+        self.drops.clear()
+        wanted = [self.ts_column, *([self.symbol_column] if self.symbol_column else []),
+                  *self._source_name.values()]
+        finite: set[str] = set()
+        rows = timed = named = 0
+        for batch in self._batches(max_rows, wanted):
+            rows += batch.num_rows
+            table, n_ts, n_sym = self._piece(batch, finite)
+            timed += n_ts
+            named += n_sym
+            if table.num_rows:
+                yield table
+        if rows and not timed:
+            raise SourceError(self.path, f"timestamp column '{self.ts_column}' is entirely null")
+        if rows and self.symbol_column and not named:
+            raise SourceError(self.path, f"symbol column '{self.symbol_column}' is entirely null; "
+                                         "name another with --symbol-column")
+        refuse_empty_columns(self.path, self.columns, finite, rows)
+
+    def _piece(self, batch: pa.RecordBatch, finite: set[str]) -> tuple[pa.Table, int, int]:
+        n = batch.num_rows
+        sym = self._symbols(batch.column(self.symbol_column)) if self.symbol_column else \
+            pa.repeat(pa.scalar(self.fixed_symbol, pa.string()), n)
+        ts_col = batch.column(self.ts_column)
+        cols = {"symbol": sym, "ts": pa.array(self._ts_ns(ts_col), pa.int64())}
+        cols.update((name, self._value(name, batch.column(actual))) for name, actual in self._source_name.items())
+        table = pa.table(cols)
+        if sym.null_count:
+            self.drops["missing symbol"] += sym.null_count
+            table = table.filter(sym.is_valid())
+        return clean_piece(table, self.drops, finite), n - ts_col.null_count, n - sym.null_count
+
+    def _symbols(self, col: pa.Array) -> pa.Array:
+        """The symbol column as strings, surrounding blanks trimmed; an empty symbol is missing (null)."""
+        sym = pc.utf8_trim_whitespace(self._text(col))
+        return pc.if_else(pc.equal(sym, ""), pa.scalar(None, pa.string()), sym)
+
+    def _text(self, col: pa.Array) -> pa.Array:
+        """The symbol column as text: strings as they are, bytes decoded as UTF-8, numbers as whole numbers."""
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
+        t = col.type
+        name = self.symbol_column
+        if _is_bytes(t):
+            try:
+                return col.cast(pa.binary()).cast(pa.string())
+            except pa.ArrowInvalid:
+                raise SourceError(self.path, f"symbol column '{name}' holds bytes that are not UTF-8 text; "
+                                             "write the symbols as strings") from None
+        if pa.types.is_floating(t):
+            values = col.to_numpy(zero_copy_only=False)
+            valid = ~np.isnan(values)
+            whole = valid & (values == np.round(values)) & (np.abs(values) < _EXACT)
+            if (valid & ~whole).any():
+                bad = float(values[valid & ~whole][0])
+                raise SourceError(self.path, f"symbol column '{name}' holds {bad!r}, not a whole number; "
+                                             "symbols must be text or whole numbers")
+            ints = pa.array(np.where(valid, values, 0).astype(np.int64), mask=~valid)
+            return ints.cast(pa.string())
+        return col.cast(pa.string())
+
+    def _ts_ns(self, col: pa.Array) -> np.ndarray:
+        """A timestamp, date, text or integer column as int64 ns; nulls and overflows as -1 (out of range)."""
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = self._parse_times(col)
+        t = col.type
+        if pa.types.is_timestamp(t):
+            scale = _NS_PER[t.unit]
+        elif pa.types.is_date32(t):
+            scale = DAY_NS
+        elif pa.types.is_date64(t):
+            scale = 1_000_000
+        else:
+            scale = None
+        if pa.types.is_unsigned_integer(t):
+            ints = pc.if_else(pc.greater(col.cast(pa.uint64()), np.iinfo(np.int64).max), None,
+                              col).cast(pa.int64())
+        elif pa.types.is_date32(t):
+            ints = col.cast(pa.int32()).cast(pa.int64())
+        else:
+            ints = col.cast(pa.int64())
+        values = ints.fill_null(-1).to_numpy(zero_copy_only=False)
+        if scale is None:
+            scale = self._int_scale(values[ints.is_valid().to_numpy(zero_copy_only=False)])
+        if scale == 1:
+            return values
+        limit = np.iinfo(np.int64).max // scale
+        return np.where((values < 0) | (values > limit), -1, values * scale)
+
+    def _parse_times(self, col: pa.Array) -> pa.Array:
+        """ISO-8601 text as timestamps: with a zone or offset (``Z``, ``+01:00``) converted to UTC, without one
+        taken as UTC; a text that is neither is refused with an example."""
+        for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+            try:
+                return col.cast(kind)
+            except pa.ArrowInvalid:
+                continue
+        head = col.slice(0, 10_000).to_pylist()  # an example for the message, found in bounded time
+        bad = next((v for v in head if v is not None and not _iso(v)), head[0])
+        raise SourceError(self.path, f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
+                                     "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps "
+                                     "or integers since the epoch")
+
+    def _int_scale(self, values: np.ndarray) -> int:
+        """ns per unit of integer timestamps: detected from the first values read, then kept for the file."""
+        if self._unit is None and len(values):
+            self._unit = _int_unit(values)
+            if self._unit is None:
+                raise SourceError(self.path, f"timestamp column '{self.ts_column}' holds integers around "
+                                             f"{int(np.median(values))}, which are not seconds, ms, us or ns "
+                                             "since the epoch in 1980-2100; what unit are they in?")
+        return _NS_PER[self._unit or "ns"]
+
+    def _value(self, name: str, col: pa.Array) -> pa.Array:
+        t = col.type
+        whole = pa.types.is_integer(t) or name in self._whole
+        if whole and len(col) - col.null_count:
+            bounds = pc.min_max(col)
+            top = max(abs(bounds["min"].as_py()), abs(bounds["max"].as_py()))
+            if top > _EXACT:
+                others = [c for c in self._source_name if c != name]
+                hint = f"leave it out with --columns {','.join(others)}" if others else "convert it to float first"
+                raise SourceError(self.path, f"column '{self._source_name[name]}' holds integers above 2**53 "
+                                             f"(up to {top:.0f}), which float64 features cannot hold exactly "
+                                             f"(the file is not corrupt); {hint}")
+        if pa.types.is_float64(t) or pa.types.is_float32(t):
+            return col
+        try:
+            return col.cast(pa.float32() if pa.types.is_float16(t) else pa.float64())
+        except pa.ArrowInvalid as exc:
+            raise SourceError(self.path, f"column '{self._source_name[name]}' ({t}) cannot be read as numbers "
+                                         f"({str(exc).splitlines()[0]})") from None
+
+
+def _iso(text: str) -> bool:
+    """Whether one text parses as an ISO-8601 time (with or without a zone)."""
+    for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+        try:
+            pa.array([text]).cast(kind)
+            return True
+        except pa.ArrowInvalid:
+            continue
+    return False
+
+
+def _canonical(name: str) -> str:
+    """A value column's name in the cache: the usual OHLCV names in lower case, any other as it is."""
+    return name.lower() if name.lower() in _KNOWN else name
+
+
+def _symbol_from_path(path: str) -> str:
+    for part in reversed(os.path.normpath(os.path.dirname(os.path.abspath(path))).split(os.sep)):
+        key, sep, value = part.partition("=")
+        if sep and key.lower() in SYMBOL_NAMES and value:
+            return value
+    name = os.path.basename(path)
+    for suffix in (".parquet", ".pq", ".csv.gz", ".csv"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name

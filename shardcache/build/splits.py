@@ -1,0 +1,70 @@
+"""Train/val/test splits: parsed from ``--split`` and resolved to cut timestamps.
+
+Every split is a time range shared by all symbols (no symbol's validation data overlaps
+another symbol's training data in time). Fractions are of all bars and are resolved from a
+sketch of each input run's timestamps; dates name where each later split starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ShardcacheError
+
+__all__ = ["SplitSpec", "parse_split"]
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """Split names in time order and the timestamps where each later split starts."""
+
+    names: list[str]
+    fractions: list[float] | None = None
+    dates_ns: list[int] | None = None
+    text: str = "none"
+
+    def fraction_cuts(self, points: np.ndarray, weights: np.ndarray) -> list[int]:
+        """Cut timestamps placing ``fractions`` of the weighted ``points`` before each later split."""
+        order = np.argsort(points, kind="stable")
+        cum = np.cumsum(weights[order])
+        cuts = []
+        for f in np.cumsum(self.fractions[:-1]):
+            j = min(int(np.searchsorted(cum, f * cum[-1], side="left")) + 1, len(order) - 1)
+            cuts.append(int(points[order][j]))
+        return cuts
+
+
+def parse_split(text: str | None) -> SplitSpec:
+    """Parse ``none``, ``train=0.8,val=0.1,test=0.1`` or ``val=2024-06-01,test=2024-09-01``."""
+    if text is None or text.strip() in ("", "none"):
+        return SplitSpec(["all"])
+    pairs = []
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ShardcacheError(f"--split {text!r}: expected NAME=FRACTION or NAME=DATE pairs")
+        pairs.append((name.strip(), value.strip()))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ShardcacheError(f"--split {text!r}: a split name appears twice")
+    try:
+        fractions = [float(v) for _, v in pairs]
+    except ValueError:
+        fractions = None
+    if fractions is not None:
+        if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+            raise ShardcacheError(f"--split {text!r}: fractions must be positive and sum to 1")
+        return SplitSpec(names, fractions=fractions, text=text)
+    if "train" in names:
+        raise ShardcacheError(
+            f"--split {text!r}: with dates, name only the later splits (train is everything before the first date)"
+        )
+    try:
+        dates = [int(np.datetime64(v, "ns").astype(np.int64)) for _, v in pairs]
+    except ValueError:
+        raise ShardcacheError(f"--split {text!r}: values must be all fractions or all dates (YYYY-MM-DD)") from None
+    if dates != sorted(dates) or len(set(dates)) != len(dates):
+        raise ShardcacheError(f"--split {text!r}: dates must increase")
+    return SplitSpec(["train", *names], dates_ns=dates, text=text)

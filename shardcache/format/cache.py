@@ -1,0 +1,313 @@
+"""``Cache``: an opened, complete cache of the layout in ``shardcache.format.layout``.
+
+In memory ``Cache`` lays the symbols out in one *virtual* row space for the window plan:
+symbol ``i``'s bars are rows ``[base[i], base[i] + n_i)`` with ``base`` aligned to whole
+shards (``symbol_bases``), so virtual shard ``s`` lies inside one symbol and is its local
+shard ``s - base[i] / shard_rows``. ``locate`` maps virtual rows back to (symbol, row).
+Opening reads the root manifest and the root ``segments`` index only (one object each, not
+one per symbol); per-symbol arrays are opened on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.sync import sync
+
+from ..errors import CacheError
+from .decode import ChunkError, MissingShard, ShardDecoder
+from .layout import ATTR, FORMAT_VERSION, describe_damage, gather, open_group, symbol_bases
+from .paths import is_url, local_path
+
+__all__ = ["Cache", "open_cache"]
+
+
+@dataclass
+class _Handles:
+    group: zarr.Group
+    arrays: dict[tuple[int, str], zarr.Array] = field(default_factory=dict)
+    decoders: dict[int, ShardDecoder] = field(default_factory=dict)
+    pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
+
+
+class Cache:
+    """An opened, complete cache: the manifest, the virtual segment table and lazy per-symbol arrays.
+
+    Picklable (it reopens the store in each DataLoader worker), so it can be handed to a
+    ``WindowStream`` used with ``num_workers > 0``.
+    """
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict | None = None) -> None:
+        self.url = os.fspath(url)
+        self.storage_options = storage_options
+        self._handles: _Handles | None = None
+        self._times: dict[int, np.ndarray] = {}
+        for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
+            self._ident = self._identity()
+            try:
+                self._load()
+            except CacheError:
+                if self._identity() == self._ident:
+                    raise
+                continue
+            if self._identity() == self._ident:
+                return
+        raise CacheError(f"{self.url}: the cache kept being replaced while it was opened; try again")
+
+    def _load(self) -> None:
+        """Read and check the manifest, then the root segment index; lay out the virtual rows."""
+        group = self._open()
+        manifest = dict(group.attrs.get(ATTR) or {})
+        if not manifest:
+            raise CacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
+        version = manifest.get("format_version")
+        if version in (1, 2):
+            raise CacheError(f"{self.url}: cache format {version} is no longer read; rebuild it with build-cache")
+        if version != FORMAT_VERSION:
+            raise CacheError(
+                f"{self.url}: cache format version {version} is newer than this shardcache "
+                f"(reads {FORMAT_VERSION}); upgrade shardcache"
+            )
+        if not manifest.get("complete"):
+            raise CacheError(
+                f"{self.url}: cache is incomplete (its build did not finish); rerun build-cache "
+                "with --resume to finish it or --overwrite to start again"
+            )
+        self.manifest = manifest
+        self.bars_per_symbol = np.asarray(manifest["bars_per_symbol"], dtype=np.int64)
+        self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
+        try:
+            local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
+        except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
+            raise CacheError(f"{self.url}: the segment table (segments) is damaged: "
+                             f"{describe_damage(exc)}; rebuild the cache") from None
+        self.local_segments = local
+        sym = local[:, 0]
+        if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
+            raise CacheError(f"{self.url}: the segment index names symbols the manifest does not have; "
+                             "rebuild the cache")
+        virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
+        order = np.argsort(virtual[:, 1], kind="stable")
+        self.segments = virtual[order]
+        self.segment_split = local[order, 3].astype(np.int8)
+
+    def _identity(self) -> tuple[int, int] | None:
+        """Device and inode of a local cache's folder, to notice it being swapped; None for URLs."""
+        if is_url(self.url):
+            return None
+        try:
+            st = os.stat(local_path(self.url))
+        except OSError:
+            return (-1, -1)
+        return (st.st_dev, st.st_ino)
+
+    def _check_same(self) -> None:
+        """Refuse to go on reading a local cache that a rebuild replaced after it was opened."""
+        if self._ident is not None and self._identity() != self._ident:
+            raise CacheError(f"{self.url}: the cache was replaced (rebuilt) after it was opened; open it again")
+
+    # -- handles -------------------------------------------------------------------------
+    def _open(self) -> zarr.Group:
+        try:
+            group = open_group(self.url, "r", self.storage_options)
+        except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
+            raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
+        self._handles = _Handles(group)
+        return group
+
+    @property
+    def handles(self) -> _Handles:
+        if self._handles is None or self._handles.pid != os.getpid():  # a forked DataLoader worker reopens
+            self._open()
+            self._check_same()
+        assert self._handles is not None
+        return self._handles
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_handles"], state["_times"] = None, {}  # times are read again where needed
+        return state
+
+    def group(self, i: int) -> zarr.Group:
+        """Symbol ``i``'s group (``symbols/<i>``)."""
+        return self.handles.group[self.groups[i]]
+
+    def array(self, i: int, name: str = "features") -> zarr.Array:
+        """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process."""
+        h = self.handles
+        arr = h.arrays.get((i, name))
+        if arr is None:
+            try:
+                arr = h.arrays[(i, name)] = h.group[f"{self.groups[i]}/{name}"]
+            except KeyError:
+                raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
+        return arr
+
+    def _decoder(self, i: int) -> ShardDecoder:
+        h = self.handles
+        dec = h.decoders.get(i)
+        if dec is None:
+            dec = h.decoders[i] = ShardDecoder(self.array(i, "features"))
+        return dec
+
+    # -- manifest views ------------------------------------------------------------------
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.manifest["feature_names"])
+
+    @property
+    def symbols(self) -> list[str]:
+        return list(self.manifest["symbols"])
+
+    @property
+    def groups(self) -> list[str]:
+        """Group path of each symbol, relative to the cache root."""
+        return list(self.manifest["groups"])
+
+    @property
+    def split_names(self) -> list[str]:
+        return list(self.manifest["splits"]["names"])
+
+    @property
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Normalization statistics per feature (``mean``, ``std``), from the train split."""
+        stats = self.manifest.get("stats") or {}
+        means, stds = stats.get("mean") or [], stats.get("std") or []
+        return {n: {"mean": m, "std": s} for n, m, s in zip(self.feature_names, means, stds)}
+
+    @property
+    def n_bars(self) -> int:
+        return int(self.manifest["counts"]["bars"])
+
+    @property
+    def n_features(self) -> int:
+        return len(self.manifest["feature_names"])
+
+    @property
+    def shard_rows(self) -> int:
+        return int(self.manifest["layout"]["shard_rows"])
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.manifest["layout"]["chunk_rows"])
+
+    @property
+    def n_rows(self) -> int:
+        """Size of the virtual row space: every symbol's rows, each padded to whole shards."""
+        return int(self.bases[-1])
+
+    @property
+    def n_shards(self) -> int:
+        """Shards of all symbols together (virtual shards ``0..n_shards``)."""
+        return self.n_rows // self.shard_rows
+
+    @property
+    def shard_table(self) -> np.ndarray:
+        """``(shard, start, stop)`` in virtual rows of every shard, in row order."""
+        s = np.arange(self.n_shards, dtype=np.int64)
+        start = s * self.shard_rows
+        sym = np.searchsorted(self.bases, start, side="right") - 1
+        stop = np.minimum(start + self.shard_rows, self.bases[sym] + self.bars_per_symbol[sym])
+        return np.stack([s, start, stop], axis=1)
+
+    def history(self) -> dict[str, Any]:
+        """The inputs (``sources``) and append records (``appends``) kept in the ``history`` group."""
+        try:
+            return dict(self.handles.group["history"].attrs)
+        except KeyError:
+            return {}
+
+    # -- virtual rows ---------------------------------------------------------------------
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Symbol index and row in that symbol's own arrays of each virtual row (int64 both)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        sym = np.searchsorted(self.bases, rows, side="right") - 1
+        return sym.astype(np.int64), rows - self.bases[np.clip(sym, 0, len(self.bases) - 1)]
+
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times (int64 ns since the epoch) of virtual rows; reads and keeps the symbols' ``time``."""
+        sym, local = self.locate(rows)
+        group = self.handles.group._async_group
+
+        async def load(i: int) -> None:  # the symbols' time arrays are read concurrently
+            arr = await group.getitem(f"{self.groups[i]}/time")
+            self._times[i] = np.asarray(await arr.getitem(...), dtype=np.int64)
+
+        gather([load(i) for i in np.unique(sym).tolist() if i not in self._times])
+        out = np.empty(sym.shape, dtype=np.int64)
+        for i in np.unique(sym).tolist():
+            pick = sym == i
+            out[pick] = self._times[i][local[pick]]
+        return out
+
+    def region_stop(self, row: int) -> int:
+        """End (virtual) of the rows of the symbol holding ``row``: reads must stop there."""
+        i = int(np.searchsorted(self.bases, row, side="right")) - 1
+        return int(self.bases[i] + self.bars_per_symbol[i])
+
+    def split_id(self, split: str | None) -> int | None:
+        """Index of ``split`` in the manifest (None means every split)."""
+        if split is None:
+            return None
+        names = self.split_names
+        if split not in names:
+            raise CacheError(f"{self.url}: no split {split!r}; the cache has {', '.join(names)}")
+        return names.index(split)
+
+    # -- data ----------------------------------------------------------------------------
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Virtual rows ``[start, stop)`` (inside one symbol) of ``features``, into ``out``
+        (C-contiguous float32 ``(stop - start, n_features)``) when given.
+
+        Read by ``decode.ShardDecoder`` (one request per shard, crc32c checked per inner
+        chunk) and never made up: a shard object that is missing, fails its checksums or
+        cannot be decoded, and a cache swapped by a rebuild during the read, raise
+        ``CacheError`` naming the shard.
+        """
+        i = int(np.searchsorted(self.bases, start, side="right")) - 1
+        base = int(self.bases[i]) if 0 <= i < len(self.bars_per_symbol) else 0
+        if i < 0 or i >= len(self.bars_per_symbol) or stop > base + int(self.bars_per_symbol[i]) or stop < start:
+            raise IndexError(f"rows [{start}, {stop}) are not inside one symbol's rows")
+        try:
+            block = self._decoder(i).read(start - base, stop - base, out)
+        except (MissingShard, ChunkError) as exc:
+            shard = base // self.shard_rows + exc.shard  # type: ignore[attr-defined]
+            problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
+            raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
+                             "`shardcache verify` lists every damaged shard; rebuild the cache") from None
+        self._check_same()
+        return block
+
+    def shard_symbol(self, shard: int) -> tuple[int, int]:
+        """Symbol index and local shard number of virtual shard ``shard``."""
+        i = int(np.searchsorted(self.bases, shard * self.shard_rows, side="right")) - 1
+        return i, int(shard) - int(self.bases[i]) // self.shard_rows
+
+    def shard_key(self, shard: int, array: str = "features") -> str:
+        """Store key of virtual shard ``shard`` of ``array``, e.g. ``symbols/3/features/c/0/0``."""
+        i, local = self.shard_symbol(shard)
+        arr = self.array(i, array)
+        return f"{self.groups[i]}/{array}/" + arr.metadata.encode_chunk_key((local,) + (0,) * (arr.ndim - 1))
+
+    def shard_exists(self, shard: int, array: str = "features") -> bool:
+        """Whether the store holds virtual shard ``shard`` of ``array`` (``features`` or ``time``)."""
+        i = self.shard_symbol(shard)[0]
+        store = self.array(i, array).store_path.store
+        return bool(sync(store.exists(self.shard_key(shard, array))))
+
+    def __repr__(self) -> str:
+        return (
+            f"Cache({self.url!r}, bars={self.n_bars}, features={self.n_features}, "
+            f"symbols={len(self.symbols)}, segments={len(self.segments)})"
+        )
+
+
+def open_cache(path: "str | os.PathLike[str] | Cache", storage_options: dict | None = None) -> Cache:
+    """Open a complete cache built by ``build-cache``; refuse incomplete, old- or newer-format caches."""
+    if isinstance(path, Cache):
+        return path
+    return Cache(path, storage_options)

@@ -1,0 +1,147 @@
+"""The on-disk layout (format 3): one Zarr v3 group per symbol plus the ``shardcache`` manifest.
+
+Layout (readable with plain ``zarr`` and ``xarray``)::
+
+    CACHE/                      root group; attributes["shardcache"] = manifest (bounded size)
+      segments  int64 (S, 4)    derived index: symbol, start, stop (rows of that symbol), split
+      symbols/<i>/              symbol ``manifest["symbols"][i]``; path ``manifest["groups"][i]``
+        features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks;
+                                    attrs["digests"]: one digest per shard, in shard order
+        time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])
+        feature   str (F,)          the feature names (an xarray coordinate)
+        segment_start, segment_stop int64, segment_split int8 (S_i,): the symbol's segments
+      history/                  attrs: sources (the inputs), appends (one record per append); not read to open
+
+Every array is dense: row ``r`` of symbol ``i``'s arrays is its ``r``-th bar in time order. A
+segment is a maximal run of one symbol's bars with no gap above ``max_gap`` and inside one
+split, so a window never crosses a symbol, a gap or a split. The manifest's ``complete`` flag
+is written last.
+
+The constants, codecs and pure row arithmetic of that layout live here; ``cache.Cache`` reads
+it and ``writer.CacheWriter`` writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
+
+from ..errors import CacheError, one_line
+
+try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
+    from zarr.codecs.numcodecs import LZ4
+except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bridge
+    from numcodecs.zarr3 import LZ4
+
+__all__ = [
+    "ATTR",
+    "CODECS",
+    "FORMAT_VERSION",
+    "TIME_ATTRS",
+    "compressors",
+    "default_chunking",
+    "describe_damage",
+    "gather",
+    "group_path",
+    "open_group",
+    "shard_digest",
+    "spanned_shards",
+    "symbol_bases",
+]
+
+FORMAT_VERSION = 3
+ATTR = "shardcache"
+CODECS = ("blosc-lz4", "zstd", "lz4", "none")
+TIME_ATTRS = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
+
+
+def compressors(codec: str) -> list[Any]:
+    """Inner-chunk codecs for ``codec``, always ending in a crc32c checksum per chunk."""
+    if codec == "blosc-lz4":
+        first = [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)]
+    elif codec == "zstd":
+        first = [ZstdCodec(level=3)]
+    elif codec == "lz4":
+        first = [LZ4(acceleration=1)]
+    elif codec == "none":
+        first = []
+    else:
+        raise CacheError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
+    return [*first, Crc32cCodec()]
+
+
+def default_chunking(n_features: int) -> tuple[int, int]:
+    """Shard and inner-chunk rows: shards of ~8 MiB decoded, 8 inner chunks each.
+
+    Measured on the 2-core machine (``tools/bench.py``): whole-shard decodes of 4-16 MiB
+    keep the decode thread well ahead of the gather, and the prefetch memory stays small.
+    """
+    target = 8 << 20
+    rows = 1 << int(np.log2(max(1, target // (4 * max(1, n_features)))))
+    shard_rows = int(min(max(rows, 4096), 65536))
+    return shard_rows, shard_rows // 8
+
+
+def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: dict | None = None) -> zarr.Group:
+    """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``)."""
+    url = os.fspath(url)
+    kwargs: dict[str, Any] = {"mode": mode, "zarr_format": 3}
+    if storage_options and "://" in url:
+        kwargs["storage_options"] = storage_options
+    return zarr.open_group(url, **kwargs)
+
+
+def group_path(i: int) -> str:
+    """The group of the ``i``-th symbol: by index, so any symbol text (``BRK/B``, unicode) works."""
+    return f"symbols/{int(i)}"
+
+
+def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
+    """First virtual row of each symbol, plus the total: ``base[i + 1] = base[i] + ceil(n_i / R) * R``."""
+    n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
+    return np.concatenate([[0], np.cumsum(-(-n // shard_rows) * shard_rows)]).astype(np.int64)
+
+
+def describe_damage(exc: BaseException) -> str:
+    """A read error of damaged data as one short line: its type, its first line, a checksum named."""
+    text = one_line(exc)[:200] if str(exc).strip() else ""
+    if "checksum" in text.lower():
+        return f"crc32c checksum mismatch ({text})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def shard_digest(block: np.ndarray) -> str:
+    """Digest of one shard's decoded rows, recorded at build time and checked by ``verify``."""
+    return hashlib.blake2b(np.ascontiguousarray(block).tobytes(), digest_size=16).hexdigest()
+
+
+def spanned_shards(first: np.ndarray, last: np.ndarray, shard_rows: int) -> np.ndarray:
+    """The shards holding any row of the row intervals ``[first[i], last[i]]`` (inclusive), ascending."""
+    a = np.asarray(first, dtype=np.int64) // shard_rows
+    n = np.asarray(last, dtype=np.int64) // shard_rows - a + 1
+    return np.unique(np.repeat(a, n) + np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n))
+
+
+def gather(coros: list[Any], limit: int = 64) -> None:
+    """Run ``coros`` on zarr's event loop, ``limit`` at a time (metadata writes of many symbols)."""
+    async def run() -> None:
+        gate = asyncio.Semaphore(limit)
+
+        async def one(c: Any) -> None:
+            async with gate:
+                await c
+
+        failed = [r for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+
+    if coros:
+        sync(run())

@@ -1,0 +1,270 @@
+"""Views of a cache for people: its summary (``info``), its shard table (``shards``, ``shardcache ls``)
+and its symbols as xarray objects (``to_xarray``, ``open_symbol``).
+
+Functions of a ``Cache`` rather than its methods, so that the format never imports its views.
+The xarray views are thin layers over what plain xarray opens from a format-3 cache
+(``xr.open_datatree(CACHE, engine="zarr")``, ``xr.open_zarr(CACHE, group=path)``): they add the
+manifest's labels (symbol, split per bar, train-split feature mean and std) and one dask chunk
+per shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+import numpy as np
+
+from ..errors import CacheError
+from ..format.cache import Cache, open_cache
+
+if TYPE_CHECKING:
+    import xarray
+
+__all__ = ["ShardInfo", "info", "open_symbol", "shards", "to_xarray"]
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One stored shard of one symbol's ``features``: its object, its rows and bars, its size."""
+
+    symbol: str
+    symbol_id: int
+    group: str
+    shard: int
+    key: str
+    start: int
+    stop: int
+    first_ts: int
+    last_ts: int
+    raw_bytes: int
+    stored_bytes: int | None
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def missing(self) -> bool:
+        return self.stored_bytes is None
+
+    @property
+    def ratio(self) -> float | None:
+        """Decoded over stored bytes (None for a missing or empty shard object)."""
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record, with the time range also as ISO 8601 UTC strings."""
+        return {
+            "symbol": self.symbol, "symbol_id": self.symbol_id, "group": self.group, "shard": self.shard,
+            "key": self.key, "start": self.start, "stop": self.stop, "rows": self.rows,
+            "first_ts": self.first_ts, "last_ts": self.last_ts,
+            "first_time": str(np.datetime64(self.first_ts, "ns")),
+            "last_time": str(np.datetime64(self.last_ts, "ns")),
+            "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes,
+            "ratio": None if self.ratio is None else round(self.ratio, 3), "missing": self.missing,
+        }
+
+
+def _shard_counts(cache: Cache) -> np.ndarray:
+    """Stored shards of each symbol's ``features``: ceil(bars / shard_rows)."""
+    return -(-cache.bars_per_symbol // cache.shard_rows)
+
+
+def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
+    """Every stored shard, symbol by symbol: object key, local rows, time range, stored size, ratio.
+
+    A shard object that is not there shows as missing (``stored_bytes=None``; sizes from
+    ``_stored_sizes``). Time ranges come from the
+    symbols' ``time`` arrays, read concurrently (``_symbol_times``).
+    """
+    cache = open_cache(cache)
+    rows, bars, counts = cache.shard_rows, cache.bars_per_symbol, _shard_counts(cache)
+    if not counts.sum():
+        return []
+    symbol = np.repeat(np.arange(len(bars)), counts)
+    shard = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = shard * rows
+    stop = np.minimum(start + rows, bars[symbol])
+    times = _symbol_times(cache, np.flatnonzero(counts))
+    names, groups = cache.symbols, list(cache.manifest["groups"])
+    keys = [f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())]  # zarr's default key encoding
+    stored = _stored_sizes(cache, keys)
+    out = []
+    for i, k, a, b, key in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist(), keys):
+        t0, t1 = int(times[i][a]), int(times[i][b - 1])
+        out.append(ShardInfo(
+            symbol=names[i], symbol_id=i, group=groups[i], shard=k, key=key, start=a, stop=b,
+            first_ts=t0, last_ts=t1, raw_bytes=(b - a) * cache.n_features * 4, stored_bytes=stored.get(key),
+        ))
+    return out
+
+
+def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[int, np.ndarray]:
+    """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
+    async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
+    import zarr.api.asynchronous as zarr_async
+    from zarr.core.sync import sync
+
+    groups = list(cache.manifest["groups"])
+    options = cache.storage_options if "://" in cache.url else None
+
+    async def read_all() -> list[np.ndarray]:
+        root = await zarr_async.open_group(store=cache.url, mode="r", zarr_format=3, storage_options=options)
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> np.ndarray:
+            async with limit:
+                try:
+                    arr = await root.getitem(f"{groups[i]}/time")
+                    return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
+                except Exception as exc:  # a missing key, a damaged chunk (codecs raise several types)
+                    raise CacheError(f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
+                                     "`shardcache verify` lists the damage; rebuild the cache") from None
+
+        return await asyncio.gather(*(one(i) for i in ids.tolist()))
+
+    return dict(zip(ids.tolist(), sync(read_all())))
+
+
+def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
+    """Stored bytes of the objects ``keys`` (paths in the cache) that exist.
+
+    A local cache stats each key (a directory walk of thousands of groups costs seconds); an
+    object store is listed once under ``symbols/`` (one paginated listing, not a request per key).
+    """
+    if "://" not in cache.url or cache.url.startswith("file://"):
+        root = cache.url[len("file://"):] if cache.url.startswith("file://") else cache.url
+        sizes = {}
+        for key in keys:
+            try:
+                sizes[key] = os.stat(os.path.join(root, *key.split("/"))).st_size
+            except FileNotFoundError:
+                continue
+        return sizes
+    fs, root = fsspec.core.url_to_fs(cache.url, **(cache.storage_options or {}))
+    root = root.rstrip("/") + "/"
+    try:
+        found = fs.find(root + "symbols", detail=True)
+    except FileNotFoundError:
+        return {}
+    return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
+
+
+def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
+    """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon``
+    (a read-time choice, counted by ``index.valid_ranges``), features with their statistics, size."""
+    from ..read.plan import valid_ranges
+
+    cache = open_cache(cache)
+    m = cache.manifest
+    per_split = {name: valid_ranges(cache, seq_len, horizon, 1, name).total() for name in cache.split_names}
+    build = m.get("build") or {}
+    return {
+        "path": cache.url,
+        "format_version": m["format_version"],
+        "bars": cache.n_bars,
+        "symbols": cache.symbols,
+        "bars_per_symbol": [int(n) for n in cache.bars_per_symbol],
+        "segments": int(len(cache.segments)),
+        "shards": int(_shard_counts(cache).sum()),
+        "features": cache.feature_names,
+        "stats": cache.stats,
+        "normalize": m.get("normalize", build.get("normalize")),
+        "splits": m["splits"],
+        "seq_len": seq_len,
+        "horizon": horizon,
+        "windows": sum(per_split.values()),
+        "windows_per_split": per_split,
+        "layout": m["layout"],
+        "counts": m["counts"],
+        "bytes": m.get("bytes", {}),
+        "created": m.get("created"),
+    }
+
+
+def _xarray() -> Any:
+    try:
+        import xarray as xr
+    except ImportError:
+        raise CacheError("the xarray views need xarray: pip install 'shardcache[xarray]'") from None
+    return xr
+
+
+def _open_kwargs(cache: Cache) -> dict[str, Any]:
+    """Arguments for xarray's zarr backend: one dask chunk per shard, this cache's storage options.
+
+    ``consolidated=False`` unless the cache has consolidated metadata, so that xarray neither
+    warns nor looks for it first.
+    """
+    import zarr
+
+    kwargs: dict[str, Any] = {"chunks": {"time": cache.shard_rows}, "zarr_format": 3}
+    root = zarr.open_group(cache.url, mode="r", zarr_format=3, storage_options=cache.storage_options
+                           if "://" in cache.url else None)
+    kwargs["consolidated"] = root.metadata.consolidated_metadata is not None
+    if cache.storage_options and "://" in cache.url:
+        kwargs["storage_options"] = cache.storage_options
+    return kwargs
+
+
+def _labelled(ds: "xarray.Dataset", cache: Cache, i: int, split: bool) -> "xarray.Dataset":
+    """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``
+    and, with ``split``, the split name of every bar (from the symbol's segment table)."""
+    coords: dict[str, Any] = {"symbol": cache.symbols[i]}
+    stats = cache.stats
+    if stats:
+        coords["feature_mean"] = ("feature", np.asarray([stats[n]["mean"] for n in cache.feature_names]))
+        coords["feature_std"] = ("feature", np.asarray([stats[n]["std"] for n in cache.feature_names]))
+    if split:
+        a, b = ds["segment_start"].values, ds["segment_stop"].values
+        codes = np.zeros(ds.sizes["time"], dtype=np.int8)
+        for lo, hi, code in zip(a.tolist(), b.tolist(), ds["segment_split"].values.tolist()):
+            codes[lo:hi] = code
+        coords["split"] = ("time", np.asarray(cache.split_names)[codes])
+    out = ds.assign_coords(coords)
+    out.attrs.update({"cache": cache.url, "shard_rows": cache.shard_rows})
+    return out
+
+
+def _symbol_id(cache: Cache, symbol: str | int) -> int:
+    if isinstance(symbol, (int, np.integer)) and not isinstance(symbol, bool):
+        if not 0 <= symbol < len(cache.symbols):
+            raise CacheError(f"{cache.url}: no symbol #{symbol}; the cache has {len(cache.symbols)} symbols")
+        return int(symbol)
+    try:
+        return cache.symbols.index(symbol)
+    except ValueError:
+        raise CacheError(f"{cache.url}: no symbol {symbol!r}") from None
+
+
+def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> "xarray.Dataset":
+    """One symbol as a lazy ``xarray.Dataset``: ``xr.open_zarr(CACHE, group=path)`` plus labels.
+
+    ``features (time, feature)`` over a datetime64 ``time`` index, one dask chunk per shard, so
+    ``.sel(time=slice(a, b))`` reads only the shards covering that range; coordinates ``feature``,
+    ``split`` (per bar), ``symbol`` and, when normalized, ``feature_mean``/``feature_std``
+    (``ds.features * ds.feature_std + ds.feature_mean`` gives source units). ``symbol`` is its
+    name or its index in ``cache.symbols``. A missing shard reads as NaN: check with ``shardcache ls``.
+    """
+    xr = _xarray()
+    cache = open_cache(cache)
+    i = _symbol_id(cache, symbol)
+    ds = xr.open_zarr(cache.url, group=cache.manifest["groups"][i], **_open_kwargs(cache))
+    return _labelled(ds, cache, i, split=True)
+
+
+def to_xarray(cache: Cache | str | os.PathLike[str]) -> "xarray.DataTree":
+    """The whole cache as a lazy ``xarray.DataTree``: ``xr.open_datatree(CACHE, engine="zarr")`` with
+    one node per symbol (``tree[cache.manifest["groups"][i]]``), each labelled with its ``symbol``
+    and the feature statistics (``open_symbol`` adds the split per bar). The root's attributes
+    hold the manifest. Opening reads every symbol's metadata and ``time`` index."""
+    xr = _xarray()
+    cache = open_cache(cache)
+    tree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
+    for i, path in enumerate(cache.manifest["groups"]):
+        tree[path] = _labelled(tree[path].to_dataset(), cache, i, split=False)
+    return tree

@@ -1,0 +1,454 @@
+"""The reader behind ``WindowStream``: each mixing pool decoded into one arena, and runs of
+batches copied out of it on a background thread.
+
+Per iterator, a *gather thread* walks the iterator's runs (``index.reader_runs``: up to
+``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
+For each run it makes sure the pools the run draws from are decoded, copies the run's
+windows and targets with one ``index_select`` per pool (see "Torch threads") into new
+tensors and queues them,
+so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
+(one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
+``index.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
+ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
+``close()`` joins every thread it started.
+
+What a reader reads is a ``ReadSpec`` (the window shape, the columns, the device, whether
+batches carry metadata), made by ``WindowStream``; the reader touches no private state of
+the stream.
+
+Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
+On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
+another thread was busy (a decoder, the training loop), and limiting it would mean
+``torch.set_num_threads``, which also sets the default of every thread started later: a
+process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
+the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per
+thread; torch's default for new threads and every other thread's count stay as they are), and
+copies a run with one ``index_select`` per pool. Elsewhere each copy is cut so that it runs on
+the calling thread anyway: narrow windows (at least ``_MIN_CHUNK`` of them in ``_GRAIN``
+elements) through ``index_select`` in pieces of at most ``_GRAIN`` elements, which ATen's
+``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide ones through
+``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not buffered). Each
+window is copied once, straight into the batch, and torch's settings stay exactly as the
+caller sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import glob
+import itertools
+import mmap
+import os
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
+
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
+
+RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
+_MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
+_QUEUE_RUNS = 2
+_POLL = 0.1
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """Everything a reader needs to know about its stream: the cache and its valid windows, the
+    window shape, the input/target columns (None: every column), the device, and whether
+    batches carry each window's symbol, row and time (``meta``)."""
+
+    cache: Any
+    ranges: Ranges
+    seq_len: int
+    horizons: tuple[int, ...]
+    multi: bool  # y has a horizon axis: [B, len(horizons), T]
+    xcols: list[int] | None
+    ycols: list[int] | None
+    nx: int
+    ny: int
+    device: torch.device
+    meta: bool
+
+    @property
+    def same_columns(self) -> bool:
+        """Inputs and targets are every column: one arena serves both."""
+        return self.xcols is None and self.ycols is None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded bar in a pool's arena(s)."""
+        return 4 * (self.nx if self.same_columns else self.nx + self.ny)
+
+    def y_shape(self, n: int) -> tuple[int, ...]:
+        return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
+
+
+def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
+    """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
+    does, so sending it to the main process costs no copy."""
+    if not shared:
+        return torch.empty(shape, device=device)
+    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
+    return torch.empty(0).set_(storage, 0, shape)
+
+
+class _Pool:
+    """One pool's arena: input columns ``x`` and target columns ``y`` (the same tensor when
+    they are the same columns), laid out by ``layout``, with the decodes still under way."""
+
+    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int) -> None:
+        n = layout.n_rows
+        self.layout, (self.x, self.y) = layout, arena
+        f = self.x.shape[1]
+        self.cuda = self.x.device.type == "cuda"
+        self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+        if self.cuda:
+            self.rows = torch.from_numpy(layout.rows).to(self.x.device)
+        else:  # the numpy views the gather copies from
+            self.xn, self.yn = self.x.numpy(), self.y.numpy()
+            self.rows = layout.rows
+        self.submitted = 0
+        self.nbytes = 0
+        self.pending: list[Future] = []
+        self.events: list[Any] = []  # CUDA: one per block copied to the device
+        self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
+
+
+class Ready(NamedTuple):
+    """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
+    of ``x``, ``y`` and ``meta`` (``index`` ``[n, 2]``, ``symbol``, ``time``; None unless asked);
+    ``event`` (CUDA) marks the copies done."""
+
+    batches: list[tuple[int, int, int]]
+    x: torch.Tensor
+    y: torch.Tensor
+    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    event: Any
+
+
+_END = object()
+
+
+def _mapped(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new array in an anonymous memory map of its own (page-aligned): given back to the OS
+    as soon as it is freed, whatever the allocator keeps, so a closed reader leaves nothing."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, max(1, nbytes)))  # the root array: views refer to it
+
+
+def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+_UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
+
+
+class _Outputs:
+    """Output buffers of runs, reused once every batch taken from them is gone.
+
+    Batches are ``torch.from_numpy`` views of numpy buffers (``_mapped``), and a tensor's
+    storage holds a reference to its buffer, so a buffer whose reference count is back to
+    the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
+    faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
+    reused buffer ran 1.1-1.5x faster here). At most ``keep`` sets are kept; when all are in
+    use (the caller holds on to batches) new ones are made and left to the caller.
+    """
+
+    def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[Any], keep: int) -> None:
+        self.shapes, self.dtypes, self.keep = shapes, dtypes, keep
+        self.slots: list[tuple[np.ndarray, ...]] = []
+
+    def take(self, n: int) -> list[torch.Tensor]:
+        """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
+        slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
+        if slot is None:
+            slot = tuple(_mapped(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes))
+            if len(self.slots) < self.keep:
+                self.slots.append(slot)
+        return [torch.from_numpy(a[:n]) for a in slot]
+
+
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> Any:
+    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def one_thread_here() -> bool:
+    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
+    count and torch's default for new threads as they are; False where that is not possible."""
+    setter = _omp_set_num_threads()
+    if setter is None:
+        return False
+    torch.get_num_threads()  # torch's per-thread initialisation first: it would undo the setting below
+    setter(1)
+    return torch.get_num_threads() == 1
+
+
+class _Stopped(Exception):
+    """Raised inside the reader's threads when its iterator was closed."""
+
+
+class Reader:
+    """One iterator's threads: decodes pools ahead of use and gathers runs of batches.
+
+    Holds at most ``capacity`` bytes of decoded blocks: the pools a run needs are always
+    decoded (``WindowStream`` sizes the capacity so that they fit), blocks further ahead only
+    while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
+    thread pool of the reader's own (from a remote store each block is a few requests one
+    after the other); with 0 the gather thread decodes each block when a run needs it.
+    """
+
+    def __init__(
+        self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
+        decoders: int = 0, run_windows: int = 1, shared: bool = False,
+    ) -> None:
+        self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
+        self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
+        self.used = 0
+        self.stop = threading.Event()
+        self.queue: queue.Queue = queue.Queue(_QUEUE_RUNS)
+        self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
+        self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
+        self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
+        # one walk of the runs, read twice: by the gather loop and, ahead of it, by the block schedule
+        self.runs, ahead = itertools.tee(reader_runs(plan, batches, self.run_windows))
+        self.schedule = self._schedule(ahead)
+        self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
+        dev = spec.device
+        self.cuda = dev.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
+        self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
+        runs = self.run_windows
+        self.outputs = None if self.cuda or shared else _Outputs(
+            [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
+        )
+        self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
+        chunk = _GRAIN // (spec.seq_len * spec.nx)
+        self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
+        self.y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
+
+    # -- gather thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        """Thread body: every run, then the end mark; an error goes to the consumer instead."""
+        try:
+            if not self.cuda and one_thread_here():
+                self.chunk = self.run_windows  # one index_select per pool: it runs on this thread
+            for run in self.runs:
+                for g in run.pools:
+                    self._wait_decoded(g)
+                ready = self._gather(run)
+                for g in [g for g in self.pools if g < run.keep]:
+                    self._drop(g)
+                while self._submit(force=False):
+                    pass  # decode ahead while the blocks fit
+                self._put(ready)
+            self._put(_END)
+        except _Stopped:
+            pass
+        except BaseException as exc:
+            with contextlib.suppress(_Stopped):
+                self._put(exc)
+
+    def _put(self, item: object) -> None:
+        """Queue ``item`` for the consumer; give up once the iterator is closed."""
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Full):
+                return self.queue.put(item, timeout=_POLL)
+        raise _Stopped
+
+    def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
+        """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
+        is made when reached."""
+        s, newest = self.spec, -1
+        for run in runs:
+            for g in run.pools:
+                if g <= newest:
+                    continue
+                newest = g
+                layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
+                pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                for k in range(len(layout.lo)):
+                    yield pool, k
+
+    def _arena(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
+        same). On the CPU each is a memory map of its own: only the decoded blocks' pages are
+        resident, and a dropped pool's pages go back to the OS at once."""
+        s = self.spec
+
+        def make(cols: int) -> torch.Tensor:
+            if not self.cuda:
+                return torch.from_numpy(_mapped((rows, cols), np.float32))
+            with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
+                t = torch.empty((rows, cols), device=s.device)
+            t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
+            return t
+
+        x = make(s.nx)
+        return x, x if s.same_columns else make(s.ny)
+
+    def _drop(self, g: int) -> None:
+        """Forget pool ``g`` (its arena is freed) and take its bytes out of the count."""
+        self.used -= self.pools.pop(g).nbytes
+
+    def _submit(self, force: bool) -> bool:
+        """Start decoding the next block of the schedule: always with ``force``, else only if it
+        fits in the capacity. False if nothing was started."""
+        if self.upcoming is None:
+            self.upcoming = next(self.schedule, None)
+        if self.upcoming is None:
+            return False
+        pool, k = self.upcoming
+        nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
+        if not force and self.used + nbytes > self.capacity:
+            return False
+        self.upcoming = None
+        self.used += nbytes
+        pool.nbytes += nbytes
+        pool.submitted += 1
+        if self.executor is None:
+            self._decode(pool, k)
+        else:
+            pool.pending.append(self.executor.submit(self._decode, pool, k))
+        return True
+
+    def _wait_decoded(self, g: int) -> None:
+        """Block until every block of pool ``g`` is decoded (starting any not started yet)."""
+        while g not in self.pools or self.pools[g].submitted < len(self.pools[g].layout.lo):
+            if not self._submit(force=True):
+                raise RuntimeError("shardcache reader: the block schedule ended early")
+        pool = self.pools[g]
+        for future in pool.pending:
+            while not wait_futures([future], timeout=_POLL).done:
+                if self.stop.is_set():
+                    raise _Stopped
+            future.result()
+        pool.pending.clear()
+
+    def _decode(self, pool: _Pool, k: int) -> None:
+        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena."""
+        s = self.spec
+        if self.stop.is_set():
+            raise _Stopped
+        lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
+        if not self.cuda:  # numpy only: no torch thread pool
+            xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
+            if pool.y is pool.x:  # every column: straight into the arena
+                s.cache.read_rows(lo, hi, out=xn)
+                return
+            arr = s.cache.read_rows(lo, hi)
+            xn[:] = arr if s.xcols is None else arr[:, s.xcols]
+            yn[:] = arr if s.ycols is None else arr[:, s.ycols]
+            return
+        x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
+        arr = s.cache.read_rows(lo, hi)
+        hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
+        hy = hx if pool.y is pool.x else torch.from_numpy(arr if s.ycols is None else np.ascontiguousarray(arr[:, s.ycols]))
+        host = [hx.pin_memory()] + ([] if hy is hx else [hy.pin_memory()])
+        with torch.cuda.stream(self.copy_stream):
+            x.copy_(host[0], non_blocking=True)
+            if pool.y is not pool.x:
+                y.copy_(host[-1], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        pool.host.extend(host)
+        pool.events.append(event)
+
+    def _gather(self, run: Run) -> Ready:
+        """Copy the run's windows and targets from its pools' arenas into new tensors."""
+        s, off = self.spec, self.plan.pool_offsets
+        n = run.b - run.a
+        with torch.cuda.stream(self.gather_stream) if self.cuda else contextlib.nullcontext():
+            if self.outputs is not None:
+                x, y = self.outputs.take(n)
+            else:
+                x, y = new_output((n, s.seq_len, s.nx), s.device, self.shared), new_output(s.y_shape(n), s.device, self.shared)
+            starts = np.empty(n, dtype=np.int64) if s.meta else None
+            xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
+            for g in run.pools:
+                pool = self.pools[g]
+                s0, s1 = max(run.a - int(off[g]), 0), min(run.b - int(off[g]), len(pool.rows))
+                o, m, rows = int(off[g]) + s0 - run.a, s1 - s0, pool.rows[s0:s1]
+                if starts is not None:
+                    starts[o : o + m] = pool.layout.starts[s0:s1]
+                if not self.cuda:
+                    if self.chunk:
+                        trows = torch.from_numpy(rows)
+                        for i in range(0, m, self.chunk):
+                            j = min(i + self.chunk, m)
+                            torch.index_select(pool.windows, 0, trows[i:j], out=x[o + i : o + j])
+                    else:
+                        np.take(pool.xn, rows[:, None] + self.x_steps, axis=0, out=xn[o : o + m], mode="clip")
+                    yrows = rows[:, None] + self.y_steps if s.multi else rows + self.y_steps[0]
+                    np.take(pool.yn, yrows, axis=0, out=yn[o : o + m], mode="clip")
+                    continue
+                for event in pool.events:
+                    self.gather_stream.wait_event(event)  # type: ignore[union-attr]
+                torch.index_select(pool.windows, 0, rows, out=x[o : o + m])
+                yrows = (rows[:, None] + torch.from_numpy(self.y_steps).to(rows.device)).reshape(-1)
+                torch.index_select(pool.y, 0, yrows, out=y[o : o + m].view(-1, s.ny))
+            event = None
+            if self.cuda:
+                event = torch.cuda.Event()
+                event.record(self.gather_stream)
+        meta = None
+        if starts is not None:
+            symbol, local = s.cache.locate(starts)
+            index = torch.from_numpy(np.stack([symbol, local], axis=1))
+            meta = (index, torch.from_numpy(symbol), torch.from_numpy(s.cache.bar_times(starts + s.seq_len - 1)))
+        spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
+        return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, meta, event)
+
+    # -- consumer side -------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def next(self) -> Ready | None:
+        """The next gathered run, None at the end; re-raises the reader's error."""
+        while True:
+            if self.stop.is_set():
+                raise RuntimeError("WindowStream iterator was closed")
+            try:
+                item = self.queue.get(timeout=_POLL)
+            except queue.Empty:
+                if not self.thread.is_alive() and self.queue.empty():
+                    raise RuntimeError("shardcache reader thread ended unexpectedly") from None
+                continue
+            if item is _END:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def close(self) -> None:
+        """Stop the threads (the gather thread and its decoders) and drop every pool and run."""
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join()
+        if self.executor is not None:  # a decode under way finishes its read, the queued ones are dropped
+            self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pools.clear()
+        self.upcoming = None
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
