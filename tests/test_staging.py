@@ -31,6 +31,7 @@ from shardcache.cli import build_cache_main
 from shardcache.build.compute import read_arrow, shard_stats, write_arrow, write_shard
 from shardcache.build.markers import Unreadable, decode, encode
 from shardcache.build.sample import make_sample
+from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
 from shardcache.format.layout import FORMAT_VERSION
 from shardcache.inspect.verify import compare_caches, verify_cache
@@ -391,3 +392,20 @@ def test_spill_files_with_a_pickled_arrow_extension_type_run_no_code(tmp_path):
                                     schema=pa.schema([pa.field("ts", pa.int64()), field])))
     table = read_arrow(str(path))
     assert table["close"].to_pylist() == [1.5, 2.5] and not sentinel.exists()
+
+
+@pytest.mark.parametrize("error, kept", [(SourceError("x.dbn", "truncated DBN data after 3 records"), False),
+                                          (ShardcacheError("the cluster went away"), True)])
+def test_a_resumed_build_keeps_its_folder_only_for_errors_a_resume_can_fix(tmp_path, error, kept):
+    """Bad input data met by a resumed build leaves nothing that would invite another ``--resume``."""
+    out = str(tmp_path / "c.zarr")
+    stage = staging.prepare(out, None, {"inputs": []}, resume=False, overwrite=False)
+    stage.resumed = True  # as after an interrupted build
+    with pytest.raises(type(error)):
+        with stage.guard("build"):
+            raise error
+    assert os.path.isdir(f"{out}.staging") is kept
+    if kept:  # the lock is released, so the next build may resume it
+        again = staging.prepare(out, None, {"inputs": []}, resume=True, overwrite=False)
+        assert isinstance(again, staging.Staging) and again.resumed
+        again.release()

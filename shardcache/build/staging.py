@@ -52,7 +52,7 @@ from typing import Any
 
 import fsspec
 
-from ..errors import CacheError, ShardcacheError
+from ..errors import CacheError, ShardcacheError, SourceError
 from ..format.cache import Cache
 from ..format.layout import ATTR, FORMAT_VERSION, open_group
 from ..format.paths import is_local, local_path
@@ -241,14 +241,15 @@ class Staging:
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
         """Run a build or append (``what``) on this folder. An expected error (``ShardcacheError``)
-        removes the folder unless it holds progress worth resuming; a disk error becomes one line
+        removes the folder unless it holds progress worth resuming (never after bad input data, a
+        ``SourceError``, which a resume would meet again); a disk error becomes one line
         and any other failure (a kill, a bug) keeps the folder for ``--resume``."""
         try:
             yield
-        except ShardcacheError:
-            if self.written or self.resumed:
+        except ShardcacheError as exc:
+            if (self.written or self.resumed) and not isinstance(exc, SourceError):
                 self.release()
-            else:
+            else:  # bad input data: a --resume would meet it again, so nothing is kept to resume
                 self.remove()
             raise
         except OSError as exc:

@@ -498,11 +498,11 @@ class WindowDataset(Dataset):
         cache: Cache | str | os.PathLike[str],
         seq_len: int | WindowSpec,
         *,
+        split: str | None = None,  # first: an evaluation names the split it reads
         horizon: int | Sequence[int] = 1,
         stride: int = 1,
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
-        split: str | None = None,
         storage_options: dict | None = None,
     ) -> None:
         self.cache = open_for_reading(cache, storage_options)
