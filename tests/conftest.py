@@ -27,6 +27,8 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_streaming_rss_does_not_grow_with_bars": "memory in a subprocess",
         "test_loader_lifecycles_leave_nothing_behind": "eleven DataLoader worker lifecycles and their RSS",
         "test_spawned_workers_share_the_position": "spawned workers, each importing torch afresh",
+        "test_a_late_worker_starts_at_the_first_batch_of_the_pass": "worker processes held back on purpose",
+        "test_resume_in_a_new_process": "a second Python process with DataLoader workers",
     },
     "test_profile_memory.py": {
         "test_single_command_peak_plot_and_json": "memory of a subprocess",
@@ -35,6 +37,7 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_plot_one_series_per_command": "memory of two subprocesses",
     },
     "test_reliability.py": {
+        "test_readers_see_only_complete_caches_during_build_and_overwrite": "builds while a reader polls",
         "test_sigkill_anywhere_then_resume_gives_the_same_cache": "a SIGKILL loop",
         "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
     },
