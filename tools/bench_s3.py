@@ -55,13 +55,15 @@ def _free_port() -> int:
 
 
 class Moto:
-    """``python -m moto.server`` in a subprocess, its request log in a file."""
+    """``python -m moto.server`` on a free loopback port, in a subprocess; its request log in ``log``
+    (None: discarded)."""
 
-    def __init__(self, log: str) -> None:
+    def __init__(self, log: str | None = None) -> None:
         self.port = _free_port()
         self.log = log
+        err = subprocess.DEVNULL if log is None else open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=open(log, "w"), env={**os.environ, **ENV})
+                                     stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **ENV})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -74,6 +76,11 @@ class Moto:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """s3fs storage options for this server."""
+        return {"endpoint_url": self.url, "key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"]}
 
     def requests(self, prefix: str) -> int:
         """HEAD and GET requests so far for keys under ``prefix``."""
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             build_cache(make_sample(os.path.join(tmp, "dbn"), days=args.days), local, progress=False)
         moto = Moto(os.path.join(tmp, "moto.log"))
         try:
-            options = {"endpoint_url": moto.url, "key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"]}
+            options = moto.options
             fs = s3fs.S3FileSystem(**options)
             fs.mkdir("bench")
             fs.put(local.rstrip("/") + "/", "bench/c.zarr/", recursive=True)

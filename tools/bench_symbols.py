@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 
-ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+from bench_s3 import ENV, Moto  # the moto server on loopback, shared with the S3 benchmark
 
 BUILD = """
 import json, sys, time
@@ -56,37 +55,6 @@ t_batch = time.perf_counter()
 print(json.dumps({"import": t_import - t0, "open": t_open - t_import, "import torch": t_torch - t_open,
                   "first batch": t_batch - t_torch, "shape": list(x.shape)}))
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Moto:
-    """``python -m moto.server`` on a free loopback port, in a subprocess."""
-
-    def __init__(self) -> None:
-        self.port = _free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ENV})
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("moto server did not start")
-
-    @property
-    def options(self) -> dict[str, str]:
-        return {"endpoint_url": f"http://127.0.0.1:{self.port}", "key": "testing", "secret": "testing"}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 def _python(code_or_args: list[str], env: dict[str, str]) -> tuple[float, str]:
