@@ -305,9 +305,17 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 1 if any(s.missing for s in table) else 0
 
 
+def _at_least_one(**options: int) -> None:
+    """Refuse a count option below 1 in one line, before anything is written."""
+    for name, value in options.items():
+        if value < 1:
+            raise ShardcacheError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .build.sample import make_sample
 
+    _at_least_one(days=args.days)
     t0 = time.perf_counter()
     files = make_sample(args.out, days=args.days, seed=args.seed)
     print(f"wrote {len(files)} DBN files to {args.out} in {time.perf_counter() - t0:.1f} s")
@@ -325,6 +333,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .read.stream import WindowStream
     from .build.tasks import tune_allocator
 
+    _at_least_one(days=args.days, seq_len=args.seq_len)
     tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
     if not os.path.isdir(data) or not os.listdir(data):

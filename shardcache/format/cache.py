@@ -90,6 +90,9 @@ class Cache:
         if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
             raise CacheError(f"{self.url}: the segment index names symbols the manifest does not have; "
                              "rebuild the cache")
+        if len(sym) and (local[:, 2] > self.bars_per_symbol[sym]).any():  # an append's index, an older manifest
+            raise CacheError(f"{self.url}: the segment index and the manifest disagree (an append is being "
+                             "written to this object store); open the cache again")
         virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
         order = np.argsort(virtual[:, 1], kind="stable")
         self.segments = virtual[order]
@@ -145,6 +148,9 @@ class Cache:
                 arr = h.arrays[(i, name)] = h.group[f"{self.groups[i]}/{name}"]
             except KeyError:
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
+            except ValueError as exc:  # damaged metadata (zarr.json that is not JSON, a bad field)
+                raise CacheError(f"{self.url}: {self.groups[i]}/{name} cannot be opened "
+                                 f"({describe_damage(exc)}); rebuild the cache") from None
         return arr
 
     def _decoder(self, i: int) -> ShardDecoder:

@@ -1,14 +1,14 @@
 """The reader behind ``WindowStream``: each mixing pool decoded into one arena, and runs of
 batches copied out of it on a background thread.
 
-Per iterator, a *gather thread* walks the iterator's runs (``index.reader_runs``: up to
+Per iterator, a *gather thread* walks the iterator's runs (``plan.reader_runs``: up to
 ``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
 For each run it makes sure the pools the run draws from are decoded, copies the run's
 windows and targets with one ``index_select`` per pool (see "Torch threads") into new
 tensors and queues them,
 so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
-``index.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
+``plan.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
 ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
 ``close()`` joins every thread it started.
 

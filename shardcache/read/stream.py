@@ -6,7 +6,7 @@
 ``WindowSpec`` (or its fields: ``seq_len`` positionally, the rest by keyword only).
 
 How a batch is made
-    The epoch's plan (``index.make_plan``) is computed before a byte is read. Each iterator
+    The epoch's plan (``plan.make_plan``) is computed before a byte is read. Each iterator
     has a reader (``shardcache.read.reader``, given a ``ReadSpec``): ``decoders`` threads read each
     mixing pool's shard blocks into one arena per pool, in plan order, as far ahead as the
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
