@@ -50,3 +50,15 @@ def test_counts_below_one_are_refused_before_anything_is_written(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and flag in err[0] and "must be at least 1" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kwargs, match", [({"seq_len": 0}, "seq_len"), ({"memory_budget": "lots"}, "memory_budget")])
+def test_stream_options_are_checked_before_the_cache_is_opened(tmp_path, kwargs, match):
+    from shardcache.read.stream import WindowDataset, WindowStream
+
+    seq_len = kwargs.pop("seq_len", 10)
+    with pytest.raises(ValueError, match=match):
+        WindowStream(tmp_path / "missing.zarr", seq_len, **kwargs)
+    if not kwargs:
+        with pytest.raises(ValueError, match=match):
+            WindowDataset(tmp_path / "missing.zarr", seq_len)

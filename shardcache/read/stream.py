@@ -141,13 +141,13 @@ class WindowStream(IterableDataset):
         decoders = min(4, os.cpu_count() or 1) if decoders is None else int(decoders)
         if batch_size < 1 or prefetch < 0 or mix < 1 or decoders < 0:
             raise ValueError("need batch_size >= 1, prefetch >= 0, decoders >= 0 and mix >= 1")
+        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
+        self.device = check_device(device)
+        self.memory_budget = parse_budget(memory_budget, self.device)
         self.cache = open_for_reading(cache, storage_options)
-        self.spec = window_spec(seq_len, horizon, stride, features, target)
         self.split = check_split(self.cache, split)
         self.batch_size, self.shuffle, self.mix = int(batch_size), bool(shuffle), int(mix)
         self.drop_last, self.prefetch, self.decoders = bool(drop_last), int(prefetch), decoders
-        self.device = check_device(device)
-        self.memory_budget = parse_budget(memory_budget, self.device)
         xcols = columns(self.cache, self.spec.features, "features")
         ycols = columns(self.cache, self.spec.target, "target")
         ranges = valid_ranges(self.cache, self.spec, split=self.split)
@@ -505,8 +505,8 @@ class WindowDataset(Dataset):
         target: Sequence[str] | None = None,
         storage_options: dict | None = None,
     ) -> None:
+        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.cache = open_for_reading(cache, storage_options)
-        self.spec = window_spec(seq_len, horizon, stride, features, target)
         self.split = check_split(self.cache, split)
         self._ranges = valid_ranges(self.cache, self.spec, split=self.split)
         self._n = self._ranges.total()
