@@ -261,18 +261,31 @@ def test_append_on_s3(files, tmp_path, s3_bucket):
     assert verify_cache(url, options).ok
 
 
+def _always(args) -> bool:
+    return True
+
+
+def _key(key: str):
+    """A kill predicate for ``CacheWriter._release(self, key)``."""
+    return lambda args: args[1] == key
+
+
+# where a kill lands: (object, function, killed after the call (else before), for which calls)
 APPEND_KILLS = {
-    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard"),
-    "finish: segments written, manifest not": (append_mod.CacheWriter, "finish"),
-    "publish: complete, not swapped in": (append_mod.Staging, "publish"),
+    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
+    "grow: an array's metadata unshared, not rewritten": (
+        append_mod.CacheWriter, "_release", True, _key("symbols/0/features/zarr.json")),
+    "finish: segments written, manifest not": (append_mod.CacheWriter, "finish", False, _always),
+    "finish: the root metadata unshared, not rewritten": (append_mod.CacheWriter, "_release", True, _key("zarr.json")),
+    "publish: complete, not swapped in": (append_mod.Staging, "publish", False, _always),
 }
 
 
 def _killed_append(point: str, files: list[Path], out: Path) -> None:
     from test_reliability import _after, _before
 
-    obj, name = APPEND_KILLS[point]
-    (_after if point.startswith("write") else _before)(obj, name, lambda a: True)
+    obj, name, after, when = APPEND_KILLS[point]
+    (_after if after else _before)(obj, name, when)
     append_cache(files, out, workers=1, progress=False)
 
 

@@ -33,8 +33,9 @@ class CacheWriter:
     ``complete: false``; ``finish`` writes the segment tables and digests, then the manifest
     with ``complete: true``, the last write of a build. ``create=False`` reopens the arrays
     (a resume, an append: existing symbols grown to ``bars_per_symbol``, new ones created).
-    Before rewriting any object of a local cache it removes the file, so a hard-linked
-    staging copy (``shardcache.build.append``) never changes a file it shares with the original.
+    Before rewriting any object of a local cache it gives the file its own inode (``_release``),
+    so a hard-linked staging copy (``shardcache.build.append``) never changes a file it shares
+    with the original, and a killed write never leaves an object missing.
     Picklable, so shard writes can run as dask tasks on any worker.
     """
 
@@ -81,18 +82,18 @@ class CacheWriter:
         return self._group
 
     def _release(self, key: str) -> None:
-        """Remove a local object (or folder of them) before it is rewritten: it may be a hard link
-        into another cache, which must not change."""
+        """Give a local object (or each file of a folder) its own inode before it is rewritten: a
+        hard link into another cache must not change. The copy replaces the link by a rename, so
+        the path holds its old bytes until zarr writes the new ones, even if the process is killed."""
         path = _local_file(self.url, key)
-        if path is None:
+        if path is None or not os.path.exists(path):
             return
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        files = [path] if not os.path.isdir(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+        for file in files:
+            if os.stat(file).st_nlink > 1:
+                tmp = f"{file}.{os.getpid()}.unshare"
+                shutil.copy2(file, tmp)
+                os.replace(tmp, file)
 
     def _ensure_symbols(self) -> None:
         """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only).
