@@ -11,6 +11,8 @@ one per symbol); per-symbol arrays are opened on first use.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,9 @@ from .decode import ChunkError, MissingShard, ShardDecoder
 from .layout import ATTR, FORMAT_VERSION, describe_damage, gather, open_group, symbol_bases
 from .paths import is_url, local_path
 
-__all__ = ["Cache", "open_cache"]
+__all__ = ["TIME_CHUNKS", "Cache", "open_cache"]
+
+TIME_CHUNKS = 16  # chunks of ``time`` arrays a Cache keeps (LRU): twice the 2 x mix = 8 shards a batch draws from
 
 
 @dataclass
@@ -45,7 +49,8 @@ class Cache:
         self.url = os.fspath(url)
         self.storage_options = storage_options
         self._handles: _Handles | None = None
-        self._times: dict[int, np.ndarray] = {}
+        self._times: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (symbol, chunk): bar times
+        self._times_lock = threading.Lock()  # several readers' gather threads may ask at once
         for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
             self._ident = self._identity()
             try:
@@ -132,8 +137,12 @@ class Cache:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_handles"], state["_times"] = None, {}  # times are read again where needed
-        return state
+        state["_handles"], state["_times"], state["_times_lock"] = None, OrderedDict(), None
+        return state  # times are read again where needed
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._times_lock = threading.Lock()
 
     def group(self, i: int) -> zarr.Group:
         """Symbol ``i``'s group (``symbols/<i>``)."""
@@ -154,10 +163,19 @@ class Cache:
         return arr
 
     def _decoder(self, i: int) -> ShardDecoder:
+        """Symbol ``i``'s shard decoder, made from its ``features`` metadata alone (one read, on this thread)."""
         h = self.handles
         dec = h.decoders.get(i)
         if dec is None:
-            dec = h.decoders[i] = ShardDecoder(self.array(i, "features"))
+            root = h.group.store_path
+            path = f"{root.path}/{self.groups[i]}/features" if root.path else f"{self.groups[i]}/features"
+            try:
+                dec = h.decoders[i] = ShardDecoder.open(root.store, path)
+            except FileNotFoundError:
+                raise CacheError(f"{self.url}: {self.groups[i]}/features is missing; rebuild the cache") from None
+            except (ValueError, TypeError, KeyError) as exc:  # damaged metadata (not JSON, a bad field)
+                raise CacheError(f"{self.url}: {self.groups[i]}/features cannot be opened "
+                                 f"({describe_damage(exc)}); rebuild the cache") from None
         return dec
 
     # -- manifest views ------------------------------------------------------------------
@@ -235,19 +253,48 @@ class Cache:
         return sym.astype(np.int64), rows - self.bases[np.clip(sym, 0, len(self.bases) - 1)]
 
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
-        """Bar start times (int64 ns since the epoch) of virtual rows; reads and keeps the symbols' ``time``."""
+        """Bar start times (int64 ns since the epoch) of virtual rows.
+
+        Reads only the chunks of the symbols' ``time`` arrays that hold ``rows`` (concurrently),
+        and keeps the last ``TIME_CHUNKS`` of them: a stream with ``meta=True`` reads each chunk
+        about once an epoch, and memory stays bounded whatever the cache's length.
+        """
         sym, local = self.locate(rows)
-        group = self.handles.group._async_group
-
-        async def load(i: int) -> None:  # the symbols' time arrays are read concurrently
-            arr = await group.getitem(f"{self.groups[i]}/time")
-            self._times[i] = np.asarray(await arr.getitem(...), dtype=np.int64)
-
-        gather([load(i) for i in np.unique(sym).tolist() if i not in self._times])
         out = np.empty(sym.shape, dtype=np.int64)
-        for i in np.unique(sym).tolist():
-            pick = sym == i
-            out[pick] = self._times[i][local[pick]]
+        if not out.size:
+            return out
+        h, group = self.handles, self.handles.group._async_group
+
+        async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
+            h.arrays[(i, "time")] = zarr.Array(await group.getitem(f"{self.groups[i]}/time"))
+
+        syms = np.unique(sym).tolist()
+        gather([open_time(i) for i in syms if (i, "time") not in h.arrays])
+        size = np.ones(len(self.bars_per_symbol), dtype=np.int64)
+        size[syms] = [h.arrays[(i, "time")].chunks[0] for i in syms]
+        chunk = local // size[sym]
+        key = sym * (int(chunk.max()) + 1) + chunk  # one number per (symbol, chunk)
+        order = np.argsort(key, kind="stable")
+        first = np.flatnonzero(np.diff(key[order], prepend=-1))  # each group's first place in ``order``
+        groups = [(int(sym[order[a]]), int(chunk[order[a]]), order[a:b])
+                  for a, b in zip(first.tolist(), [*first[1:].tolist(), len(order)])]
+        with self._times_lock:
+            have = {(i, c): self._times[(i, c)] for i, c, _ in groups if (i, c) in self._times}
+
+        async def load(i: int, c: int) -> None:
+            arr = h.arrays[(i, "time")]
+            part = slice(c * int(size[i]), min((c + 1) * int(size[i]), arr.shape[0]))
+            have[(i, c)] = np.asarray(await arr._async_array.getitem(part), dtype=np.int64)
+
+        gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
+        for i, c, where in groups:
+            out[where] = have[(i, c)][local[where] - c * int(size[i])]
+        with self._times_lock:
+            for i, c, _ in groups:
+                self._times[(i, c)] = have[(i, c)]
+                self._times.move_to_end((i, c))
+            while len(self._times) > TIME_CHUNKS:
+                self._times.popitem(last=False)
         return out
 
     def region_stop(self, row: int) -> int:

@@ -8,26 +8,38 @@
 ``bytes`` + one of blosc/zstd/lz4/none + ``crc32c``; index ``bytes`` + ``crc32c``): per
 shard, one request for the whole object, or for the index and then one byte range when
 only a few inner chunks are needed (a block's overhang into the next shard); every chunk's
-crc32c is checked, then it is decoded straight into the caller's array. Objects still
-come from the array's own zarr store, so local paths and fsspec URLs behave alike.
+crc32c is checked, then it is decoded straight into the caller's array. Objects come
+from the array's own zarr store, so local paths and fsspec URLs behave alike; from a zarr
+``LocalStore`` they are read with a plain file read on the calling thread rather than a hop
+through zarr's event loop and its file thread (thread switches that a busy machine turns into
+milliseconds per shard before the first batch), into a buffer each thread reuses (a fresh
+8 MiB buffer costs its page faults again: 1.0-1.8 ms against 7.4 ms for the first reads of
+a process here).
 ``tests/test_decode.py`` checks it bit for bit against zarr's read for every codec.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from typing import Any
 
 import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
-from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.metadata import ArrayV3Metadata
 from zarr.core.sync import sync
+from zarr.storage import LocalStore
 
 __all__ = ["ChunkError", "MissingShard", "ShardDecoder"]
 
 _EMPTY = 2**64 - 1
+_KEEP = 32 << 20  # a thread keeps its read buffer up to this size
+_scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
 
 
@@ -47,9 +59,9 @@ def _check_crc(data: np.ndarray, what: str) -> np.ndarray:
     return body
 
 
-def _layout(array: zarr.Array) -> dict[str, Any]:
-    """Shard and chunk shapes and codecs of ``array``; ValueError for a layout this module does not read."""
-    meta = array.metadata.to_dict()
+def _layout(metadata: ArrayV3Metadata) -> dict[str, Any]:
+    """Shard and chunk shapes and codecs of an array; ValueError for a layout this module does not read."""
+    meta, shape = metadata.to_dict(), metadata.shape
     sharding = meta["codecs"][0]
     if len(meta["codecs"]) != 1 or sharding["name"] != "sharding_indexed":
         raise ValueError(f"not the layout build-cache writes (codecs {meta['codecs']})")
@@ -60,7 +72,7 @@ def _layout(array: zarr.Array) -> dict[str, Any]:
     chunk_rows, cf = cfg["chunk_shape"]
     ok = (
         np.dtype(meta["data_type"]) == np.float32 and cf == f
-        and len(array.shape) == 2 and array.shape[1] == f and rows % chunk_rows == 0
+        and len(shape) == 2 and shape[1] == f and rows % chunk_rows == 0
         and inner[0] == "bytes" and inner[-1] == "crc32c" and len(inner) <= 3
         and (len(inner) == 2 or inner[1] in _DECODERS) and index == ["bytes", "crc32c"]
         and all(c.get("configuration", {}).get("endian", "little") == "little" for c in cfg["codecs"][:1])
@@ -73,17 +85,75 @@ def _layout(array: zarr.Array) -> dict[str, Any]:
     }
 
 
+def _buffer(n: int) -> np.ndarray:
+    """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``_KEEP``."""
+    if n > _KEEP:
+        return np.empty(n, dtype=np.uint8)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < n:
+        size = max(n, 1 << 20)
+        buf = _scratch.buf = np.empty(size, dtype=np.uint8)
+    return buf[:n]
+
+
+def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | None) -> np.ndarray | None:
+    """Bytes of a local object (``byte_range`` as zarr's ``LocalStore`` reads it), None if absent;
+    in this thread's read buffer."""
+    try:
+        fh = open(path, "rb", buffering=0)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if isinstance(byte_range, SuffixByteRequest):
+            start, stop = max(size - byte_range.suffix, 0), size
+        elif isinstance(byte_range, RangeByteRequest):
+            start, stop = byte_range.start, min(byte_range.end, size)
+        else:
+            start, stop = 0, size
+        out = _buffer(max(stop - start, 0))
+        fh.seek(start)
+        view, got = memoryview(out), 0
+        while got < len(out) and (n := fh.readinto(view[got:])):
+            got += n
+        return out[:got]
+
+
 class ShardDecoder:
     """Reads rows ``[start, stop)`` of a sharded float32 ``(n, F)`` array into a numpy array."""
 
     def __init__(self, array: zarr.Array) -> None:
-        lay = _layout(array)
+        self._bind(array.store_path.store, array.store_path.path, array.metadata)
+
+    @classmethod
+    def open(cls, store: Store, path: str) -> "ShardDecoder":
+        """The decoder of the array at ``path`` in ``store``, from its ``zarr.json`` alone: one read (a
+        plain file read from a local store), without zarr's array opening and its event-loop hop.
+        FileNotFoundError if there is no array there, ValueError if its metadata is not readable."""
+        key = f"{path}/zarr.json" if path else "zarr.json"
+        if isinstance(store, LocalStore):
+            raw = _read_file(os.path.join(str(store.root), key), None)
+        else:
+            buf = sync(store.get(key, prototype=default_buffer_prototype()))
+            raw = None if buf is None else buf.as_numpy_array()
+        if raw is None:
+            raise FileNotFoundError(key)
+        doc = json.loads(raw.tobytes())
+        if not isinstance(doc, dict) or doc.get("node_type") != "array":
+            raise ValueError(f"{key} is not a Zarr v3 array's metadata")
+        dec = cls.__new__(cls)
+        dec._bind(store, path, ArrayV3Metadata.from_dict(doc))
+        return dec
+
+    def _bind(self, store: Store, path: str, metadata: ArrayV3Metadata) -> None:
+        lay = _layout(metadata)
         self.shard_rows, self.chunk_rows, self.n_features = lay["shard_rows"], lay["chunk_rows"], lay["n_features"]
         self.codec, self.index_at_end = lay["codec"], lay["index_at_end"]
-        self.n_rows = int(array.shape[0])
+        self.n_rows = int(metadata.shape[0])
         self.chunks = self.shard_rows // self.chunk_rows
         self.index_bytes = 16 * self.chunks + 4
-        self.store, self.prefix, self.meta = array.store_path.store, array.store_path.path, array.metadata
+        self.store, self.prefix, self.meta = store, path, metadata
+        self.root = str(self.store.root) if isinstance(self.store, LocalStore) else None
 
     def key(self, shard: int) -> str:
         """Store key of shard ``shard``, e.g. ``features/c/3/0``."""
@@ -112,6 +182,8 @@ class ShardDecoder:
 
     def _get(self, key: str, byte_range: Any = None) -> np.ndarray | None:
         """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if the object is absent."""
+        if self.root is not None:
+            return _read_file(os.path.join(self.root, key), byte_range)
         buf = sync(self.store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range))
         return None if buf is None else buf.as_numpy_array()
 
@@ -129,7 +201,8 @@ class ShardDecoder:
             raw = self._get(key, SuffixByteRequest(self.index_bytes))
             if raw is None:
                 raise MissingShard(key)
-        index = np.frombuffer(_check_crc(raw, "the shard index"), dtype="<u8").reshape(self.chunks, 2)
+        # a copy: a local read buffer is reused by the next read (the byte range below)
+        index = np.frombuffer(_check_crc(raw, "the shard index"), dtype="<u8").reshape(self.chunks, 2).copy()
         need = index[c0:c1]
         if (need == _EMPTY).any():
             raise ChunkError("an inner chunk is missing from the shard index")

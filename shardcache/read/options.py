@@ -19,7 +19,7 @@ from ..format.cache import Cache, open_cache
 from .plan import WindowSpec
 
 __all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MetaBatch", "check_device",
-           "check_split", "columns", "open_for_reading", "parse_budget", "rank_world", "window_spec"]
+           "check_split", "columns", "count", "open_for_reading", "parse_budget", "rank_world", "window_spec"]
 
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
@@ -111,14 +111,22 @@ def check_split(cache: Cache, split: str | None) -> str | None:
     return split
 
 
-def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: int, features: Any, target: Any) -> WindowSpec:
-    """The ``WindowSpec`` given, or one made of the separate settings (not both)."""
+def count(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int of at least ``minimum``; a float, a bool or a string is refused, not truncated."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an int >= {minimum}")
+    return int(value)
+
+
+def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: Any, features: Any, target: Any) -> WindowSpec:
+    """The ``WindowSpec`` given, or one made of the separate settings (None: the default), not both."""
     if isinstance(seq_len, WindowSpec):
-        if (horizon, stride, features, target) != (1, 1, None, None):
-            raise TypeError("pass horizon, stride, features and target inside the WindowSpec, not beside it")
+        beside = [n for n, v in zip(("horizon", "stride", "features", "target"), (horizon, stride, features, target))
+                  if v is not None]
+        if beside:
+            raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
-    return WindowSpec(seq_len, horizon if isinstance(horizon, (int, np.integer)) else tuple(horizon), stride,
-                      features, target)
+    return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride, features, target)
 
 
 def check_device(device: str | torch.device | None) -> torch.device:

@@ -22,11 +22,12 @@ on their own.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.random import default_rng  # imported with the plan, not lazily at the first shuffle
 
 from ..format.layout import spanned_shards
 
@@ -38,9 +39,11 @@ __all__ = ["EpochPlan", "PoolLayout", "Ranges", "Run", "SegmentTable", "WindowSp
 class WindowSpec:
     """What one window is, shared by ``WindowStream``, ``WindowDataset`` and ``n_windows``.
 
-    ``seq_len`` input bars; targets ``horizon`` bars after the last input bar (an int, or a
-    sequence of positive ints for several targets per window); every ``stride``-th start of
-    a segment; ``features``/``target`` name the input and target columns (None: all).
+    ``seq_len`` input bars; targets ``horizon`` bars after the last input bar (an int >= 0, or
+    a sequence of them for several targets per window; 0 is the last input bar itself, for a
+    ``target`` column that is not an input, such as a label computed at that bar); every
+    ``stride``-th start of a segment; ``features``/``target`` name the input and target
+    columns (None: all).
     """
 
     seq_len: int
@@ -56,16 +59,12 @@ class WindowSpec:
                 raise TypeError(f"{name} must be a list of feature names, not a string")
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
-        h = self.horizon
-        if not isinstance(h, (int, np.integer)):
-            h = tuple(int(v) for v in h)
-            if not h or min(h) < 1:
-                raise ValueError(f"horizon {list(h)}: a sequence of horizons needs one or more positive ints")
-        object.__setattr__(self, "horizon", int(h) if isinstance(h, (int, np.integer)) else h)
-        object.__setattr__(self, "seq_len", int(self.seq_len))
-        object.__setattr__(self, "stride", int(self.stride))
-        if self.seq_len < 1 or self.stride < 1 or (isinstance(self.horizon, int) and self.horizon < 0):
-            raise ValueError("need seq_len >= 1, horizon >= 0 and stride >= 1")
+        object.__setattr__(self, "horizon", _horizon(self.horizon))
+        for name in ("seq_len", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an int >= 1")
+            object.__setattr__(self, name, int(value))
 
     @property
     def horizons(self) -> tuple[int, ...]:
@@ -78,13 +77,30 @@ class WindowSpec:
         return self.seq_len + max(self.horizons)
 
 
-def as_spec(seq_len: "int | WindowSpec", horizon: int | Sequence[int] = 1, stride: int = 1) -> WindowSpec:
-    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left alone)."""
+def _horizon(value: Any) -> int | tuple[int, ...]:
+    """A horizon as an int or a tuple of ints, each >= 0 (the same rule for both)."""
+    def ok(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= 0
+
+    if ok(value):
+        return int(value)
+    many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
+    values = list(value) if many else []
+    if not values or not all(map(ok, values)):
+        raise ValueError(f"horizon={value!r}: must be an int >= 0 or a non-empty sequence of them")
+    return tuple(int(v) for v in values)
+
+
+def as_spec(seq_len: "int | WindowSpec", horizon: int | Sequence[int] | None = None,
+            stride: int | None = None) -> WindowSpec:
+    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left
+    unset), else a spec of the three (None: 1)."""
     if isinstance(seq_len, WindowSpec):
-        if horizon != 1 or stride != 1:
-            raise TypeError("pass horizon and stride inside the WindowSpec, not beside it")
+        beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
+        if beside:
+            raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
-    return WindowSpec(seq_len, horizon if isinstance(horizon, (int, np.integer)) else tuple(horizon), stride)
+    return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride)
 
 
 @dataclass(frozen=True)
@@ -164,11 +180,11 @@ def _split_segments(cache: Any, split: str | None) -> np.ndarray:
 
 
 def valid_ranges(
-    cache: Any, seq_len: "int | WindowSpec", horizon: int | Sequence[int] = 1, stride: int = 1,
+    cache: Any, seq_len: "int | WindowSpec", horizon: int | Sequence[int] | None = None, stride: int | None = None,
     split: str | None = None,
 ) -> Ranges:
     """Valid window starts of ``cache`` (anything with ``segments``, ``segment_split`` and
-    ``split_id``) for the read-time window shape (a ``WindowSpec`` or its first fields)."""
+    ``split_id``) for the read-time window shape (a ``WindowSpec`` or its first fields; None: 1)."""
     spec = as_spec(seq_len, horizon, stride)
     seg = _split_segments(cache, split)
     span, stride = spec.span, spec.stride
@@ -180,10 +196,11 @@ def valid_ranges(
 
 
 def n_windows(
-    cache: Any, seq_len: "int | WindowSpec", *, horizon: int | Sequence[int] = 1, stride: int = 1,
+    cache: Any, seq_len: "int | WindowSpec", *, horizon: int | Sequence[int] | None = None, stride: int | None = None,
     split: str | None = None,
 ) -> int:
-    """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all)."""
+    """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all; an unset
+    ``horizon``/``stride`` is 1)."""
     return valid_ranges(cache, seq_len, horizon, stride, split).total()
 
 
@@ -285,7 +302,7 @@ class EpochPlan:
         """Pool ``g``'s served order of its ``n`` windows: a permutation (shuffled) or ``arange``,
         cut to ``pool_from:pool_to``."""
         rank, pool = (int(v) for v in self.pool_key[g])
-        order = np.random.default_rng([self.seed, self.epoch, rank, pool, 1]).permutation(n) if self.shuffle \
+        order = default_rng([self.seed, self.epoch, rank, pool, 1]).permutation(n) if self.shuffle \
             else np.arange(n)
         return order[int(self.pool_from[g]) : int(self.pool_to[g])]
 
@@ -346,7 +363,7 @@ def _fresh_plan(ranges: Ranges, n_rows: int, shard_rows: int, *, batch_size: int
     per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
     order = np.flatnonzero(per_shard)
     if shuffle:
-        order = order[np.random.default_rng([seed, epoch, 0]).permutation(len(order))]
+        order = order[default_rng([seed, epoch, 0]).permutation(len(order))]
     sizes = per_shard[order]
     cum = np.concatenate([[0], np.cumsum(sizes)])
     total = int(cum[-1])
@@ -360,7 +377,7 @@ def _fresh_plan(ranges: Ranges, n_rows: int, shard_rows: int, *, batch_size: int
     hi = np.minimum(sizes[js], b - cum[js])
     keep = hi > lo
     js, lo, hi = js[keep], lo[keep], hi[keep]
-    pool_bounds = np.unique(np.concatenate([np.arange(0, len(js), max(1, mix)), [len(js)]])).astype(np.int64)
+    pool_bounds = np.append(np.arange(0, len(js), max(1, mix), dtype=np.int64), len(js))
     pool_sizes = np.add.reduceat(hi - lo, pool_bounds[:-1]) if len(js) else np.zeros(0, np.int64)
     n_batches = share // batch_size if drop_last else -(-share // batch_size)
     n_win = n_batches * batch_size if drop_last else share
@@ -459,33 +476,50 @@ class PoolLayout:
     one *arena* of ``n_rows`` rows.
 
     Block ``k`` is cache rows ``lo[k]:hi[k]`` (one shard's windows plus the span their last
-    window needs) at arena row ``at[k]``. ``starts`` are the pool's window start rows in
-    served order and ``rows`` the same windows' arena rows.
+    window needs) at arena row ``at[k]``; ``pieces`` are each block's window starts, ascending.
+    ``starts`` are the pool's window start rows in served order and ``rows`` the same windows'
+    arena rows: computed on first use (the pool's shuffle is its costliest part), so a reader
+    can start decoding the blocks first and shuffle while they decode.
     """
 
     pool: int
     lo: np.ndarray
     hi: np.ndarray
     at: np.ndarray
-    starts: np.ndarray
-    rows: np.ndarray
+    pieces: tuple[np.ndarray, ...]
+    plan: EpochPlan = field(repr=False, compare=False)
 
     @property
     def n_rows(self) -> int:
         return int((self.hi - self.lo).sum())
 
+    @cached_property
+    def _served(self) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, arena rows) in served order."""
+        if not self.pieces:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        starts = np.concatenate(self.pieces)
+        rows = np.concatenate([p - (a - t) for p, a, t in zip(self.pieces, self.lo, self.at)])
+        order = self.plan.pool_order(self.pool, len(starts))
+        return starts[order], rows[order]
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._served[0]
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._served[1]
+
 
 def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> PoolLayout:
     """The arena layout of pool ``g``: one block per piece (so per shard), in piece order,
-    each from its first window start to its last window's end."""
-    parts = [p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p)]
+    each from its first window start to its last window's end (its served order is lazy)."""
+    parts = tuple(p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p))
     lo = np.array([p[0] for p in parts], dtype=np.int64)
     hi = np.array([p[-1] + ranges.span for p in parts], dtype=np.int64)
     at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
-    starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    rows = np.concatenate([p - (a - t) for p, a, t in zip(parts, lo, at)]) if parts else starts
-    order = plan.pool_order(g, len(starts))
-    return PoolLayout(int(g), lo, hi, at, starts[order], rows[order])
+    return PoolLayout(int(g), lo, hi, at, parts, plan)
 
 
 class Run(NamedTuple):
@@ -506,8 +540,9 @@ def reader_runs(plan: EpochPlan, batches: range, max_windows: int) -> Iterator[R
     ``max_windows`` windows whose pools are all among the first batch's, else single batches.
 
     Keeping a run inside its first batch's pools means a run never needs more resident
-    pools than one batch does (``EpochPlan.max_open_pieces``). Lazy: an epoch's runs are
-    found as they are read.
+    pools than one batch does (``EpochPlan.max_open_pieces``). The first run is one batch, so
+    the first batch waits for no other batch's copy. Lazy: an epoch's runs are found as they
+    are read.
     """
     prev: Run | None = None
     i, stop = batches.start, batches.stop
@@ -515,7 +550,7 @@ def reader_runs(plan: EpochPlan, batches: range, max_windows: int) -> Iterator[R
         a, b = plan.batch_span(i)
         pools = plan.pools_between(a, b)
         last = i
-        while batches.step == 1 and last + 1 < stop:
+        while batches.step == 1 and last + 1 < stop and prev is not None:
             na, nb = plan.batch_span(last + 1)
             if nb - a > max_windows or plan.pools_between(na, nb)[-1] > pools[-1]:
                 break

@@ -83,7 +83,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ..format.cache import Cache
-from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, open_for_reading,
+from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, open_for_reading,
                       parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .reader import RUN_BYTES, Reader, ReadSpec
@@ -121,8 +121,8 @@ class WindowStream(IterableDataset):
         cache: Cache | str | os.PathLike[str],
         seq_len: int | WindowSpec,
         *,
-        horizon: int | Sequence[int] = 1,
-        stride: int = 1,
+        horizon: int | Sequence[int] | None = None,
+        stride: int | None = None,
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         split: str | None = None,
@@ -138,9 +138,8 @@ class WindowStream(IterableDataset):
         meta: bool = False,
         storage_options: dict | None = None,
     ) -> None:
-        decoders = min(4, os.cpu_count() or 1) if decoders is None else int(decoders)
-        if batch_size < 1 or prefetch < 0 or mix < 1 or decoders < 0:
-            raise ValueError("need batch_size >= 1, prefetch >= 0, decoders >= 0 and mix >= 1")
+        batch_size, prefetch, mix = count("batch_size", batch_size, 1), count("prefetch", prefetch, 0), count("mix", mix, 1)
+        decoders = min(4, os.cpu_count() or 1) if decoders is None else count("decoders", decoders, 0)
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.device = check_device(device)
         self.memory_budget = parse_budget(memory_budget, self.device)
@@ -499,8 +498,8 @@ class WindowDataset(Dataset):
         seq_len: int | WindowSpec,
         *,
         split: str | None = None,  # first: an evaluation names the split it reads
-        horizon: int | Sequence[int] = 1,
-        stride: int = 1,
+        horizon: int | Sequence[int] | None = None,
+        stride: int | None = None,
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         storage_options: dict | None = None,
