@@ -46,6 +46,7 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs": "a build in a subprocess",
     },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
+    "test_read_options.py": {"test_a_pinned_process_streams_with_one_decoder": "a pinned Python process"},
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
     },

@@ -5,6 +5,9 @@ bar times behind ``meta=True``."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -14,6 +17,8 @@ import torch
 
 from helpers import make_cache, synthetic_bars
 from shardcache.format.cache import TIME_CHUNKS
+from shardcache.read import options
+from shardcache.read.options import default_decoders
 from shardcache.read.plan import WindowSpec, n_windows, valid_ranges
 from shardcache.read.stream import WindowDataset, WindowStream
 
@@ -97,3 +102,27 @@ def test_meta_keeps_only_a_few_chunks_of_bar_times(tmp_path):
         tracemalloc.stop()
     assert served == n_windows(cache, 8)
     assert held < TIME_CHUNKS * 2048 * 8 + whole // 4 < whole, (held, whole)
+
+
+@pytest.mark.parametrize("cores,readers,want", [({0}, 1, 1), ({0, 1}, 1, 2), (set(range(16)), 1, 8),
+                                                (set(range(16)), 4, 4), ({0, 1}, 4, 1)])
+def test_default_decoders_follow_the_cpu_affinity(monkeypatch, stream_cache, cores, readers, want):
+    """Unset ``decoders`` is one per core the process may run on (``taskset``, cpusets), not the
+    machine's count, shared among DataLoader workers, 1 to ``MAX_DECODERS``."""
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: cores)
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 64)
+    assert default_decoders(readers) == want
+    if readers == 1:
+        assert WindowStream(stream_cache, 16, split="all").decoders == want
+        assert WindowStream(stream_cache, 16, split="all", decoders=3).decoders == 3
+
+
+def test_a_pinned_process_streams_with_one_decoder(stream_cache):
+    """A real process pinned to one core (as ``taskset -c 0``) gets one decoder and every window."""
+    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from shardcache import WindowStream; s = WindowStream(sys.argv[1], 16, split='all', batch_size=97); "
+            "print(s.decoders, sum(len(b.x) for b in s), s.read_spec.ranges.total())")
+    out = subprocess.run([sys.executable, "-c", code, stream_cache.url], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    decoders, served, total = map(int, out.stdout.split())
+    assert decoders == 1 and served == total

@@ -18,11 +18,13 @@ import torch.distributed as dist
 from ..format.cache import Cache, open_cache
 from .plan import WindowSpec
 
-__all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MetaBatch", "check_device",
-           "check_split", "columns", "count", "open_for_reading", "parse_budget", "rank_world", "window_spec"]
+__all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MAX_DECODERS", "MetaBatch",
+           "check_device", "check_split", "columns", "count", "default_decoders", "open_for_reading", "parse_budget",
+           "rank_world", "window_spec"]
 
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
+MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
 
 
 class Batch(NamedTuple):
@@ -109,6 +111,17 @@ def check_split(cache: Cache, split: str | None) -> str | None:
     if split not in (None, "all"):
         cache.split_id(split)  # an unknown split fails here, naming the cache's
     return split
+
+
+def default_decoders(readers: int = 1) -> int:
+    """Decoder threads per reader when ``decoders`` is unset: the cores this process may run on
+    (its CPU affinity, not the machine's count: ``taskset``, cgroup cpusets, SLURM), shared by
+    ``readers`` readers (DataLoader workers), at least 1 and at most ``MAX_DECODERS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform (macOS, Windows)
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DECODERS, cores // max(1, readers)))
 
 
 def count(name: str, value: Any, minimum: int) -> int:

@@ -83,8 +83,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from ..format.cache import Cache
-from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, open_for_reading,
-                      parse_budget, rank_world, window_spec)
+from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, default_decoders,
+                      open_for_reading, parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .reader import RUN_BYTES, Reader, ReadSpec
 
@@ -109,7 +109,8 @@ class WindowStream(IterableDataset):
     horizon`` (the ``target`` columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence
     of horizons; ``meta=True`` yields ``MetaBatch`` (see there). A cache with several splits
     needs ``split`` (a name, or ``"all"``). ``prefetch`` blocks are decoded ahead of the open
-    pools, by ``decoders`` threads (default: up to 4, one per core); ``memory_budget`` (bytes,
+    pools, by ``decoders`` threads (default: one per core this process may run on, shared by the
+    DataLoader workers, at most 8: see ``default_decoders``); ``memory_budget`` (bytes,
     ``"512MiB"``, ``"auto"``: see ``parse_budget``; shared by the DataLoader workers) caps
     the decoded blocks instead. ``mix`` shards are shuffled together; ``device`` is where
     blocks live and batches are gathered. See the module docstring for passes, epochs,
@@ -139,14 +140,14 @@ class WindowStream(IterableDataset):
         storage_options: dict | None = None,
     ) -> None:
         batch_size, prefetch, mix = count("batch_size", batch_size, 1), count("prefetch", prefetch, 0), count("mix", mix, 1)
-        decoders = min(4, os.cpu_count() or 1) if decoders is None else count("decoders", decoders, 0)
+        decoders = None if decoders is None else count("decoders", decoders, 0)
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.device = check_device(device)
         self.memory_budget = parse_budget(memory_budget, self.device)
         self.cache = open_for_reading(cache, storage_options)
         self.split = check_split(self.cache, split)
         self.batch_size, self.shuffle, self.mix = int(batch_size), bool(shuffle), int(mix)
-        self.drop_last, self.prefetch, self.decoders = bool(drop_last), int(prefetch), decoders
+        self.drop_last, self.prefetch, self._decoders = bool(drop_last), int(prefetch), decoders
         xcols = columns(self.cache, self.spec.features, "features")
         ycols = columns(self.cache, self.spec.target, "target")
         ranges = valid_ranges(self.cache, self.spec, split=self.split)
@@ -177,6 +178,15 @@ class WindowStream(IterableDataset):
     stride = property(lambda self: self.spec.stride)
     span = property(lambda self: self.spec.span)
     meta = property(lambda self: self.read_spec.meta)
+
+    @property
+    def decoders(self) -> int:
+        """Decoder threads of each reader: as given, else ``default_decoders`` of this process's
+        affinity, divided among the DataLoader's workers when read in one."""
+        if self._decoders is not None:
+            return self._decoders
+        info = get_worker_info()
+        return default_decoders(1 if info is None else info.num_workers)
 
     @property
     def rank(self) -> int:
