@@ -273,13 +273,13 @@ class Reader:
                 ready = self._gather(run)
                 for g in [g for g in self.pools if g < run.keep]:
                     self._drop(g)
-                handed = self._offer(ready)  # to the consumer first: it may be waiting
-                if handed and k == 0:  # the first batch: nothing competes with the consumer for the GIL
-                    self._wait_asked_again()  # until it holds it (decoding ahead, the next copy)
+                if k == 0:  # the first batch goes at once, and nothing competes with the consumer
+                    self._put(ready)  # for it (decoding ahead, the next copy) until it asks again
+                    self._wait_asked_again()
                 while self._submit(force=False):
                     pass  # decode ahead while the blocks fit
-                if not handed:
-                    self._put(ready)
+                if k:
+                    self._put(ready)  # after the submissions: a consumer woken first would contend for the GIL
             self._put(_END)
         except _Stopped:
             pass
@@ -299,14 +299,6 @@ class Reader:
         while not self.asked_again.wait(_POLL):
             if self.stop.is_set():
                 raise _Stopped
-
-    def _offer(self, item: object) -> bool:
-        """Queue ``item`` if there is room now; False if the queue is full."""
-        try:
-            self.queue.put_nowait(item)
-        except queue.Full:
-            return False
-        return True
 
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
