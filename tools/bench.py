@@ -37,6 +37,9 @@ Usage (from the repository root; about 8 minutes on 2 cores, more on the first r
 
     .venv/bin/python tools/bench.py --json out/bench.json
 
+The first batch phase by phase (open, plan, decode, gather, hand-over), against another checkout:
+``tools/bench_first.py``; the stream at 1 and 2 cores: ``tools/bench_cores.py``.
+
 ``--peers`` runs instead E against LitData and MosaicML Streaming, one sample per window
 (``tools/bench_peers.py``), in the peers' own venv: ``make bench-peers``.
 """
