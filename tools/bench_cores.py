@@ -90,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault((f, tree_name, label), []).append(_run(tree, cache, cores, dec, rnd))
     load1 = os.getloadavg()
     print(f"in-process stream by cores, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average "
-          f"{load0[0]:.2f} -> {load1[0]:.2f}; {args.rounds} interleaved rounds: windows/s the best, first batch the median")
+          f"{load0[0]:.2f} -> {load1[0]:.2f}; {args.rounds} interleaved rounds: windows/s the best, "
+          "first batch the median")
     print("| F | tree | cores | decoders | first batch ms | windows/s | vs 1 core | CPU s per epoch |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for (f, tree_name, label), runs in results.items():
         best = max(runs, key=lambda r: r["windows_per_s"])
         one = max(results[(f, tree_name, "1 core")], key=lambda r: r["windows_per_s"])["windows_per_s"]
         first = statistics.median(r["first_batch_s"] for r in runs)
-        print(f"| {f} | {tree_name} | {label} | {best['decoders']} | {1e3 * first:.0f} | {best['windows_per_s']:,.0f} | "
-              f"{best['windows_per_s'] / one:.2f}x | {statistics.median(r['cpu_s'] for r in runs):.2f} |")
+        rate, cpu = best["windows_per_s"], statistics.median(r["cpu_s"] for r in runs)
+        print(f"| {f} | {tree_name} | {label} | {best['decoders']} | {1e3 * first:.0f} | {rate:,.0f} | "
+              f"{rate / one:.2f}x | {cpu:.2f} |")
     if args.json:
         args.json.write_text(json.dumps({"|".join(map(str, k)): v for k, v in results.items()}, indent=1) + "\n")
     return 0

@@ -295,10 +295,11 @@ class Reader:
         raise _Stopped
 
     def _wait_asked_again(self) -> None:
-        """Block until the consumer asks for a second run (or the iterator is closed)."""
-        while not self.asked_again.wait(_POLL):
-            if self.stop.is_set():
-                raise _Stopped
+        """Block until the consumer asks for a second run; ``_Stopped`` once the iterator is closed."""
+        while not (self.asked_again.wait(_POLL) or self.stop.is_set()):
+            pass
+        if self.stop.is_set():
+            raise _Stopped
 
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena

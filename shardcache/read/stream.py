@@ -139,7 +139,8 @@ class WindowStream(IterableDataset):
         meta: bool = False,
         storage_options: dict | None = None,
     ) -> None:
-        batch_size, prefetch, mix = count("batch_size", batch_size, 1), count("prefetch", prefetch, 0), count("mix", mix, 1)
+        batch_size, mix = count("batch_size", batch_size, 1), count("mix", mix, 1)
+        prefetch = count("prefetch", prefetch, 0)
         decoders = None if decoders is None else count("decoders", decoders, 0)
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.device = check_device(device)
