@@ -146,13 +146,15 @@ class Ready(NamedTuple):
 _END = object()
 
 
-def _mapped(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def _mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False) -> np.ndarray:
     """A new array in an anonymous memory map of its own (page-aligned): given back to the OS
     as soon as it is freed, whatever the allocator keeps, so a closed reader leaves nothing.
     Private: a shared anonymous map is shmem, whose pages fault in ~20% slower (and huge-page
-    advice, tried, faulted fresh 2 MiB pages slower in two runs of three here)."""
+    advice, tried, faulted fresh 2 MiB pages slower in two runs of three here). ``populate``
+    faults every page in at once (an output buffer: 16 MiB in 2.2 against 3.9 ms page by page)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buf = mmap.mmap(-1, max(1, nbytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
     return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
 
 
@@ -182,7 +184,7 @@ class _Outputs:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
         slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
         if slot is None:
-            slot = tuple(_mapped(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes))
+            slot = tuple(_mapped(shape, dtype, populate=True) for shape, dtype in zip(self.shapes, self.dtypes))
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
         return [torch.from_numpy(a[:n]) for a in slot]
