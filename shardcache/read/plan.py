@@ -21,8 +21,8 @@ on their own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -470,56 +470,66 @@ def _start_shards(ranges: Ranges, shard_rows: int) -> np.ndarray:
     return spanned_shards(ranges.start, ranges.start + ranges.stride * (ranges.count - 1), shard_rows)
 
 
-@dataclass(frozen=True)
 class PoolLayout:
     """Where pool ``pool``'s windows live once its blocks are decoded, one after another, into
     one *arena* of ``n_rows`` rows.
 
     Block ``k`` is cache rows ``lo[k]:hi[k]`` (one shard's windows plus the span their last
-    window needs) at arena row ``at[k]``; ``pieces`` are each block's window starts, ascending.
-    ``starts`` are the pool's window start rows in served order and ``rows`` the same windows'
-    arena rows: computed on first use (the pool's shuffle is its costliest part), so a reader
-    can start decoding the blocks first and shuffle while they decode.
+    window needs) at arena row ``at[k]``. ``starts`` are the pool's window start rows in served
+    order and ``rows`` the same windows' arena rows: given, or made on first use by ``served``
+    (the pool's shuffle, its costliest part), so a reader can start decoding the blocks first
+    and shuffle while they decode.
     """
 
-    pool: int
-    lo: np.ndarray
-    hi: np.ndarray
-    at: np.ndarray
-    pieces: tuple[np.ndarray, ...]
-    plan: EpochPlan = field(repr=False, compare=False)
+    def __init__(self, pool: int, lo: np.ndarray, hi: np.ndarray, at: np.ndarray, starts: np.ndarray | None = None,
+                 rows: np.ndarray | None = None, *,
+                 served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+        if (starts is None) != (rows is None) or (starts is None) == (served is None):
+            raise TypeError("PoolLayout takes starts and rows, or served to make them")
+        self.pool, self.lo, self.hi, self.at = int(pool), lo, hi, at
+        self._served = None if starts is None else (starts, rows)
+        self._make = served
 
     @property
     def n_rows(self) -> int:
         return int((self.hi - self.lo).sum())
 
-    @cached_property
-    def _served(self) -> tuple[np.ndarray, np.ndarray]:
-        """(starts, arena rows) in served order."""
-        if not self.pieces:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        starts = np.concatenate(self.pieces)
-        rows = np.concatenate([p - (a - t) for p, a, t in zip(self.pieces, self.lo, self.at)])
-        order = self.plan.pool_order(self.pool, len(starts))
-        return starts[order], rows[order]
+    def served(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, rows)``, made once."""
+        if self._served is None:
+            assert self._make is not None
+            self._served = self._make()
+        return self._served
 
     @property
     def starts(self) -> np.ndarray:
-        return self._served[0]
+        return self.served()[0]
 
     @property
     def rows(self) -> np.ndarray:
-        return self._served[1]
+        return self.served()[1]
+
+    def __repr__(self) -> str:
+        return f"PoolLayout(pool={self.pool}, blocks={len(self.lo)}, n_rows={self.n_rows})"
 
 
 def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> PoolLayout:
     """The arena layout of pool ``g``: one block per piece (so per shard), in piece order,
     each from its first window start to its last window's end (its served order is lazy)."""
-    parts = tuple(p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p))
+    parts = [p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p)]
     lo = np.array([p[0] for p in parts], dtype=np.int64)
     hi = np.array([p[-1] + ranges.span for p in parts], dtype=np.int64)
     at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
-    return PoolLayout(int(g), lo, hi, at, parts, plan)
+
+    def served() -> tuple[np.ndarray, np.ndarray]:
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        starts = np.concatenate(parts)
+        rows = np.concatenate([p - (a - t) for p, a, t in zip(parts, lo, at)])
+        order = plan.pool_order(g, len(starts))
+        return starts[order], rows[order]
+
+    return PoolLayout(int(g), lo, hi, at, served=served)
 
 
 class Run(NamedTuple):
