@@ -4,7 +4,6 @@ hands it over before it decodes any later pool (timings are in tools/bench_first
 from __future__ import annotations
 
 import numpy as np
-
 import pytest
 
 from shardcache.read.plan import PoolLayout, make_plan, pool_layout, reader_runs, valid_ranges
