@@ -39,7 +39,6 @@ import ctypes
 import functools
 import glob
 import itertools
-import mmap
 import os
 import queue
 import sys
@@ -54,6 +53,7 @@ import numpy as np
 import torch
 
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
+from .resident import Resident, mapped
 
 __all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
 
@@ -95,6 +95,12 @@ class ReadSpec:
     def y_shape(self, n: int) -> tuple[int, ...]:
         return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
 
+    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``MetaBatch``'s ``index``, ``symbol`` and ``time`` of the windows starting at cache rows ``starts``."""
+        symbol, local = self.cache.locate(starts)
+        index = torch.from_numpy(np.stack([symbol, local], axis=1))
+        return index, torch.from_numpy(symbol), torch.from_numpy(self.cache.bar_times(starts + self.seq_len - 1))
+
 
 def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
     """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
@@ -107,12 +113,17 @@ def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> to
 
 class _Pool:
     """One pool's arena: input columns ``x`` and target columns ``y`` (the same tensor when
-    they are the same columns), laid out by ``layout``, with the decodes still under way."""
+    they are the same columns), laid out by ``layout``, with the decodes still under way.
 
-    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int) -> None:
-        n = layout.n_rows
+    Resident (``blocks`` given), the arena is the ``Resident``'s: ``layout`` holds only the
+    blocks still to decode (``todo``, in the resident's numbering) and ``blocks`` every block
+    the pool reads."""
+
+    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int,
+                 blocks: np.ndarray | None = None, todo: np.ndarray | None = None) -> None:
         self.layout, (self.x, self.y) = layout, arena
-        f = self.x.shape[1]
+        self.blocks, self.todo = blocks, todo
+        n, f = self.x.shape
         self.cuda = self.x.device.type == "cuda"
         self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
         if self.cuda:
@@ -142,13 +153,6 @@ class Ready(NamedTuple):
 _END = object()
 
 
-def _mapped(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """A new array in an anonymous memory map of its own (page-aligned): given back to the OS
-    as soon as it is freed, whatever the allocator keeps, so a closed reader leaves nothing."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return np.ndarray(shape, dtype, buffer=mmap.mmap(-1, max(1, nbytes)))  # the root array: views refer to it
-
-
 def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
     return [sys.getrefcount(a) for a in arrays]
 
@@ -159,7 +163,7 @@ _UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
 class _Outputs:
     """Output buffers of runs, reused once every batch taken from them is gone.
 
-    Batches are ``torch.from_numpy`` views of numpy buffers (``_mapped``), and a tensor's
+    Batches are ``torch.from_numpy`` views of numpy buffers (``resident.mapped``), and a tensor's
     storage holds a reference to its buffer, so a buffer whose reference count is back to
     the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
     faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
@@ -175,7 +179,7 @@ class _Outputs:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
         slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
         if slot is None:
-            slot = tuple(_mapped(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes))
+            slot = tuple(mapped(shape, dtype) for shape, dtype in zip(self.shapes, self.dtypes))
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
         return [torch.from_numpy(a[:n]) for a in slot]
@@ -216,13 +220,17 @@ class Reader:
     while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
     thread pool of the reader's own (from a remote store each block is a few requests one
     after the other); with 0 the gather thread decodes each block when a run needs it.
+    With a ``resident`` (see ``shardcache.read.resident``) every pool reads from its arena and
+    only blocks not decoded there yet are read.
     """
 
     def __init__(
         self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
-        decoders: int = 0, run_windows: int = 1, shared: bool = False,
+        decoders: int = 0, run_windows: int = 1, shared: bool = False, resident: Resident | None = None,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
+        self.resident = resident
+        self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
         self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
         self.used = 0
         self.stop = threading.Event()
@@ -238,6 +246,10 @@ class Reader:
         self.cuda = dev.type == "cuda"
         self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
         self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
+        if self.cuda and resident is not None:  # the allocator waits for this reader's work before freeing it
+            for t in {resident.x, resident.y}:
+                t.record_stream(self.copy_stream)
+                t.record_stream(self.gather_stream)
         runs = self.run_windows
         self.outputs = None if self.cuda or shared else _Outputs(
             [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
@@ -278,15 +290,24 @@ class Reader:
 
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
-        is made when reached."""
+        is made when reached, and a resident pool with no block to decode is ``(pool, -1)``."""
         s, newest = self.spec, -1
         for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue
                 newest = g
-                layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
-                pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                if self.resident is None:
+                    layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
+                    pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                else:  # every block scheduled before is submitted by now: share those still under way
+                    r = self.resident
+                    layout, blocks, todo = r.pool_layout(self.plan, g, s.ranges, skip=set(self.inflight))
+                    pool = self.pools[g] = _Pool(layout, (r.x, r.y), s.seq_len, blocks, todo)
+                    shared = {int(b) for b in blocks} - {int(b) for b in todo}
+                    pool.pending += [f for b, f in self.inflight.items() if b in shared and f is not None]
+                    if not len(todo):
+                        yield pool, -1
                 for k in range(len(layout.lo)):
                     yield pool, k
 
@@ -298,7 +319,7 @@ class Reader:
 
         def make(cols: int) -> torch.Tensor:
             if not self.cuda:
-                return torch.from_numpy(_mapped((rows, cols), np.float32))
+                return torch.from_numpy(mapped((rows, cols), np.float32))
             with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
                 t = torch.empty((rows, cols), device=s.device)
             t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
@@ -319,6 +340,9 @@ class Reader:
         if self.upcoming is None:
             return False
         pool, k = self.upcoming
+        if k < 0:  # a resident pool already decoded: reached, nothing to read
+            self.upcoming = None
+            return True
         nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
         if not force and self.used + nbytes > self.capacity:
             return False
@@ -326,10 +350,14 @@ class Reader:
         self.used += nbytes
         pool.nbytes += nbytes
         pool.submitted += 1
+        future = None
         if self.executor is None:
             self._decode(pool, k)
         else:
-            pool.pending.append(self.executor.submit(self._decode, pool, k))
+            future = self.executor.submit(self._decode, pool, k)
+            pool.pending.append(future)
+        if pool.todo is not None:
+            self.inflight[int(pool.todo[k])] = future
         return True
 
     def _wait_decoded(self, g: int) -> None:
@@ -344,12 +372,22 @@ class Reader:
                     raise _Stopped
             future.result()
         pool.pending.clear()
+        r = self.resident
+        if r is not None and self.cuda and pool.blocks is not None:  # copies of this pass or an earlier one
+            pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]
 
     def _decode(self, pool: _Pool, k: int) -> None:
-        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena."""
-        s = self.spec
+        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena (a
+        resident block is then decoded for every later pass, even if this one stops early)."""
         if self.stop.is_set():
             raise _Stopped
+        self._read(pool, k)
+        if pool.todo is not None:
+            self.resident.done[int(pool.todo[k])] = True  # type: ignore[union-attr]
+
+    def _read(self, pool: _Pool, k: int) -> None:
+        """The read of ``_decode``: on the CPU straight into the arena, on a GPU through pinned memory."""
+        s = self.spec
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
         if not self.cuda:  # numpy only: no torch thread pool
             xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
@@ -372,7 +410,10 @@ class Reader:
             event = torch.cuda.Event()
             event.record(self.copy_stream)
         pool.host.extend(host)
-        pool.events.append(event)
+        if pool.todo is not None:
+            self.resident.events[int(pool.todo[k])] = event  # type: ignore[union-attr]
+        else:
+            pool.events.append(event)
 
     def _gather(self, run: Run) -> Ready:
         """Copy the run's windows and targets from its pools' arenas into new tensors."""
@@ -411,11 +452,7 @@ class Reader:
             if self.cuda:
                 event = torch.cuda.Event()
                 event.record(self.gather_stream)
-        meta = None
-        if starts is not None:
-            symbol, local = s.cache.locate(starts)
-            index = torch.from_numpy(np.stack([symbol, local], axis=1))
-            meta = (index, torch.from_numpy(symbol), torch.from_numpy(s.cache.bar_times(starts + s.seq_len - 1)))
+        meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
         return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, meta, event)
 
@@ -448,7 +485,7 @@ class Reader:
         if self.executor is not None:  # a decode under way finishes its read, the queued ones are dropped
             self.executor.shutdown(wait=True, cancel_futures=True)
         self.pools.clear()
-        self.upcoming = None
+        self.upcoming, self.resident = None, None
         with contextlib.suppress(queue.Empty):
             while True:
                 self.queue.get_nowait()

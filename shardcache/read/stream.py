@@ -12,7 +12,9 @@ How a batch is made
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
     thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
     pool) and queues them, so each window is copied once, from the
-    decoded bars into the batch, and the consumer only takes ready batches.
+    decoded bars into the batch, and the consumer only takes ready batches. When
+    ``memory_budget`` covers the split's bars (``resident``), in-process passes keep them
+    decoded: later passes gather on the caller's thread (``shardcache.read.resident``).
 
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
@@ -65,7 +67,7 @@ Outputs
 
 Resources
     ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
-    started; a garbage-collected iterator stops its reader (generator ``finally``).
+    started and frees a resident arena; a garbage-collected iterator stops its reader.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split,
                       parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .reader import RUN_BYTES, Reader, ReadSpec
+from .resident import Resident, resident_bytes
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
@@ -170,7 +173,9 @@ class WindowStream(IterableDataset):
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
-        self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
+        self._resident_bytes = resident_bytes(ranges, self.cache.shard_rows, self.read_spec.row_bytes)
+        self._resident: Resident | None = None  # made by the first resident pass, kept until close()
+        self._capacity(self.plan(0), 1, self.resident)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
     seq_len = property(lambda self: self.spec.seq_len)
@@ -187,6 +192,12 @@ class WindowStream(IterableDataset):
     @property
     def world(self) -> int:
         return rank_world(self._dist_hint)[1]
+
+    @property
+    def resident(self) -> bool:
+        """Whether in-process passes keep the split's decoded bars (``memory_budget`` covers them):
+        the first pass decodes each block once, later passes only gather (on ``device``)."""
+        return self.memory_budget is not None and self._resident_bytes <= self.memory_budget
 
     @property
     def epoch(self) -> int:
@@ -319,8 +330,11 @@ class WindowStream(IterableDataset):
             reader.close()
         return epoch, history, rank, world
 
-    def _capacity(self, plan: EpochPlan, workers: int) -> int:
-        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
+    def _capacity(self, plan: EpochPlan, workers: int, resident: bool = False) -> int:
+        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget (all of
+        it for a ``resident`` reader, which holds every block within it anyway)."""
+        if resident:
+            return self.memory_budget  # type: ignore[return-value]
         need = plan.max_open_pieces()
         block = (self.cache.shard_rows + self.span - 1) * self.read_spec.row_bytes
         if self.memory_budget is None:
@@ -368,8 +382,18 @@ class WindowStream(IterableDataset):
         in_worker = token is None
         spec = self.read_spec
         run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * spec.nx)
-        reader = Reader(spec, plan, batches, self._capacity(plan, workers), decoders=self.decoders,
-                        run_windows=run, shared=in_worker and self.device.type == "cpu")
+        resident = None
+        if not in_worker and self.resident:
+            if self._resident is None:
+                self._resident = Resident(spec.ranges, self.cache.shard_rows, spec.nx,
+                                          None if spec.same_columns else spec.ny, self.device, self.seq_len)
+            resident = self._resident
+            if resident.complete:  # nothing to read: gathered on this thread, no reader
+                yield from self._resident_pass(resident, plan, batches, token)  # type: ignore[arg-type]
+                return
+        capacity = self._capacity(plan, workers, resident is not None)
+        reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
+                        shared=in_worker and self.device.type == "cpu", resident=resident)
         self._readers.add(reader)
         counts = self._state.numpy()  # the shared position tensor, written without torch's per-call cost
         try:
@@ -393,6 +417,16 @@ class WindowStream(IterableDataset):
         finally:
             reader.close()
 
+    def _resident_pass(self, resident: Resident, plan: EpochPlan, batches: range,
+                       token: int) -> Iterator[Batch | MetaBatch]:
+        """A main-process pass over a complete resident arena: each batch gathered when asked for."""
+        counts, spec = self._state.numpy(), self.read_spec
+        for batch, x, y, starts in resident.batches(spec, plan, batches):
+            if token != self._token or self._closed:
+                raise RuntimeError("this WindowStream iterator was closed, or superseded by a newer iter()")
+            counts[_DONE] = batch + 1
+            yield Batch(x, y) if not spec.meta else MetaBatch(x, y, *spec.window_meta(starts))
+
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
         state, so ``state_dict()`` is exact with ``num_workers > 0``; stopped by ``close()``."""
@@ -414,6 +448,9 @@ class WindowStream(IterableDataset):
             it._shutdown_workers()
         for reader in list(self._readers):
             reader.close()
+        if self._resident is not None:  # freed now, even while an iterator of it is still referenced
+            self._resident.release()
+            self._resident = None
 
     def __enter__(self) -> "WindowStream":
         return self
@@ -423,7 +460,7 @@ class WindowStream(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_readers"] = state["_loader_iters"] = None
+        state["_readers"] = state["_loader_iters"] = state["_resident"] = None
         state["_plans"] = {}
         if dist.is_available() and dist.is_initialized():  # a spawned worker cannot ask torch.distributed
             state["_dist_hint"] = (dist.get_rank(), dist.get_world_size())
