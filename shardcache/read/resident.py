@@ -5,9 +5,9 @@ in-process passes share one ``Resident``: one arena (host memory, or the GPU's w
 device) holding one block per shard of the split, at a fixed place (``BlockTable``). A pass
 that still has blocks to decode runs the stream's reader (``shardcache.read.reader``) over
 the arena: it decodes each missing block as the plan reaches it, as a streamed pass would,
-and marks it decoded once read (a pass left early keeps what it read). A pass with every block decoded (from
-the second epoch on, whatever its epoch, rank, world size or resume) reads nothing and
-starts no thread: ``Resident.batches`` gathers each batch on the caller's thread, straight
+and marks it decoded once read (a pass left early keeps what it read). A pass with every
+block decoded (from the second epoch on, whatever its epoch, rank, world size or resume)
+reads nothing and starts no thread: ``Resident.batches`` gathers each batch on the caller's thread, straight
 from the arena (numpy fancy indexing on the CPU, one thread whatever torch's settings; on
 the GPU ``index_select`` on the current stream, no copy from the host but the pool's
 window index).
@@ -44,7 +44,7 @@ def mapped(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
 
     A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): gathering windows
-    from 4 KiB pages ran about 10% slower here than from numpy's own (huge-page) arrays."""
+    from 4 KiB pages ran 6-10% slower here than from numpy's own (huge-page) arrays."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     buf = mmap.mmap(-1, max(1, nbytes))
     if nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
@@ -82,11 +82,6 @@ class BlockTable:
     @property
     def n_rows(self) -> int:
         return int((self.hi - self.lo).sum())
-
-    def rows(self, starts: np.ndarray) -> np.ndarray:
-        """Arena rows of the windows starting at cache rows ``starts``."""
-        k = self.block[starts // self.shard_rows]
-        return starts - self.lo[k] + self.at[k]
 
 
 def resident_bytes(ranges: Ranges, shard_rows: int, row_bytes: int) -> int:
@@ -166,8 +161,9 @@ class Resident:
         y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
         if dev.type == "cuda":
             current = torch.cuda.current_stream(dev)
-            for t in {self.x, self.y}:
-                t.record_stream(current)  # the allocator waits for these gathers before freeing the arena
+            self.x.record_stream(current)  # the allocator waits for these gathers before freeing the arena
+            if self.y is not self.x:
+                self.y.record_stream(current)
             for event in self.events.values():
                 current.wait_event(event)  # the first pass's copies to the device
             ysteps = torch.from_numpy(y_steps).to(dev)

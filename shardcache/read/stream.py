@@ -173,7 +173,8 @@ class WindowStream(IterableDataset):
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
-        self._resident_bytes = resident_bytes(ranges, self.cache.shard_rows, self.read_spec.row_bytes)
+        self._resident_bytes = None if self.memory_budget is None else resident_bytes(  # no budget: streamed
+            ranges, self.cache.shard_rows, self.read_spec.row_bytes)
         self._resident: Resident | None = None  # made by the first resident pass, kept until close()
         self._capacity(self.plan(0), 1, self.resident)  # a memory_budget too small for one pool fails here
 
@@ -197,7 +198,7 @@ class WindowStream(IterableDataset):
     def resident(self) -> bool:
         """Whether in-process passes keep the split's decoded bars (``memory_budget`` covers them):
         the first pass decodes each block once, later passes only gather (on ``device``)."""
-        return self.memory_budget is not None and self._resident_bytes <= self.memory_budget
+        return self._resident_bytes is not None and self._resident_bytes <= self.memory_budget  # type: ignore[operator]
 
     @property
     def epoch(self) -> int:
