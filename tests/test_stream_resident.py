@@ -88,7 +88,7 @@ def test_a_complete_pass_reads_nothing_and_starts_no_thread(stream_cache, reads)
 def test_the_budget_chooses_resident_or_streamed(stream_cache, reads):
     """Resident exactly when the budget holds every block; a budget one byte short streams."""
     ds = WindowStream(stream_cache, 20, split="train", batch_size=64)
-    need = resident_bytes(ds.read_spec.ranges, stream_cache.shard_rows, ds.read_spec.row_bytes)
+    need = resident_bytes(ds.read_spec)
     table = BlockTable.of(ds.read_spec.ranges, stream_cache.shard_rows)
     assert need == table.n_rows * 5 * 4 and table.n_rows < stream_cache.n_rows  # the split's rows, not the cache's
     on = WindowStream(stream_cache, 20, split="train", batch_size=64, mix=1, memory_budget=need)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..format.layout import spanned_shards
+from .options import Batch, MetaBatch
 from .plan import EpochPlan, PoolLayout, Ranges
 
 if TYPE_CHECKING:
@@ -84,9 +85,9 @@ class BlockTable:
         return int((self.hi - self.lo).sum())
 
 
-def resident_bytes(ranges: Ranges, shard_rows: int, row_bytes: int) -> int:
-    """Bytes of the arena that holds every bar the windows of ``ranges`` read."""
-    return BlockTable.of(ranges, shard_rows).n_rows * row_bytes
+def resident_bytes(spec: "ReadSpec") -> int:
+    """Bytes of the arena that holds every bar a stream's windows read (every column it reads)."""
+    return BlockTable.of(spec.ranges, spec.cache.shard_rows).n_rows * spec.row_bytes
 
 
 class Resident:
@@ -98,10 +99,9 @@ class Resident:
     drops the arena even while a pass's iterator is still referenced (that pass then fails).
     """
 
-    def __init__(self, ranges: Ranges, shard_rows: int, nx: int, ny: int | None, device: torch.device,
-                 seq_len: int) -> None:
-        self.table = BlockTable.of(ranges, shard_rows)
-        n = self.table.n_rows
+    def __init__(self, spec: "ReadSpec", shard_rows: int) -> None:
+        self.table = BlockTable.of(spec.ranges, shard_rows)
+        n, nx, device, seq_len = self.table.n_rows, spec.nx, spec.device, spec.seq_len
 
         def make(cols: int) -> torch.Tensor:
             if device.type == "cuda":
@@ -109,7 +109,7 @@ class Resident:
             return torch.from_numpy(mapped((n, cols), np.float32))
 
         self.x = make(nx)
-        self.y = self.x if ny is None else make(ny)
+        self.y = self.x if spec.same_columns else make(spec.ny)
         self.done = np.zeros(len(self.table.lo), dtype=bool)
         self.events: dict[int, Any] = {}
         shape = (max(n - seq_len + 1, 0), seq_len, nx)
@@ -153,10 +153,9 @@ class Resident:
         """Every block is decoded: a pass reads nothing from the cache."""
         return bool(self.done.all())
 
-    def batches(self, spec: "ReadSpec", plan: EpochPlan,
-                batches: range) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, np.ndarray | None]]:
-        """``(i, x, y, starts)`` of each batch ``i`` of ``batches``, gathered from the complete arena
-        on the caller's thread into new tensors; ``starts`` are the windows' cache rows (with ``spec.meta``)."""
+    def batches(self, spec: "ReadSpec", plan: EpochPlan, batches: range) -> Iterator[tuple[int, Batch | MetaBatch]]:
+        """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
+        caller's thread into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
         dev = self.x.device
         y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
         if dev.type == "cuda":
@@ -203,4 +202,4 @@ class Resident:
                 x = torch.from_numpy(windows[rows])
                 y = torch.from_numpy(yn[rows[:, None] + y_steps] if spec.multi else yn[rows + y0])
             del windows, yn
-            yield i, x, y, starts
+            yield i, (MetaBatch(x, y, *spec.window_meta(starts)) if meta else Batch(x, y))

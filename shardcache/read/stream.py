@@ -173,10 +173,10 @@ class WindowStream(IterableDataset):
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
-        self._resident_bytes = None if self.memory_budget is None else resident_bytes(  # no budget: streamed
-            ranges, self.cache.shard_rows, self.read_spec.row_bytes)
+        self._resident_bytes = None if self.memory_budget is None else resident_bytes(self.read_spec)
         self._resident: Resident | None = None  # made by the first resident pass, kept until close()
-        self._capacity(self.plan(0), 1, self.resident)  # a memory_budget too small for one pool fails here
+        if not self.resident:
+            self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
     seq_len = property(lambda self: self.spec.seq_len)
@@ -331,11 +331,8 @@ class WindowStream(IterableDataset):
             reader.close()
         return epoch, history, rank, world
 
-    def _capacity(self, plan: EpochPlan, workers: int, resident: bool = False) -> int:
-        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget (all of
-        it for a ``resident`` reader, which holds every block within it anyway)."""
-        if resident:
-            return self.memory_budget  # type: ignore[return-value]
+    def _capacity(self, plan: EpochPlan, workers: int) -> int:
+        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
         need = plan.max_open_pieces()
         block = (self.cache.shard_rows + self.span - 1) * self.read_spec.row_bytes
         if self.memory_budget is None:
@@ -383,20 +380,22 @@ class WindowStream(IterableDataset):
         in_worker = token is None
         spec = self.read_spec
         run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * spec.nx)
+        counts = self._state.numpy()  # the shared position tensor, written without torch's per-call cost
         resident = None
         if not in_worker and self.resident:
-            if self._resident is None:
-                self._resident = Resident(spec.ranges, self.cache.shard_rows, spec.nx,
-                                          None if spec.same_columns else spec.ny, self.device, self.seq_len)
-            resident = self._resident
-            if resident.complete:  # nothing to read: gathered on this thread, no reader
-                yield from self._resident_pass(resident, plan, batches, token)  # type: ignore[arg-type]
+            resident = self._resident = self._resident or Resident(spec, self.cache.shard_rows)
+            if resident.complete:  # nothing to read: each batch gathered on this thread, no reader
+                for batch, out in resident.batches(spec, plan, batches):
+                    if token != self._token or self._closed:
+                        raise RuntimeError("this WindowStream iterator was closed, or superseded by a newer iter()")
+                    counts[_DONE] = batch + 1
+                    yield out
                 return
-        capacity = self._capacity(plan, workers, resident is not None)
+        budget = self.memory_budget  # a resident reader holds every block within it anyway
+        capacity = self._capacity(plan, workers) if resident is None or budget is None else budget
         reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
                         shared=in_worker and self.device.type == "cpu", resident=resident)
         self._readers.add(reader)
-        counts = self._state.numpy()  # the shared position tensor, written without torch's per-call cost
         try:
             reader.start()
             while (ready := reader.next()) is not None:
@@ -417,16 +416,6 @@ class WindowStream(IterableDataset):
                         yield MetaBatch(x[p:r], y[p:r], *(m[p:r] for m in ready.meta))
         finally:
             reader.close()
-
-    def _resident_pass(self, resident: Resident, plan: EpochPlan, batches: range,
-                       token: int) -> Iterator[Batch | MetaBatch]:
-        """A main-process pass over a complete resident arena: each batch gathered when asked for."""
-        counts, spec = self._state.numpy(), self.read_spec
-        for batch, x, y, starts in resident.batches(spec, plan, batches):
-            if token != self._token or self._closed:
-                raise RuntimeError("this WindowStream iterator was closed, or superseded by a newer iter()")
-            counts[_DONE] = batch + 1
-            yield Batch(x, y) if not spec.meta else MetaBatch(x, y, *spec.window_meta(starts))
 
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
