@@ -55,7 +55,7 @@ import torch
 
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 
-__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -94,15 +94,6 @@ class ReadSpec:
 
     def y_shape(self, n: int) -> tuple[int, ...]:
         return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
-
-
-def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
-    """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
-    does, so sending it to the main process costs no copy."""
-    if not shared:
-        return torch.empty(shape, device=device)
-    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
-    return torch.empty(0).set_(storage, 0, shape)
 
 
 class _Pool:
@@ -216,14 +207,16 @@ class Reader:
     while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
     thread pool of the reader's own (from a remote store each block is a few requests one
     after the other); with 0 the gather thread decodes each block when a run needs it.
+    On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
+    (``_Outputs``) by default, a DataLoader worker's shared-memory ring (``ship.WorkerRing``).
     """
 
     def __init__(
         self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
-        decoders: int = 0, run_windows: int = 1, shared: bool = False,
+        decoders: int = 0, run_windows: int = 1, outputs: Any = None,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
-        self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
+        self.run_windows = max(run_windows, plan.batch_size)
         self.used = 0
         self.stop = threading.Event()
         self.queue: queue.Queue = queue.Queue(_QUEUE_RUNS)
@@ -239,7 +232,7 @@ class Reader:
         self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
         self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
         runs = self.run_windows
-        self.outputs = None if self.cuda or shared else _Outputs(
+        self.outputs = None if self.cuda else outputs if outputs is not None else _Outputs(
             [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
@@ -382,7 +375,7 @@ class Reader:
             if self.outputs is not None:
                 x, y = self.outputs.take(n)
             else:
-                x, y = new_output((n, s.seq_len, s.nx), s.device, self.shared), new_output(s.y_shape(n), s.device, self.shared)
+                x, y = torch.empty((n, s.seq_len, s.nx), device=s.device), torch.empty(s.y_shape(n), device=s.device)
             starts = np.empty(n, dtype=np.int64) if s.meta else None
             xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
