@@ -55,7 +55,7 @@ import torch
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 from .resident import Resident, mapped
 
-__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -100,15 +100,6 @@ class ReadSpec:
         symbol, local = self.cache.locate(starts)
         index = torch.from_numpy(np.stack([symbol, local], axis=1))
         return index, torch.from_numpy(symbol), torch.from_numpy(self.cache.bar_times(starts + self.seq_len - 1))
-
-
-def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
-    """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
-    does, so sending it to the main process costs no copy."""
-    if not shared:
-        return torch.empty(shape, device=device)
-    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
-    return torch.empty(0).set_(storage, 0, shape)
 
 
 class _Pool:
@@ -222,16 +213,18 @@ class Reader:
     after the other); with 0 the gather thread decodes each block when a run needs it.
     With a ``resident`` (see ``shardcache.read.resident``) every pool reads from its arena and
     only blocks not decoded there yet are read.
+    On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
+    (``_Outputs``) by default, a DataLoader worker's shared-memory ring (``ship.WorkerRing``).
     """
 
     def __init__(
         self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
-        decoders: int = 0, run_windows: int = 1, shared: bool = False, resident: Resident | None = None,
+        decoders: int = 0, run_windows: int = 1, outputs: Any = None, resident: Resident | None = None,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.resident = resident
         self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
-        self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
+        self.run_windows = max(run_windows, plan.batch_size)
         self.used = 0
         self.stop = threading.Event()
         self.queue: queue.Queue = queue.Queue(_QUEUE_RUNS)
@@ -251,7 +244,7 @@ class Reader:
                 t.record_stream(self.copy_stream)
                 t.record_stream(self.gather_stream)
         runs = self.run_windows
-        self.outputs = None if self.cuda or shared else _Outputs(
+        self.outputs = None if self.cuda else outputs if outputs is not None else _Outputs(
             [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
@@ -423,7 +416,7 @@ class Reader:
             if self.outputs is not None:
                 x, y = self.outputs.take(n)
             else:
-                x, y = new_output((n, s.seq_len, s.nx), s.device, self.shared), new_output(s.y_shape(n), s.device, self.shared)
+                x, y = torch.empty((n, s.seq_len, s.nx), device=s.device), torch.empty(s.y_shape(n), device=s.device)
             starts = np.empty(n, dtype=np.int64) if s.meta else None
             xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
