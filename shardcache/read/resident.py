@@ -110,6 +110,7 @@ class Resident:
 
         self.x = make(nx)
         self.y = self.x if spec.same_columns else make(spec.ny)
+        self.nbytes = n * spec.row_bytes  # within the stream's memory_budget
         self.done = np.zeros(len(self.table.lo), dtype=bool)
         self.events: dict[int, Any] = {}
         shape = (max(n - seq_len + 1, 0), seq_len, nx)

@@ -12,9 +12,8 @@ How a batch is made
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
     thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
     pool) and queues them, so each window is copied once, from the
-    decoded bars into the batch, and the consumer only takes ready batches. When
-    ``memory_budget`` covers the split's bars (``resident``), in-process passes keep them
-    decoded: later passes gather on the caller's thread (``shardcache.read.resident``).
+    decoded bars into the batch, and the consumer only takes ready batches. With a ``memory_budget``
+    that holds the split (``resident``) its bars stay decoded (``shardcache.read.resident``).
 
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
@@ -203,8 +202,7 @@ class WindowStream(IterableDataset):
 
     @property
     def resident(self) -> bool:
-        """Whether in-process passes keep the split's decoded bars (``memory_budget`` covers them):
-        the first pass decodes each block once, later passes only gather (on ``device``)."""
+        """Whether in-process passes keep the split's decoded bars: ``memory_budget`` covers them."""
         return self._resident_bytes is not None and self._resident_bytes <= self.memory_budget  # type: ignore[operator]
 
     @property
@@ -398,8 +396,7 @@ class WindowStream(IterableDataset):
                     counts[_DONE] = batch + 1
                     yield gathered
                 return
-        budget = self.memory_budget  # a resident reader holds every block within it anyway
-        capacity = self._capacity(plan, workers) if resident is None or budget is None else budget
+        capacity = self._capacity(plan, workers) if resident is None else resident.nbytes
         reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
                         outputs=self._worker_ring() if in_worker else None, resident=resident)
         self._readers.add(reader)
