@@ -15,7 +15,8 @@ D  in-RAM gather ceiling: the whole array in RAM, preallocated outputs, one thre
    ``torch.index_select(torch.as_strided(t, (n, 60, F), (F, F, 1)), 0, idx, out=buf)``.
 E  shardcache: ``WindowStream`` over the compressed cache: a full epoch iterated in-process
    (``for x, y in ds``, the stream's own reader thread decodes ahead), and ``--worker-batches``
-   batches of ``DataLoader(ds, batch_size=None, num_workers=2)``.
+   batches of ``DataLoader(ds, batch_size=None, num_workers=2)``; EL the same batches through
+   ``ds.loader(num_workers=2)``. Workers are judged against E in-process (>= 0.7x).
 ER E resident: ``memory_budget="auto"`` holds the split's bars, so one stream serves two epochs:
    the first decodes each block once (as E), the second only gathers from the decoded bars
    (no thread, no decode). Its windows/s is the second epoch's; the first is printed beside it.
@@ -76,6 +77,7 @@ GIB = 2**30
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 TARGETS = (("E >= 1.0x C", "C", 1.0), ("E >= 3x B", "B", 3.0), ("E >= 0.7x D", "D", 0.7))
 RSS_BOUND, SCALE_TOLERANCE, FIRST_BATCH_BOUND = 0.5 * GIB, 0.10, 0.5
+WORKERS_BOUND = 0.7  # DataLoader workers against the same stream in-process (issue #14)
 PLOT_PATH = Path("docs/img/rss_naive_vs_shardcache.png")
 
 
@@ -182,7 +184,12 @@ def _stream(spec: dict) -> dict[str, Any]:
         ds = WindowStream(spec["cache"], SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True,
                           seed=spec["round"], memory_budget=spec.get("budget"))
         streams.append(ds)
-        loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"]) if spec["workers"] else ds
+        if not spec["workers"]:
+            loader: Any = ds
+        elif spec.get("loader"):
+            loader = ds.loader(num_workers=spec["workers"])
+        else:
+            loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"])
         yield from itertools.islice(loader, spec["batches"] or None)
 
     out = _timed(open_data)
@@ -286,6 +293,7 @@ def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, d
         ("D", "ram", f"D in-RAM gather F={f}", base, raw),
         ("E0", "stream", f"E WindowStream w=0 F={f}", base, cache),
         ("E2", "stream", f"E WindowStream w=2 F={f}", {**base, **w2}, cache),
+        ("EL", "stream", f"E stream.loader(2) F={f}", {**base, **w2, "loader": True}, cache),
         ("ER", "stream", f"E WindowStream resident F={f}", {**base, "budget": "auto"}, cache),
     ]
 
@@ -328,6 +336,10 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
         for name, other, bound in TARGETS:
             base = next(x for x in rows if x.key == other and x.spec["F"] == f)
             out.append((name, where, f"{r.rate / base.rate:.2f}x", r.rate / base.rate >= bound))
+        if r.spec["workers"]:
+            e0 = next(x for x in rows if x.key == "E0" and x.spec["F"] == f)
+            ratio = r.rate / e0.rate
+            out.append((f"workers >= {WORKERS_BOUND}x in-process", where, f"{ratio:.2f}x E w=0", ratio >= WORKERS_BOUND))
         first = r.first_s
         out.append((f"first batch <= {FIRST_BATCH_BOUND} s", where, f"{first:.3f} s", first <= FIRST_BATCH_BOUND))
         if f == 256 and r.key != "ER":  # ER holds the split's bars by design (its memory_budget)
