@@ -42,6 +42,9 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
     },
     "test_append.py": {"test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop"},
+    "test_append_truth.py": {
+        "test_a_killed_object_store_append_run_again_records_its_inputs_once": "a SIGKILL loop on an S3 server",
+    },
     "test_staging.py": {  # the local variant of the same lock stays in the fast tier
         "test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs": "a build in a subprocess",
     },

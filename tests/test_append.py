@@ -203,8 +203,9 @@ def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
 
 
 def test_cli_append_and_recompute(files, tmp_path, capsys):
-    out = tmp_path / "c.zarr"
-    assert build_cache_main([*map(str, files[:10]), "--out", str(out), "--split", OPTS["split"],
+    """A date split whose train part ends after the cache's last bar: recompute's statistics take the new train bars."""
+    out, dates = tmp_path / "c.zarr", "val=2023-01-18,test=2023-01-19"  # files[10:12] are 2023-01-16 and 17
+    assert build_cache_main([*map(str, files[:10]), "--out", str(out), "--split", dates,
                              "--shard-rows", "1024", "--chunk-rows", "128", "-q"]) == 0
     frozen = open_cache(out).manifest["stats"]
     capsys.readouterr()
@@ -212,7 +213,7 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
     assert "bars" in capsys.readouterr().out and open_cache(out).manifest["stats"] == frozen
     assert build_cache_main([*map(str, files[12:]), "--append", "--stats", "recompute", "--out", str(out), "-q"]) == 0
     rebuilt = open_cache(out)
-    whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "workers": None})
+    whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "split": dates, "workers": None})
     assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
     # the rebuild takes BUILD_OPTIONS from the manifest: the builder must record every one of them
     assert set(BUILD_OPTIONS) <= set(rebuilt.manifest["build"])

@@ -65,7 +65,7 @@ def caches(tmp_path_factory) -> dict[int, str]:
 
 
 def test_worker_tree_memory_does_not_grow_with_bars(caches):
-    """Two DataLoader workers, 150 batches of 512 windows: the tree's peaks agree at 1x and 10x the rows."""
+    """Two DataLoader workers, 150 batches of 512 windows: the tree's peaks at 10x the rows are at most 10% above 1x."""
     profile = _profile_memory().profile
     peaks = {}
     for n, path in caches.items():
@@ -74,9 +74,10 @@ def test_worker_tree_memory_does_not_grow_with_bars(caches):
         peaks[n] = (prof.peak_rss_tree, prof.peak_pss_tree)
     (rss_s, pss_s), (rss_b, pss_b) = peaks[100_000], peaks[1_000_000]
     print({n: [v // MIB for v in p if v is not None] for n, p in peaks.items()})
-    assert abs(rss_b - rss_s) < TREE_SHARE * rss_s, peaks
+    # growth is what is bounded: a sampled peak can come out lower at 10x (PSS is read every 20 ms)
+    assert rss_b - rss_s < TREE_SHARE * rss_s, peaks
     if pss_s is not None and pss_b is not None:
-        assert abs(pss_b - pss_s) < TREE_SHARE * pss_s, peaks
+        assert pss_b - pss_s < TREE_SHARE * pss_s, peaks
 
 
 def test_ten_trials_in_one_process_leave_nothing_behind(caches):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "train_loop.py"
-SCENARIOS = ["model", "stream", "dataloader", "loader", "model-1t", "stream-1t"]
+SCENARIOS = ["model", "stream", "dataloader", "loader", "model-1t", "stream-1t", "dataloader-1t", "loader-1t"]
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
@@ -28,7 +28,7 @@ def test_two_steps_of_every_scenario_give_one_table_row_each(stream_cache, tmp_p
     assert "load before:" in out.stdout and "load after:" in out.stdout and "default threads" in out.stdout
 
     results = {r["kind"]: r for r in json.loads((tmp_path / "loop.json").read_text())["results"]}
-    assert results["stream-1t"]["torch_threads"] == results["model-1t"]["torch_threads"] == 1
+    assert all(results[k]["torch_threads"] == 1 for k in SCENARIOS if k.endswith("-1t"))
     assert results["stream"]["torch_threads"] == results["model"]["torch_threads"]
     # the same initial weights and the same batches in the same order: the same loss after two steps
     losses = [results[k]["loss"] for k in SCENARIOS]

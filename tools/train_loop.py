@@ -13,12 +13,13 @@ stream     the stream in-process: ``for x, y in WindowStream(cache, 60, horizon=
 dataloader a plain ``DataLoader(stream, batch_size=None, num_workers=2)``
 loader     ``stream.loader(num_workers=2)``
 model-1t   the model alone, the user script having called ``torch.set_num_threads(1)``
-stream-1t  the stream in-process, likewise with ``torch.set_num_threads(1)``
+stream-1t, dataloader-1t, loader-1t
+           the three loaders, likewise with ``torch.set_num_threads(1)``
 
 Every scenario sees the same shuffled batches (same seed) and the same initial weights. Wall s
 is the loop's time (from ``iter()``, so the first batch and worker start-up count, to the
 last step; first batch s is the part until the first batch was in hand); x model is that round's
-wall over the same round's model (model-1t for stream-1t). User s, sys s,
+wall over the same round's model (model-1t for the -1t scenarios). User s, sys s,
 minor faults and involuntary context switches are ``getrusage`` over the loop (the process plus
 its reaped DataLoader workers); threads is the process's thread count mid-loop; peak RSS is the
 process tree's (the model's includes the batches it holds in RAM).
@@ -62,7 +63,7 @@ __all__ = ["SCENARIOS", "LoopModel", "run_scenario", "main"]
 
 SEQ_LEN, BATCH, WORKERS = 60, 256, 2
 SPLIT = "train=0.8,val=0.1,test=0.1"  # the demo's split
-SCENARIOS = ("model", "stream", "dataloader", "loader", "model-1t", "stream-1t")
+SCENARIOS = ("model", "stream", "dataloader", "loader", "model-1t", "stream-1t", "dataloader-1t", "loader-1t")
 _RUSAGE = ("ru_utime", "ru_stime", "ru_minflt", "ru_majflt", "ru_nivcsw", "ru_nvcsw")
 
 
@@ -89,17 +90,18 @@ def _usage() -> dict[str, float]:
 def run_scenario(spec: dict) -> dict[str, Any]:
     """Child process entry: train ``spec["steps"]`` steps fed as ``spec["kind"]`` says; return the figures."""
     kind, steps = spec["kind"], spec["steps"]
-    if kind.endswith("-1t"):
+    feed = kind.removesuffix("-1t")
+    if feed != kind:
         torch.set_num_threads(1)  # the user's choice, made before the stream exists
     stream = WindowStream(spec["cache"], SEQ_LEN, horizon=1, split="train", batch_size=BATCH, shuffle=True)
-    if kind in ("model", "model-1t"):
+    if feed == "model":
         source: Any = [(x.clone(), y.clone()) for x, y in itertools.islice(stream, steps)]
         stream.close()
-    elif kind in ("stream", "stream-1t"):
+    elif feed == "stream":
         source = stream
-    elif kind == "dataloader":
+    elif feed == "dataloader":
         source = DataLoader(stream, batch_size=None, num_workers=WORKERS)
-    elif kind == "loader":
+    elif feed == "loader":
         source = stream.loader(num_workers=WORKERS)
     else:
         raise SystemExit(f"train_loop: unknown scenario {kind!r}")

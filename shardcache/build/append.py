@@ -10,15 +10,18 @@ for every symbol with new bars:
   its partial last shard (its stored rows read back as they are, plus the new ones) and
   writes new whole shards after it; every other shard object is left as it is;
 * continues the symbol's last segment when the first new bar follows the last stored one
-  within the cache's ``max_gap`` and in the same split, so windows across the boundary
-  become valid; the first new bar's features use the raw last bar kept in the manifest
-  (``tails``), as a build that saw every bar at once would.
+  within the cache's ``max_gap``, in the same split and on the same instrument (a continuous
+  symbol that rolls at the boundary starts a new segment, its roll recorded as a build
+  records it), so windows across the boundary become valid; the first new bar's features use
+  the raw last bar kept in the manifest (``tails``, with its instrument), as a build that
+  saw every bar at once would.
 
 New symbols get new groups after the existing ones (the symbol list keeps its order).
 Splits keep the cache's cut times (fraction splits were resolved to times at the first
 build), and statistics are frozen: the cache's mean/std normalize the new bars.
 ``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
-(``--overwrite``): every shard is rewritten with statistics over all train bars.
+(``--overwrite``) at the same split cut times: every shard is rewritten with statistics over
+all train bars.
 
 Atomicity reuses the build's staging (``shardcache.build.staging``): locally the append works on
 ``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
@@ -27,13 +30,17 @@ that key (shards, metadata, JSON objects), so the staging copy never changes a f
 shares with ``OUT``, whatever the store library does when it writes. A killed append leaves
 ``OUT`` byte for byte untouched and resumes with ``resume=True``. On object stores the
 append writes in place: new and rewritten shards first (a rewritten tail shard keeps its
-stored rows), then the segment tables, the digests and the manifest last.
+stored rows), then the history, the segment tables, the digests and the manifest last. Those
+last writes are decided once and saved in the staging folder (``_Finish``) before the first of
+them, so a rerun after a kill among them writes the same ones (never a second history record),
+and a ``resume`` of an append already finished changes nothing.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import os
 import shutil
 import time
@@ -47,7 +54,7 @@ import numpy as np
 
 from ..errors import CacheError, ShardcacheError
 from ..format.cache import Cache, open_cache
-from ..format.layout import symbol_bases
+from ..format.layout import ATTR, open_group, symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
 from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
@@ -60,6 +67,7 @@ from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
 __all__ = ["STATS", "append_cache"]
 
 STATS = ("frozen", "recompute")
+log = logging.getLogger("shardcache")
 
 
 @dataclass
@@ -82,28 +90,33 @@ def _t(ts_ns: int) -> str:
     return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
 
 
-def _open_target(out: str, storage_options: dict | None) -> Cache:
-    """The cache to append to, or a one-line refusal (missing, not a cache, an old format)."""
+def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | None]:
+    """The manifest of the cache to append to and the cache opened, or a one-line refusal (missing,
+    not a cache, an old format). The cache is None when its segment index is already an append's
+    and its manifest not yet (an object-store append killed in its last writes, see ``_Finish``)."""
     try:
         cache = open_cache(out, storage_options)
     except CacheError as exc:
+        if "the segment index and the manifest disagree" in str(exc):
+            return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
         if "no cache found" not in str(exc) and "not a shardcache cache" not in str(exc):
             raise
         fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
         if fs.exists(path):
             raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
         raise CacheError(f"{out}: no cache to append to (build it first without --append)") from None
-    return cache
+    return cache.manifest, cache
 
 
-def _check_inputs(cache: Cache, srcs: list, names: list[str]) -> None:
+def _check_inputs(out: str, manifest: dict, srcs: list, names: list[str]) -> None:
     """Refuse inputs whose features or bar size differ from the cache's."""
-    if names != cache.feature_names:
-        raise ShardcacheError(f"{srcs[0].path}: gives features {', '.join(names)}; the cache {cache.url} has "
-                              f"{', '.join(cache.feature_names)}")
-    bar_ns, first = cache.manifest["build"].get("bar_ns"), srcs[0]
+    have = manifest["feature_names"]
+    if names != have:
+        raise ShardcacheError(f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has "
+                              f"{', '.join(have)}")
+    bar_ns, first = manifest["build"].get("bar_ns"), srcs[0]
     if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
-        raise ShardcacheError(f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {cache.url} holds "
+        raise ShardcacheError(f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {out} holds "
                               f"{int(bar_ns) / 1e9:g} s bars")
 
 
@@ -142,7 +155,8 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
         if r0:
             last = last_of[i]
             gap = m.first_ts - int(tails[m.symbol]["ts"])
-            if int(splits[0]) == int(local[last, 3]) and not (max_gap > 0 and gap > max_gap):
+            rolled = bool(m.rolls) and m.rolls[0][0] == m.first_ts  # from the stored last bar's instrument
+            if int(splits[0]) == int(local[last, 3]) and not (max_gap > 0 and gap > max_gap) and not rolled:
                 local[last, 2] = starts[1] if len(starts) > 1 else r0 + m.n  # the last segment goes on
                 starts, splits = starts[1:], splits[1:]
         stops = np.r_[starts[1:], r0 + m.n] if len(starts) else starts
@@ -194,7 +208,8 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
 
 
 def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
-    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones."""
+    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones, at the
+    cache's split cut times (fractions are not resolved again over all bars: no bar changes split)."""
     b = cache.manifest["build"]
     old = [s["path"] for s in cache.history().get("sources", [])]
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
@@ -202,7 +217,8 @@ def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
     if missing is not None:
         raise ShardcacheError(f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
                               "(use --stats frozen to append without it)")
-    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in BUILD_OPTIONS}, **kwargs)
+    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in BUILD_OPTIONS},
+                       split_cuts_ns=cache.manifest["splits"]["cuts_ns"], **kwargs)
 
 
 def append_cache(
@@ -220,65 +236,123 @@ def append_cache(
 
     Uses the cache's build options; ``stats="frozen"`` keeps its statistics and rewrites only
     each symbol's partial last shard, ``"recompute"`` rebuilds it (see the module docstring).
+    ``resume`` finishes an interrupted append; run again once it is finished, it changes nothing.
     """
     t0 = time.perf_counter()
     out = os.fspath(out)
     if stats not in STATS:
         raise ShardcacheError(f"--stats {stats!r}: choose {' or '.join(STATS)}")
-    cache = _open_target(out, storage_options)
-    m, b = cache.manifest, cache.manifest["build"]
+    m, cache = _open_target(out, storage_options)
+    b = m["build"]
     if stats == "recompute":
+        if cache is None:
+            raise CacheError(f"{out}: an append to it stopped in its last writes; finish it first (--append "
+                             "--resume with the same inputs)")
         return _rebuild(cache, sources, out, workers=workers, scheduler=scheduler, resume=resume,
                         storage_options=storage_options, progress=progress)
     _, paths, srcs = open_inputs(sources, storage_options, bar=b.get("bar"), ts_column=b.get("ts_column"),
                                  symbol_column=b.get("symbol_column"), columns=b.get("columns"))
     names = resolve_features(b.get("features"), srcs[0].columns)
-    _check_inputs(cache, srcs, names)
-    read_cols = required_columns(names, srcs[0].columns)
-    previous = {"fingerprint": b["fingerprint"], "bars": cache.n_bars, "appends": m.get("appends", 0)}
-    wanted = fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
+    _check_inputs(out, m, srcs, names)
+    previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
+    done = _finished(cache, srcs, stats) if resume and cache is not None else None
+    wanted = done or fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
+    if done is not None:  # an object store's append killed after its last write: only its folder is left
+        staging.remove()
+        log.info("%s: this append is already in the cache; nothing to resume", out)
+        return cache
     with staging.guard("append"), connect(scheduler, staging.root, [out, *paths]) as client:
-        stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
-        described = [s.describe() for s in srcs]
-        scanned = scan_inputs(stage, srcs, staging.root, read_cols)
-        del srcs
-        _check_after(cache, scanned, paths)
-        merged = merge_symbols(stage, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"])
-        placement = _place(cache, merged)
-        if not placement.new_bars:
-            raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
-        _stage_copy(cache, staging)
-        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=placement.bars_per_symbol,
-                             shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
-                             storage_options=storage_options, create=False)
-        frozen = m.get("stats")
-        ids, first_rows, counts = placement.clusters
-        work = ShardWork(staging.root, ids, first_rows, counts, placement.segments,
-                        placement.segment_split, names, writer, read_columns=read_cols, symbols=placement.symbols,
-                        tails=placement.tails, first_new=placement.first_new)
-        if frozen:
-            work.mean = np.asarray(frozen["mean"]).astype(np.float32)
-            work.std = np.asarray(frozen["std"]).astype(np.float32)
-        new_digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards",
-                          unit="shard")
+        finish = staging.load("finish", kind=_Finish)
+        if finish is None:
+            if cache is None:
+                raise CacheError(f"{out}: its segment index is an append's and its manifest is not, and "
+                                 f"{staging.root} keeps no append to finish; rebuild the cache")
+            stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
+            read_cols = required_columns(names, srcs[0].columns)
+            described = [s.describe() for s in srcs]
+            scanned = scan_inputs(stage, srcs, staging.root, read_cols)
+            del srcs
+            placement, manifest, digests = _write(stage, staging, cache, scanned, paths, names, read_cols)
+            record = {
+                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "inputs": len(described), "bars": placement.new_bars, "stats": stats, "fingerprint": digest(wanted),
+                "append_to": previous, "shards_rewritten": len(placement.first_new),
+                "shards_written": len(placement.touched) - len(placement.first_new),
+                "elapsed_s": round(time.perf_counter() - t0, 3),
+            }
+            old = cache.history()
+            finish = _Finish(placement.bars_per_symbol, placement.segments, placement.segment_split,
+                             list(placement.touched), list(digests), list(placement.grown), manifest,
+                             {"sources": [*old.get("sources", []), *described],
+                              "appends": [*old.get("appends", []), record]})
+            staging.save("finish", finish)
         staging.written = True
-        manifest = _manifest(cache, placement, merged, scanned, writer, stored_bytes(staging.cache_path, storage_options))
-        record = {
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "inputs": len(described), "bars": placement.new_bars, "stats": stats, "fingerprint": digest(wanted),
-            "shards_rewritten": len(placement.first_new), "shards_written": len(placement.touched) - len(placement.first_new),
-            "elapsed_s": round(time.perf_counter() - t0, 3),
-        }
-        history = cache.history()
-        writer.write_history({"sources": [*history.get("sources", []), *described],
-                              "appends": [*history.get("appends", []), record]})
-        writer.finish(placement.segments, placement.segment_split, manifest, dict(zip(placement.touched, new_digests)),
-                      symbols=placement.grown)
+        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=finish.bars_per_symbol,
+                             shard_rows=int(m["layout"]["shard_rows"]), chunk_rows=int(m["layout"]["chunk_rows"]),
+                             codec=m["layout"]["codec"], storage_options=storage_options, create=False)
+        writer.write_history(finish.history)
+        writer.finish(finish.segments, finish.segment_split, finish.manifest, dict(zip(finish.shards, finish.digests)),
+                      symbols=finish.grown)
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
+
+
+@dataclass
+class _Finish:
+    """An append's last writes (history, segment tables, digests, manifest), saved in its staging folder
+    before the first of them. On an object store they go in place, so a rerun after a kill among them
+    writes these again: it cannot place the bars again from a half-written cache, and it never records
+    its inputs and its append a second time."""
+
+    bars_per_symbol: np.ndarray
+    segments: np.ndarray
+    segment_split: np.ndarray
+    shards: list[int]  # the shards written and their digests
+    digests: list[str]
+    grown: list[int]
+    manifest: dict[str, Any]
+    history: dict[str, Any]
+
+
+def _finished(cache: Cache, srcs: list, stats: str) -> dict | None:
+    """The fingerprint of this append if it is the cache's last one, finished (its manifest, written
+    after its history, counts it); else None."""
+    last = (cache.history().get("appends") or [{}])[-1]
+    if "append_to" not in last or cache.manifest.get("appends", 0) != last["append_to"]["appends"] + 1:
+        return None
+    wanted = fingerprint(srcs, {"append_to": last["append_to"], "stats": stats}, _version())
+    return wanted if digest(wanted) == last.get("fingerprint") else None
+
+
+def _write(stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list[str], names: list[str],
+           read_cols: list[str]) -> tuple[_Placement, dict, list[str]]:
+    """Merge and place the scanned bars and write the shards they touch: the placement, the new
+    manifest and the shards' digests."""
+    m, b = cache.manifest, cache.manifest["build"]
+    _check_after(cache, scanned, paths)
+    instruments = {sym: int(t["instrument"]) for sym, t in m.get("tails", {}).items() if "instrument" in t}
+    merged = merge_symbols(stage, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"], instruments)
+    placement = _place(cache, merged)
+    if not placement.new_bars:
+        raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
+    _stage_copy(cache, staging)
+    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=placement.bars_per_symbol,
+                         shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
+                         storage_options=cache.storage_options, create=False)
+    ids, first_rows, counts = placement.clusters
+    work = ShardWork(staging.root, ids, first_rows, counts, placement.segments,
+                     placement.segment_split, names, writer, read_columns=read_cols, symbols=placement.symbols,
+                     tails=placement.tails, first_new=placement.first_new)
+    if m.get("stats"):  # frozen
+        work.mean = np.asarray(m["stats"]["mean"]).astype(np.float32)
+        work.std = np.asarray(m["stats"]["std"]).astype(np.float32)
+    digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
+    staging.written = True
+    stored = stored_bytes(staging.cache_path, cache.storage_options)
+    return placement, _manifest(cache, placement, merged, scanned, writer, stored), digests
 
 
 def _manifest(cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter,

@@ -112,7 +112,7 @@ class Merged:
     seg_starts: np.ndarray
     seg_split: np.ndarray
     duplicates: int
-    tail: dict  # the last bar's timestamp and source values: the "previous bar" of a later append
+    tail: dict  # the last bar's timestamp, source values and instrument: the "previous bar" of a later append
     rolls: list[list[int]] = field(default_factory=list)  # [ts_ns, from instrument, to instrument] at each change
     first_ts: int = 0  # the first bar's timestamp: an append plans its gap check from it, reading no spill
 
@@ -179,8 +179,8 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
-def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
-    sym_idx, symbol, runs, staging, max_gap, cuts = job
+def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray, int | None]) -> Merged:
+    sym_idx, symbol, runs, staging, max_gap, cuts, last_inst = job  # last_inst: the stored last bar's (appends)
     runs = sorted(runs, key=lambda r: (r.ts_min, r.key))
     clusters: list[list[_Run]] = []
     hi = None
@@ -191,7 +191,7 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         else:
             clusters.append([run])
             hi = run.ts_max
-    out, starts, splits, dups, n, last_ts, last_split, last_inst, rolls = [], [], [], 0, 0, None, None, None, []
+    out, starts, splits, dups, n, last_ts, last_split, rolls = [], [], [], 0, 0, None, None, []
     for c, members in enumerate(clusters):
         parts = [read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)]
         if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
@@ -230,7 +230,8 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> Merged:
         out.append(len(ts))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
-    tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"}}
+    tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"},
+            **({} if last_inst is None else {"instrument": last_inst})}
     return Merged(symbol, sym_idx, np.asarray(out, dtype=np.int64), n, np.concatenate(starts),
                   np.concatenate(splits), dups, tail, rolls, first_ts=first_ts)
 
@@ -242,7 +243,7 @@ def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ids, row + np.cumsum(m.cluster_rows) - m.cluster_rows, m.cluster_rows
 
 
-def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray]) -> None:
+def _drop_runs(job: tuple[int, str, list[_Run], str, int, np.ndarray, int | None]) -> None:
     """Delete a symbol's run files once its merge is recorded (a resume may still need them before)."""
     for r in job[2]:
         if os.path.exists(r.path):
@@ -285,12 +286,15 @@ def build_cache(
     storage_options: dict | None = None,
     progress: bool = True,
     stats_from: str | os.PathLike[str] | Cache | None = None,
+    split_cuts_ns: Sequence[int] | None = None,
 ) -> Cache:
     """Build a cache from DBN/Parquet ``sources`` at ``out`` and return it opened.
 
     ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars); ``normalize="zscore"``
     standardizes every feature with train-split statistics stored in the manifest, or with
     those of the cache ``stats_from`` (whose split cut times are then kept too).
+    ``split_cuts_ns`` fixes ``split``'s cut times instead of resolving its fractions (what
+    ``--stats recompute`` keeps of its cache).
     ``seq_len``/``horizon`` only size the summary's window count: windows are chosen at read
     time, and a symbol shorter than one window is kept (it gives no windows at that length).
     A DBN continuous symbol's series is cut where it rolls to another instrument; the rolls
@@ -304,6 +308,10 @@ def build_cache(
     check_options(seq_len=seq_len, horizon=horizon, shard_rows=shard_rows, chunk_rows=chunk_rows, workers=workers,
                   bar=bar, max_gap=max_gap)
     spec = parse_split(split)
+    if split_cuts_ns is not None:
+        if stats_from is not None:
+            raise ShardcacheError("--stats-from keeps its cache's split cut times: pass it or split_cuts_ns, not both")
+        spec = spec.at(split_cuts_ns)
     stats_of = stats_source(spec, normalize)
     specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
                                      symbol_column=symbol_column, columns=columns)
@@ -320,6 +328,7 @@ def build_cache(
         "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
         "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
         **({} if frozen is None else {"stats_from": frozen.url}),
+        **({} if split_cuts_ns is None else {"split_cuts_ns": spec.dates_ns}),
     }
     wanted = fingerprint(srcs, options, _version())
     staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
@@ -527,15 +536,19 @@ def scan_inputs(stage: Any, srcs: list[Source], staging: str, read_cols: list[st
                    sum((s.drops for s in scans), Counter()), [s.step for s in scans], unmapped)
 
 
-def merge_symbols(stage: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int]) -> list[Merged]:
-    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names)."""
+def merge_symbols(stage: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int],
+                  instruments: dict[str, int] | None = None) -> list[Merged]:
+    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names).
+
+    ``instruments`` (an append) gives a symbol's stored last instrument: a first bar on another one is a roll.
+    """
     runs = scanned.runs
     by_sym = np.argsort(runs["sym"], kind="stable")
     bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(scanned.symbols) + 1))
     return stage(
         _merge,
         [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging), staging, max_gap_ns,
-          np.asarray(cuts, dtype=np.int64))
+          np.asarray(cuts, dtype=np.int64), (instruments or {}).get(sym))
          for j, sym in enumerate(scanned.symbols)],
         "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
 

@@ -7,6 +7,7 @@ sketch of each input run's timestamps; dates name where each later split starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,15 @@ class SplitSpec:
             j = min(int(np.searchsorted(cum, f * cum[-1], side="left")) + 1, len(order) - 1)
             cuts.append(int(points[order][j]))
         return cuts
+
+    def at(self, cuts_ns: Sequence[int]) -> SplitSpec:
+        """These splits cut at fixed times (one per later split): a rebuild keeps the times its cache's
+        fractions were resolved to, so no bar changes split."""
+        cuts = [int(c) for c in cuts_ns]
+        if len(cuts) != len(self.names) - 1 or cuts != sorted(set(cuts)):
+            raise ShardcacheError(f"--split {self.text!r}: {len(cuts)} cut time(s) given where its "
+                                  f"{len(self.names)} splits need {len(self.names) - 1}, increasing")
+        return SplitSpec(self.names, dates_ns=cuts, text=self.text)
 
 
 def parse_split(text: str | None) -> SplitSpec:

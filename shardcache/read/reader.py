@@ -39,7 +39,6 @@ import ctypes
 import functools
 import glob
 import itertools
-import mmap
 import os
 import queue
 import sys
@@ -54,8 +53,9 @@ import numpy as np
 import torch
 
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
+from .resident import Resident, mapped
 
-__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "new_output", "one_thread_here"]
+__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -95,24 +95,26 @@ class ReadSpec:
     def y_shape(self, n: int) -> tuple[int, ...]:
         return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
 
-
-def new_output(shape: tuple[int, ...], device: torch.device, shared: bool) -> torch.Tensor:
-    """A new float32 output tensor; in a DataLoader worker, in shared memory, as ``default_collate``
-    does, so sending it to the main process costs no copy."""
-    if not shared:
-        return torch.empty(shape, device=device)
-    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
-    return torch.empty(0).set_(storage, 0, shape)
+    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``MetaBatch``'s ``index``, ``symbol`` and ``time`` of the windows starting at cache rows ``starts``."""
+        symbol, local = self.cache.locate(starts)
+        index = torch.from_numpy(np.stack([symbol, local], axis=1))
+        return index, torch.from_numpy(symbol), torch.from_numpy(self.cache.bar_times(starts + self.seq_len - 1))
 
 
 class _Pool:
     """One pool's arena: input columns ``x`` and target columns ``y`` (the same tensor when
-    they are the same columns), laid out by ``layout``, with the decodes still under way."""
+    they are the same columns), laid out by ``layout``, with the decodes still under way.
 
-    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int) -> None:
-        n = layout.n_rows
+    Resident (``blocks`` given), the arena is the ``Resident``'s: ``layout`` holds only the
+    blocks still to decode (``todo``, in the resident's numbering) and ``blocks`` every block
+    the pool reads."""
+
+    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int,
+                 blocks: np.ndarray | None = None, todo: np.ndarray | None = None) -> None:
         self.layout, (self.x, self.y) = layout, arena
-        f = self.x.shape[1]
+        self.blocks, self.todo = blocks, todo
+        n, f = self.x.shape
         self.cuda = self.x.device.type == "cuda"
         self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
         if not self.cuda:  # the numpy views the gather copies from
@@ -146,18 +148,6 @@ class Ready(NamedTuple):
 _END = object()
 
 
-def _mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False) -> np.ndarray:
-    """A new array in an anonymous memory map of its own (page-aligned): given back to the OS
-    as soon as it is freed, whatever the allocator keeps, so a closed reader leaves nothing.
-    Private: a shared anonymous map is shmem, whose pages fault in ~20% slower (and huge-page
-    advice, tried, faulted fresh 2 MiB pages slower in two runs of three here). ``populate``
-    faults every page in at once (an output buffer: 16 MiB in 2.2 against 3.9 ms page by page)."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-    buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
-    return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
-
-
 def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
     return [sys.getrefcount(a) for a in arrays]
 
@@ -168,7 +158,7 @@ _UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
 class _Outputs:
     """Output buffers of runs, reused once every batch taken from them is gone.
 
-    Batches are ``torch.from_numpy`` views of numpy buffers (``_mapped``), and a tensor's
+    Batches are ``torch.from_numpy`` views of numpy buffers (``resident.mapped``), and a tensor's
     storage holds a reference to its buffer, so a buffer whose reference count is back to
     the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
     faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
@@ -184,7 +174,8 @@ class _Outputs:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
         slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
         if slot is None:
-            slot = tuple(_mapped(shape, dtype, populate=True) for shape, dtype in zip(self.shapes, self.dtypes))
+            slot = tuple(mapped(shape, dtype, populate=True, huge=False)
+                         for shape, dtype in zip(self.shapes, self.dtypes))
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
         return [torch.from_numpy(a[:n]) for a in slot]
@@ -225,14 +216,20 @@ class Reader:
     while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
     thread pool of the reader's own (from a remote store each block is a few requests one
     after the other); with 0 the gather thread decodes each block when a run needs it.
+    With a ``resident`` (see ``shardcache.read.resident``) every pool reads from its arena and
+    only blocks not decoded there yet are read.
+    On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
+    (``_Outputs``) by default, a DataLoader worker's shared-memory ring (``ship.WorkerRing``).
     """
 
     def __init__(
         self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
-        decoders: int = 0, run_windows: int = 1, shared: bool = False,
+        decoders: int = 0, run_windows: int = 1, outputs: Any = None, resident: Resident | None = None,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
-        self.run_windows, self.shared = max(run_windows, plan.batch_size), shared
+        self.resident = resident
+        self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
+        self.run_windows = max(run_windows, plan.batch_size)
         self.used = 0
         self.stop = threading.Event()
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
@@ -249,8 +246,12 @@ class Reader:
         self.cuda = dev.type == "cuda"
         self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
         self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
+        if self.cuda and resident is not None:  # the allocator waits for this reader's work before freeing it
+            for t in {resident.x, resident.y}:
+                t.record_stream(self.copy_stream)
+                t.record_stream(self.gather_stream)
         runs = self.run_windows
-        self.outputs = None if self.cuda or shared else _Outputs(
+        self.outputs = None if self.cuda else outputs if outputs is not None else _Outputs(
             [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
@@ -300,15 +301,24 @@ class Reader:
 
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
-        is made when reached."""
+        is made when reached, and a resident pool with no block to decode is ``(pool, -1)``."""
         s, newest = self.spec, -1
         for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue
                 newest = g
-                layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
-                pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                if self.resident is None:
+                    layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
+                    pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                else:  # every block scheduled before is submitted by now: share those still under way
+                    r = self.resident
+                    layout, blocks, todo = r.pool_layout(self.plan, g, s.ranges, skip=set(self.inflight))
+                    pool = self.pools[g] = _Pool(layout, (r.x, r.y), s.seq_len, blocks, todo)
+                    shared = {int(b) for b in blocks} - {int(b) for b in todo}
+                    pool.pending += [f for b, f in self.inflight.items() if b in shared and f is not None]
+                    if not len(todo):
+                        yield pool, -1
                 for k in range(len(layout.lo)):
                     yield pool, k
 
@@ -320,7 +330,7 @@ class Reader:
 
         def make(cols: int) -> torch.Tensor:
             if not self.cuda:
-                return torch.from_numpy(_mapped((rows, cols), np.float32))
+                return torch.from_numpy(mapped((rows, cols), np.float32, huge=False))
             with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
                 t = torch.empty((rows, cols), device=s.device)
             t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
@@ -341,6 +351,9 @@ class Reader:
         if self.upcoming is None:
             return False
         pool, k = self.upcoming
+        if k < 0:  # a resident pool already decoded: reached, nothing to read
+            self.upcoming = None
+            return True
         nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
         if not force and self.used + nbytes > self.capacity:
             return False
@@ -348,10 +361,14 @@ class Reader:
         self.used += nbytes
         pool.nbytes += nbytes
         pool.submitted += 1
+        future = None
         if self.executor is None:
             self._decode(pool, k)
         else:
-            pool.pending.append(self.executor.submit(self._decode, pool, k))
+            future = self.executor.submit(self._decode, pool, k)
+            pool.pending.append(future)
+        if pool.todo is not None:
+            self.inflight[int(pool.todo[k])] = future
         return True
 
     def _wait_decoded(self, g: int) -> None:
@@ -367,12 +384,22 @@ class Reader:
                     raise _Stopped
             future.result()
         pool.pending.clear()
+        r = self.resident
+        if r is not None and self.cuda and pool.blocks is not None:  # copies of this pass or an earlier one
+            pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]
 
     def _decode(self, pool: _Pool, k: int) -> None:
-        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena."""
-        s = self.spec
+        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena (a
+        resident block is then decoded for every later pass, even if this one stops early)."""
         if self.stop.is_set():
             raise _Stopped
+        self._read(pool, k)
+        if pool.todo is not None:
+            self.resident.done[int(pool.todo[k])] = True  # type: ignore[union-attr]
+
+    def _read(self, pool: _Pool, k: int) -> None:
+        """The read of ``_decode``: on the CPU straight into the arena, on a GPU through pinned memory."""
+        s = self.spec
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
         if not self.cuda:  # numpy only: no torch thread pool
             xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
@@ -395,7 +422,10 @@ class Reader:
             event = torch.cuda.Event()
             event.record(self.copy_stream)
         pool.host.extend(host)
-        pool.events.append(event)
+        if pool.todo is not None:
+            self.resident.events[int(pool.todo[k])] = event  # type: ignore[union-attr]
+        else:
+            pool.events.append(event)
 
     def _gather(self, run: Run) -> Ready:
         """Copy the run's windows and targets from its pools' arenas into new tensors."""
@@ -405,7 +435,7 @@ class Reader:
             if self.outputs is not None:
                 x, y = self.outputs.take(n)
             else:
-                x, y = new_output((n, s.seq_len, s.nx), s.device, self.shared), new_output(s.y_shape(n), s.device, self.shared)
+                x, y = torch.empty((n, s.seq_len, s.nx), device=s.device), torch.empty(s.y_shape(n), device=s.device)
             starts = np.empty(n, dtype=np.int64) if s.meta else None
             xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
@@ -434,11 +464,7 @@ class Reader:
             if self.cuda:
                 event = torch.cuda.Event()
                 event.record(self.gather_stream)
-        meta = None
-        if starts is not None:
-            symbol, local = s.cache.locate(starts)
-            index = torch.from_numpy(np.stack([symbol, local], axis=1))
-            meta = (index, torch.from_numpy(symbol), torch.from_numpy(s.cache.bar_times(starts + s.seq_len - 1)))
+        meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
         return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, meta, event)
 
@@ -475,7 +501,7 @@ class Reader:
         if self.executor is not None:  # a decode under way finishes its read, the queued ones are dropped
             self.executor.shutdown(wait=True, cancel_futures=True)
         self.pools.clear()
-        self.upcoming = None
+        self.upcoming, self.resident = None, None
         with contextlib.suppress(queue.Empty):
             while True:
                 self.queue.get_nowait()

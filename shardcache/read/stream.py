@@ -12,7 +12,8 @@ How a batch is made
     budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
     thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
     pool) and queues them, so each window is copied once, from the
-    decoded bars into the batch, and the consumer only takes ready batches.
+    decoded bars into the batch, and the consumer only takes ready batches. With a ``memory_budget``
+    that holds the split (``resident``) its bars stay decoded (``shardcache.read.resident``).
 
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
@@ -58,20 +59,23 @@ Torch threads
 
 Outputs
     Batches are ``Batch(x, y)`` (``x, y = batch`` works), or ``MetaBatch(x, y, index, symbol,
-    time)`` with ``meta=True``; every tensor is one the caller may keep. In a DataLoader
-    worker each batch is allocated in shared memory, as ``default_collate`` does.
+    time)`` with ``meta=True``; every tensor is one the caller may keep. A DataLoader worker
+    gathers its batches into a few reused shared-memory slots that the main process maps once
+    (``shardcache.read.ship``): a batch crosses as a few integers, and a slot is reused only
+    once the caller has dropped every tensor over it.
     ``return_index`` (before 1.0) is gone: ``meta=True`` gives each window's symbol and row
     in that symbol's own arrays, which plain zarr and xarray users can read.
 
 Resources
     ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
-    started; a garbage-collected iterator stops its reader (generator ``finally``).
+    started and frees a resident arena; a garbage-collected iterator stops its reader.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -87,6 +91,8 @@ from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split,
                       open_for_reading, parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .reader import RUN_BYTES, Reader, ReadSpec
+from .resident import Resident, resident_bytes
+from .ship import WorkerRing, forget, ship
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
@@ -171,7 +177,13 @@ class WindowStream(IterableDataset):
         self._readers: weakref.WeakSet[Reader] = weakref.WeakSet()
         self._loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
-        self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
+        self._resident_bytes = None if self.memory_budget is None else resident_bytes(self.read_spec)
+        self._resident: Resident | None = None  # made by the first resident pass, kept until close()
+        self._ship_id = uuid.uuid4().hex  # names this stream's workers' shared-memory rings (``ship``)
+        self._ring: WorkerRing | None = None  # in a DataLoader worker: its ring, kept across passes
+        weakref.finalize(self, forget, self._ship_id)
+        if not self.resident:
+            self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
     seq_len = property(lambda self: self.spec.seq_len)
@@ -197,6 +209,11 @@ class WindowStream(IterableDataset):
     @property
     def world(self) -> int:
         return rank_world(self._dist_hint)[1]
+
+    @property
+    def resident(self) -> bool:
+        """Whether in-process passes keep the split's decoded bars: ``memory_budget`` covers them."""
+        return self._resident_bytes is not None and self._resident_bytes <= self.memory_budget  # type: ignore[operator]
 
     @property
     def epoch(self) -> int:
@@ -378,10 +395,21 @@ class WindowStream(IterableDataset):
         in_worker = token is None
         spec = self.read_spec
         run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * spec.nx)
-        reader = Reader(spec, plan, batches, self._capacity(plan, workers), decoders=self.decoders,
-                        run_windows=run, shared=in_worker and self.device.type == "cpu")
-        self._readers.add(reader)
         counts = self._state.numpy()  # the shared position tensor, written without torch's per-call cost
+        resident = None
+        if not in_worker and self.resident:
+            resident = self._resident = self._resident or Resident(spec, self.cache.shard_rows)
+            if resident.complete:  # nothing to read: each batch gathered on this thread, no reader
+                for batch, gathered in resident.batches(spec, plan, batches):
+                    if token != self._token or self._closed:
+                        raise RuntimeError("this WindowStream iterator was closed, or superseded by a newer iter()")
+                    counts[_DONE] = batch + 1
+                    yield gathered
+                return
+        capacity = self._capacity(plan, workers) if resident is None else resident.nbytes
+        reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
+                        outputs=self._worker_ring() if in_worker else None, resident=resident)
+        self._readers.add(reader)
         try:
             reader.start()
             while (ready := reader.next()) is not None:
@@ -397,11 +425,19 @@ class WindowStream(IterableDataset):
                     if not in_worker:
                         counts[_DONE] = batch + 1
                     if ready.meta is None:
-                        yield Batch(x[p:r], y[p:r])
+                        out: Batch | MetaBatch = Batch(x[p:r], y[p:r])
                     else:
-                        yield MetaBatch(x[p:r], y[p:r], *(m[p:r] for m in ready.meta))
+                        out = MetaBatch(x[p:r], y[p:r], *(m[p:r] for m in ready.meta))
+                    yield ship(out) if in_worker else out
         finally:
             reader.close()
+
+    def _worker_ring(self) -> WorkerRing:
+        """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
+        if self._ring is None:
+            s = self.read_spec
+            self._ring = WorkerRing(self._ship_id, ((self.batch_size, s.seq_len, s.nx), s.y_shape(self.batch_size)))
+        return self._ring
 
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
@@ -424,6 +460,10 @@ class WindowStream(IterableDataset):
             it._shutdown_workers()
         for reader in list(self._readers):
             reader.close()
+        if self._resident is not None:  # freed now, even while an iterator of it is still referenced
+            self._resident.release()
+            self._resident = None
+        forget(self._ship_id)
 
     def __enter__(self) -> "WindowStream":
         return self
@@ -433,7 +473,7 @@ class WindowStream(IterableDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_readers"] = state["_loader_iters"] = None
+        state["_readers"] = state["_loader_iters"] = state["_ring"] = state["_resident"] = None
         state["_plans"] = {}
         if dist.is_available() and dist.is_initialized():  # a spawned worker cannot ask torch.distributed
             state["_dist_hint"] = (dist.get_rank(), dist.get_world_size())
