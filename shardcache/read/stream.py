@@ -2,7 +2,7 @@
 
 ``WindowStream`` is a ``torch.utils.data.IterableDataset`` for training
 (``DataLoader(stream, batch_size=None, num_workers=k)`` or ``stream.loader(k)``);
-``WindowDataset`` is its map-style twin for evaluation and random access. Both take a
+``WindowDataset`` (``shardcache.read.dataset``) is its map-style twin for evaluation. Both take a
 ``WindowSpec`` (or its fields: ``seq_len`` positionally, the rest by keyword only).
 
 How a batch is made
@@ -77,16 +77,15 @@ import functools
 import os
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..format.cache import Cache
+from .dataset import WindowDataset
 from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, default_decoders,
                       open_for_reading, parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
@@ -96,7 +95,6 @@ from .ship import WorkerRing, forget, ship
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
-_LRU_BLOCKS = 4
 _MAX_HISTORY = 8  # checkpoints of one epoch a resume can chain
 _MAX_WORKERS = 256
 # the shared-memory state: anchor epoch, seed, passes since the anchor (main process), the
@@ -533,79 +531,3 @@ class _StreamLoader(DataLoader):
         for batch in it:
             stream._state[_DONE] += 1
             yield batch
-
-
-class WindowDataset(Dataset):
-    """Map-style windows in row order: ``ds[i]`` is ``Batch(x [seq_len, F], y [T])`` of the ``i``-th
-    valid window (``y [len(horizon), T]`` for a sequence of horizons).
-
-    Takes the window settings of ``WindowStream`` (keyword-only after ``seq_len``, the same
-    split rule). Keeps the last few decoded shard blocks, so nearby indices cost no zarr call.
-    """
-
-    def __init__(
-        self,
-        cache: Cache | str | os.PathLike[str],
-        seq_len: int | WindowSpec,
-        *,
-        split: str | None = None,  # first: an evaluation names the split it reads
-        horizon: int | Sequence[int] | None = None,
-        stride: int | None = None,
-        features: Sequence[str] | None = None,
-        target: Sequence[str] | None = None,
-        storage_options: dict | None = None,
-    ) -> None:
-        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
-        self.cache = open_for_reading(cache, storage_options)
-        self.split = check_split(self.cache, split)
-        self._ranges = valid_ranges(self.cache, self.spec, split=self.split)
-        self._n = self._ranges.total()
-        if not self._n:
-            raise no_windows_error(self.cache, self.spec, self.split)
-        self._xcols = columns(self.cache, self.spec.features, "features")
-        self._ycols = columns(self.cache, self.spec.target, "target")
-        self._ysteps = [self.spec.seq_len - 1 + h for h in self.spec.horizons]
-        self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
-
-    seq_len = property(lambda self: self.spec.seq_len)
-    horizon = property(lambda self: self.spec.horizon)
-    span = property(lambda self: self.spec.span)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def row(self, i: int) -> int:
-        """Start row of window ``i`` in the cache's row space (``cache.locate`` names its symbol and row)."""
-        if not -self._n <= i < self._n:
-            raise IndexError(f"window {i} out of range for {self._n} windows")
-        return int(self._ranges.start_at(np.asarray([i % self._n]))[0])
-
-    def __getitem__(self, i: int) -> Batch:
-        p = self.row(i)
-        row0, block = self._block(p // self.cache.shard_rows)
-        w = block[p - row0 : p - row0 + self.seq_len]
-        t = block[[p - row0 + k for k in self._ysteps]]
-        x = w if self._xcols is None else w[:, self._xcols]
-        y = t if self._ycols is None else t[:, self._ycols]
-        return Batch(torch.tensor(x), torch.tensor(y if isinstance(self.spec.horizon, tuple) else y[0]))
-
-    def _block(self, shard: int) -> tuple[int, np.ndarray]:
-        """Rows of ``shard`` plus the overhang its last windows need, from the LRU or one zarr call."""
-        hit = self._lru.get(shard)
-        if hit is not None:
-            self._lru.move_to_end(shard)
-            return hit
-        lo = shard * self.cache.shard_rows
-        hi = min(lo + self.cache.shard_rows + self.span - 1, self.cache.region_stop(lo))
-        self._lru[shard] = hit = (lo, self.cache.read_rows(lo, hi))
-        while len(self._lru) > _LRU_BLOCKS:
-            self._lru.popitem(last=False)
-        return hit
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_lru"] = OrderedDict()
-        return state
-
-    def __repr__(self) -> str:
-        return f"WindowDataset({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, windows={self._n})"
