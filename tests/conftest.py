@@ -6,6 +6,8 @@ import pytest
 
 from helpers import Bars, make_cache, synthetic_bars
 
+from shardcache.format.cache import Cache
+
 # ---- the two tiers: `pytest -m "not slow"` (make test-fast) and everything (make test, CI) ----
 # A test is slow when it spawns DDP ranks, runs a notebook kernel, measures memory in subprocesses,
 # loops SIGKILLs or needs the S3 server: each costs seconds, and together they were 2/3 of the suite.
@@ -131,3 +133,18 @@ def s3_bucket(s3_endpoint):
     name = f"shardcache-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem(**options).mkdir(name)
     return f"s3://{name}", options
+
+
+# ---- counting reads (shardcache/format/cache.py) ----------------------------------------------
+@pytest.fixture
+def reads(monkeypatch):
+    """Every ``Cache.read_rows`` call, as ``(start, stop)``."""
+    calls = []
+    real = Cache.read_rows
+
+    def counted(self, start, stop, out=None):
+        calls.append((start, stop))
+        return real(self, start, stop, out)
+
+    monkeypatch.setattr(Cache, "read_rows", counted)
+    return calls

@@ -231,15 +231,8 @@ def test_state_dict_rejects_another_stream(stream_cache):
         WindowStream(stream_cache, 10, split="all", batch_size=64).load_state_dict({**state, "history": [[0, 1]]})
 
 
-def test_one_zarr_call_per_block(monkeypatch, stream_cache):
-    calls = []
-    real = Cache.read_rows
-
-    def counted(self, start, stop, out=None):
-        calls.append((start, stop))
-        return real(self, start, stop, out)
-
-    monkeypatch.setattr(Cache, "read_rows", counted)
+def test_one_zarr_call_per_block(reads, stream_cache):
+    calls = reads
     ds = WindowStream(stream_cache, 30, split="all", batch_size=16)
     n = sum(len(x) for x, _ in ds)
     plan = ds.plan()

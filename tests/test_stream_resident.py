@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from shardcache.format.cache import Cache
 from shardcache.read.resident import BlockTable, resident_bytes
 from shardcache.read.stream import WindowStream
 
@@ -29,20 +28,6 @@ def same(a, b):
         assert len(pa) == len(pb) > 0
         for ba, bb in zip(pa, pb):
             assert all(np.array_equal(u, v) for u, v in zip(ba, bb, strict=True))
-
-
-@pytest.fixture
-def reads(monkeypatch):
-    """Every ``Cache.read_rows`` call, as ``(start, stop)``."""
-    calls = []
-    real = Cache.read_rows
-
-    def counted(self, start, stop, out=None):
-        calls.append((start, stop))
-        return real(self, start, stop, out)
-
-    monkeypatch.setattr(Cache, "read_rows", counted)
-    return calls
 
 
 @pytest.mark.parametrize("kw", [

@@ -1,7 +1,7 @@
 """Prove it with numbers: the team's naive loader, memmap and in-RAM baselines and ``WindowStream``.
 
 One run measures, on the same bars, at F=9 (the default features of the ~665K-bar DBN
-sample) and F=256 (a 665K-bar Parquet table with 256 numeric columns, ``--features raw``):
+sample), F=64 and F=256 (665K-bar Parquet tables of that many numeric columns, ``--features raw``):
 
 A  naive: the team's loader, a Python list of ``(torch.tensor(bars[p:p+60]), target)`` pairs
    and ``DataLoader(list, batch_size=256, shuffle=True)``. Run on the first
@@ -399,10 +399,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="data, caches and results (default: %(default)s)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every measurement as JSON")
     p.add_argument("--plot", type=Path, default=PLOT_PATH, help="RSS-over-time PNG, A vs E at F=256 (default: %(default)s)")
-    p.add_argument("--features", default="9,256", help="feature counts to run (default: %(default)s)")
+    p.add_argument("--features", default="9,64,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--naive-windows", type=int, default=20_000, help="windows A builds (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)")
-    p.add_argument("--worker-batches", type=int, default=500, help="batches per E run with 2 workers (default: %(default)s)")
+    p.add_argument("--worker-batches", type=int, default=2000, help="batches per E run with 2 workers (default: %(default)s)")
     p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
     p.add_argument("--scale-batches", type=int, default=600, help="batches streamed per scaling run (default: %(default)s)")
     p.add_argument("--peers", action="store_true",
