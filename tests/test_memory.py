@@ -138,7 +138,7 @@ def _random(path: str, n: int) -> dict:
     import psutil
 
     from shardcache import WindowDataset
-    from shardcache.read.stream import _LRU_BLOCKS
+    from shardcache.read.dataset import _LRU_BLOCKS
 
     proc = psutil.Process()
     ds = WindowDataset(path, 60, split="all")

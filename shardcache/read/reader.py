@@ -55,12 +55,12 @@ import torch
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 from .resident import Resident, mapped
 
-__all__ = ["RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
+__all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
 _MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
-_QUEUE_RUNS = 2
+RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
 _POLL = 0.1
 
 
@@ -220,11 +220,14 @@ class Reader:
     only blocks not decoded there yet are read.
     On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
     (``_Outputs``) by default, a DataLoader worker's shared-memory ring (``ship.WorkerRing``).
+    ``ahead`` gathered runs wait for the consumer; a worker needs one (the DataLoader's own
+    prefetch queues more), and each one there holds a ring slot.
     """
 
     def __init__(
         self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
         decoders: int = 0, run_windows: int = 1, outputs: Any = None, resident: Resident | None = None,
+        ahead: int = RUNS_AHEAD,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.resident = resident
@@ -234,7 +237,7 @@ class Reader:
         self.stop = threading.Event()
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
         self.asked = 0
-        self.queue: queue.Queue = queue.Queue(_QUEUE_RUNS)
+        self.queue: queue.Queue = queue.Queue(ahead)
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
         self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
         self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
@@ -252,7 +255,7 @@ class Reader:
                 t.record_stream(self.gather_stream)
         runs = self.run_windows
         self.outputs = None if self.cuda else outputs if outputs is not None else _Outputs(
-            [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=_QUEUE_RUNS + 3,
+            [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=RUNS_AHEAD + 3,
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
         chunk = _GRAIN // (spec.seq_len * spec.nx)

@@ -43,7 +43,7 @@ from .options import Batch, MetaBatch
 
 __all__ = ["SLOTS", "WAIT", "WorkerRing", "forget", "release", "ship"]
 
-SLOTS = 8  # per worker: runs gathered ahead (3), batches in flight (prefetch_factor, 2 by default), kept by the caller
+SLOTS = 8  # per worker: runs gathered ahead (2), batches in flight (prefetch_factor, 2 by default), kept by the caller
 WAIT = 0.02
 _POLL = 0.0005
 

@@ -89,7 +89,7 @@ from .dataset import WindowDataset
 from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, default_decoders,
                       open_for_reading, parse_budget, rank_world, window_spec)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
-from .reader import RUN_BYTES, Reader, ReadSpec
+from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
 from .resident import Resident, resident_bytes
 from .ship import WorkerRing, forget, ship
 
@@ -406,7 +406,8 @@ class WindowStream(IterableDataset):
                 return
         capacity = self._capacity(plan, workers) if resident is None else resident.nbytes
         reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
-                        outputs=self._worker_ring() if in_worker else None, resident=resident)
+                        outputs=self._worker_ring() if in_worker else None, resident=resident,
+                        ahead=1 if in_worker else RUNS_AHEAD)
         self._readers.add(reader)
         try:
             reader.start()
