@@ -232,7 +232,8 @@ class Reader:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.resident = resident
         self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
-        self.run_windows = max(run_windows, plan.batch_size)
+        # a run (and its reused output buffers, populated when mapped) never outgrows this reader's epoch
+        self.run_windows = min(max(run_windows, plan.batch_size), max(len(batches), 1) * plan.batch_size)
         self.used = 0
         self.stop = threading.Event()
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
