@@ -351,6 +351,7 @@ def _write(stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list
         work.std = np.asarray(m["stats"]["std"]).astype(np.float32)
     digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
     staging.written = True
+    writer.sweep()
     stored = stored_bytes(staging.cache_path, cache.storage_options)
     return placement, _manifest(cache, placement, merged, scanned, writer, stored), digests
 

@@ -362,6 +362,7 @@ def build_cache(
         stats = _zscore(stage, work, normalize, frozen)
         digests = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
         staging.written = True
+        work.writer.sweep()
         stored = stored_bytes(staging.cache_path, storage_options)
         manifest = {
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from typing import Any
 
@@ -18,6 +19,9 @@ from .paths import is_url, local_path
 __all__ = ["CacheWriter"]
 
 _SEGMENT_ARRAYS = ("segment_start", "segment_stop", "segment_split")
+# temporary files a killed write leaves: zarr's LocalStore writes ``<name>.<uuid hex>.partial`` and
+# renames it into place; ``CacheWriter._release`` copies to ``<name>.<pid>.unshare``
+_STRAY = re.compile(r"\.([0-9a-f]{32}\.partial|\d+\.unshare)$")
 
 
 def _local_file(url: str, key: str) -> str | None:
@@ -94,6 +98,18 @@ class CacheWriter:
                 tmp = f"{file}.{os.getpid()}.unshare"
                 shutil.copy2(file, tmp)
                 os.replace(tmp, file)
+
+    def sweep(self) -> int:
+        """Remove the temporary files killed writes left in a local cache (none on object stores:
+        a PUT is whole or absent), so they are neither counted in its bytes nor published. Returns
+        how many were removed."""
+        root = _local_file(self.url, "")
+        if root is None:
+            return 0
+        strays = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if _STRAY.search(f)]
+        for path in strays:
+            os.unlink(path)
+        return len(strays)
 
     def _ensure_symbols(self) -> None:
         """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only).
