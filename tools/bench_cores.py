@@ -16,7 +16,6 @@ Caches are ``WORK/cache-<F>.zarr`` as ``tools/bench.py`` builds them (built here
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_first import THREAD_ENV, _cache  # noqa: E402
+from bench_first import THREAD_ENV, _cache, tool_parser  # noqa: E402
 
 __all__ = ["VARIANTS", "epoch", "main"]
 
@@ -69,13 +68,8 @@ def _run(tree: str, cache: str, cores: str, decoders: int | None, seed: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_cores.py", description=__doc__.splitlines()[0])
-    p.add_argument("--work", type=Path, default=Path("data/bench"), help="folder of the caches (default: %(default)s)")
-    p.add_argument("--features", default="9,256", help="feature counts (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default: %(default)s)")
-    p.add_argument("--baseline", metavar="TREE", help="also run the default rows on this source tree")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write every measurement as JSON")
-    args = p.parse_args(argv)
+    args = tool_parser("bench_cores.py", __doc__, (2, "interleaved rounds"),
+                       "also run the default rows on this source tree").parse_args(argv)
     here = str(Path(__file__).resolve().parents[1])
     rows = [("new", here, *v) for v in VARIANTS]
     if args.baseline:

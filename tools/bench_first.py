@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PHASES", "main", "measure"]
+__all__ = ["PHASES", "main", "measure", "tool_parser"]
 
 PHASES = ("open", "stream", "decode", "gather", "hand")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -118,14 +118,20 @@ def _table(results: dict[tuple[str, int], list[dict[str, float]]], sides: list[s
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_first.py", description=__doc__.splitlines()[0])
+def tool_parser(prog: str, doc: str, rounds: tuple[int, str], baseline: str) -> argparse.ArgumentParser:
+    """The options this tool and ``bench_cores.py`` share: caches, F, rounds, a baseline tree, JSON."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="folder of the caches (default: %(default)s)")
     p.add_argument("--features", default="9,256", help="feature counts (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=10, help="processes per side and F (default: %(default)s)")
-    p.add_argument("--baseline", metavar="TREE", help="a second source tree, timed interleaved with this one")
+    p.add_argument("--rounds", type=int, default=rounds[0], help=f"{rounds[1]} (default: %(default)s)")
+    p.add_argument("--baseline", metavar="TREE", help=baseline)
     p.add_argument("--json", type=Path, metavar="PATH", help="write every measurement as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tool_parser("bench_first.py", __doc__, (10, "processes per side and F"),
+                       "a second source tree, timed interleaved with this one").parse_args(argv)
     here = str(Path(__file__).resolve().parents[1])
     trees = {"new": here, **({"old": str(Path(args.baseline).resolve())} if args.baseline else {})}
     caches = {int(f): _cache(args.work, int(f)) for f in args.features.split(",")}

@@ -94,6 +94,7 @@ class WorkerRing:
         self.gens = torch.zeros((2, SLOTS), dtype=torch.int64).share_memory_()
         self.g = self.gens.numpy()
         self.slots: list[_Slot] = []
+        self.index: dict[int, int] = {}  # a slot's data pointer: its number
         self.told: set[int] = set()  # slots whose storage the main process has
         self.starved = False
         self.lock = threading.Lock()
@@ -108,9 +109,9 @@ class WorkerRing:
         i = self._free()
         if i is None and len(self.slots) < SLOTS:
             slot = _Slot(torch.UntypedStorage._new_shared(self.nbytes), self.shapes)
+            i = self.index[slot.arrays[0].ctypes.data] = len(self.slots)
             _BY_POINTER[slot.arrays[0].ctypes.data] = self
             self.slots.append(slot)
-            i = len(self.slots) - 1
         deadline = time.monotonic() + (0 if self.starved else WAIT)
         while i is None and time.monotonic() < deadline:
             time.sleep(_POLL)
@@ -123,7 +124,7 @@ class WorkerRing:
     def reduce(self, batch: Batch | MetaBatch) -> tuple[Any, tuple] | None:
         """What pickles ``batch`` as a slot reference, or None if its tensors are not a slot's."""
         x, y = batch[0], batch[1]
-        i = next((k for k, s in enumerate(self.slots) if s.arrays[0].ctypes.data == x.data_ptr()), None)
+        i = self.index.get(x.data_ptr())
         if i is None:
             return None
         slot, n = self.slots[i], x.shape[0]
