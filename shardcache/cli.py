@@ -23,7 +23,7 @@ from .format.layout import CODECS
 if TYPE_CHECKING:
     from .inspect.views import ShardInfo
 
-__all__ = ["main", "build_cache_main", "format_info", "format_shards"]
+__all__ = ["build_cache_main", "format_info", "format_shards", "main"]
 
 log = logging.getLogger("shardcache")
 
@@ -36,14 +36,20 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO,
-                        format="%(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING if quiet else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
+    )
 
 
 def _add_storage_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://host:9000 or "
-                        "anon=true (repeatable; VALUE is parsed as JSON when it can be)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs, e.g. endpoint_url=http://host:9000 or "
+        "anon=true (repeatable; VALUE is parsed as JSON when it can be)",
+    )
 
 
 def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
@@ -63,19 +69,34 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
-    p.add_argument("--features", default=None,
-                   help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw', "
-                        "alone or with names (default,close)")
-    p.add_argument("--normalize", choices=["zscore", "none"], default="zscore",
-                   help="z-score with train-split statistics (default) or none")
-    p.add_argument("--split", default="none",
-                   help="none, fractions (train=0.8,val=0.1,test=0.1) or dates (val=2024-06-01,test=2024-09-01)")
-    p.add_argument("--max-gap", default="auto",
-                   help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); "
-                        "auto = max(1h, 5 bars)")
-    p.add_argument("--bar", default=None,
-                   help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...; resamples DBN OHLCV "
-                        "bars to a multiple of their interval")
+    p.add_argument(
+        "--features",
+        default=None,
+        help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw', "
+        "alone or with names (default,close)",
+    )
+    p.add_argument(
+        "--normalize",
+        choices=["zscore", "none"],
+        default="zscore",
+        help="z-score with train-split statistics (default) or none",
+    )
+    p.add_argument(
+        "--split",
+        default="none",
+        help="none, fractions (train=0.8,val=0.1,test=0.1) or dates (val=2024-06-01,test=2024-09-01)",
+    )
+    p.add_argument(
+        "--max-gap",
+        default="auto",
+        help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); auto = max(1h, 5 bars)",
+    )
+    p.add_argument(
+        "--bar",
+        default=None,
+        help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...; resamples DBN OHLCV "
+        "bars to a multiple of their interval",
+    )
     p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
     p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
@@ -83,26 +104,42 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
     p.add_argument("--codec", choices=CODECS, default="blosc-lz4")
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
-    p.add_argument("--scheduler", default=None,
-                   help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)",
+    )
     _add_storage_arg(p)
     p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
     p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing cache (atomically, once the new one is complete)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted build of --out from its finished tasks (same inputs and options)")
-    p.add_argument("--append", action="store_true",
-                   help="add SOURCES (bars after each symbol's last one) to the existing cache at --out, "
-                        "with its build options")
-    p.add_argument("--stats", choices=["frozen", "recompute"], default=None,
-                   help="with --append: keep the cache's normalization statistics (frozen, default) or "
-                        "rebuild everything with statistics over all bars (recompute)")
-    p.add_argument("--stats-from", default=None, metavar="CACHE",
-                   help="normalize with CACHE's statistics and split at its cut times instead of computing them")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing cache (atomically, once the new one is complete)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted build of --out from its finished tasks (same inputs and options)",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add SOURCES (bars after each symbol's last one) to the existing cache at --out, with its build options",
+    )
+    p.add_argument(
+        "--stats",
+        choices=["frozen", "recompute"],
+        default=None,
+        help="with --append: keep the cache's normalization statistics (frozen, default) or "
+        "rebuild everything with statistics over all bars (recompute)",
+    )
+    p.add_argument(
+        "--stats-from",
+        default=None,
+        metavar="CACHE",
+        help="normalize with CACHE's statistics and split at its cut times instead of computing them",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
-
 
 
 def _explicit(argv: Sequence[str]) -> set[str]:
@@ -132,9 +169,16 @@ def _cmd_append(args: argparse.Namespace) -> int:
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
-    cache = append_cache(args.sources, args.out, stats=args.stats or "frozen", workers=args.workers,
-                         scheduler=args.scheduler, resume=args.resume,
-                         storage_options=_storage_options(args.storage_option), progress=not args.quiet)
+    cache = append_cache(
+        args.sources,
+        args.out,
+        stats=args.stats or "frozen",
+        workers=args.workers,
+        scheduler=args.scheduler,
+        resume=args.resume,
+        storage_options=_storage_options(args.storage_option),
+        progress=not args.quiet,
+    )
     windows = cache.manifest["counts"]["windows"]
     _print_info(info(cache, windows["seq_len"], windows["horizon"]), args.json)
     return 0
@@ -148,21 +192,42 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
 
-    check_options(seq_len=args.seq_len, horizon=args.horizon, shard_rows=args.shard_rows, chunk_rows=args.chunk_rows,
-                  workers=args.workers, bar=args.bar, max_gap=args.max_gap)
+    check_options(
+        seq_len=args.seq_len,
+        horizon=args.horizon,
+        shard_rows=args.shard_rows,
+        chunk_rows=args.chunk_rows,
+        workers=args.workers,
+        bar=args.bar,
+        max_gap=args.max_gap,
+    )
     if args.append:
         return _cmd_append(args)
     if args.stats is not None:
         raise ShardcacheError("--stats applies to --append; for a new build use --stats-from CACHE")
     cache = build_cache(
-        args.sources, args.out,
-        features=args.features, normalize=args.normalize, split=args.split, max_gap=args.max_gap,
-        bar=args.bar, ts_column=args.ts_column, symbol_column=args.symbol_column,
+        args.sources,
+        args.out,
+        features=args.features,
+        normalize=args.normalize,
+        split=args.split,
+        max_gap=args.max_gap,
+        bar=args.bar,
+        ts_column=args.ts_column,
+        symbol_column=args.symbol_column,
         columns=args.columns.split(",") if args.columns else None,
-        shard_rows=args.shard_rows, chunk_rows=args.chunk_rows, codec=args.codec, workers=args.workers,
-        scheduler=args.scheduler, seq_len=args.seq_len, horizon=args.horizon, overwrite=args.overwrite,
-        resume=args.resume, storage_options=_storage_options(args.storage_option),
-        progress=not args.quiet, stats_from=args.stats_from,
+        shard_rows=args.shard_rows,
+        chunk_rows=args.chunk_rows,
+        codec=args.codec,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        seq_len=args.seq_len,
+        horizon=args.horizon,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        storage_options=_storage_options(args.storage_option),
+        progress=not args.quiet,
+        stats_from=args.stats_from,
     )
     _print_info(info(cache, args.seq_len, args.horizon), args.json)
     return 0
@@ -213,30 +278,39 @@ def format_info(info: dict[str, Any]) -> str:
     splits = info["splits"]
     per = info.get("windows_per_split", {})
     split_desc = ", ".join(
-        f"{n}: {splits.get('bars', {}).get(n, 0):,} bars / {per.get(n, 0):,} windows" for n in splits["names"])
+        f"{n}: {splits.get('bars', {}).get(n, 0):,} bars / {per.get(n, 0):,} windows" for n in splits["names"]
+    )
     cut_times = [_utc(t) for t in splits["cuts_ns"]] if splits.get("cuts_ns") else splits.get("cuts")
     cuts = f" (cuts at {', '.join(cut_times)} UTC)" if cut_times else ""
     lines.append(f"splits    {split_desc}{cuts}")
     dropped = c.get("dropped") or {}
     drop_desc = ", ".join(f"{k}: {v:,}" for k, v in dropped.items()) or "none"
-    lines.append(f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
-                 f"{c.get('reordered', 0):,} out of order (sorted)")
+    lines.append(
+        f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
+        f"{c.get('reordered', 0):,} out of order (sorted)"
+    )
     resampled = c.get("resampled")
     if resampled:
         lines.append(f"resampled {', '.join(resampled['from'])} bars into {resampled['to']} bars (--bar)")
     rolls = c.get("rolls") or 0
     if rolls:
-        lines.append(f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
-                     "(manifest['rolls'] has their times and instruments)")
+        lines.append(
+            f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
+            "(manifest['rolls'] has their times and instruments)"
+        )
     unmapped = c.get("unmapped") or {}
     if unmapped:
-        lines.append(f"unmapped  {unmapped.get('records', 0):,} records of {unmapped.get('instruments', 0)} "
-                     f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
-                     "outside their mapping dates")
+        lines.append(
+            f"unmapped  {unmapped.get('records', 0):,} records of {unmapped.get('instruments', 0)} "
+            f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
+            "outside their mapping dates"
+        )
     stats = info["stats"]
     source = "all bars" if info["splits"].get("stats_from") == "all" else "the train split"
-    lines.append(f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
-                 + (f"; mean and std of {source}, in source units)" if stats else ")"))
+    lines.append(
+        f"features  {len(info['features'])} (normalize: {info.get('normalize')}"
+        + (f"; mean and std of {source}, in source units)" if stats else ")")
+    )
     if stats:
         rows = [(n, f"{stats[n]['mean']:+.6g}", f"{stats[n]['std']:.6g}") for n in info["features"]]
         lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
@@ -247,9 +321,19 @@ def format_info(info: dict[str, Any]) -> str:
 
 def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
     """The per-shard table for people: symbol, object key, rows, time range, stored bytes and ratio."""
-    rows = [(s.symbol, str(s.shard), s.key, f"{s.rows:,}", _utc(s.first_ts), _utc(s.last_ts),
-             "missing" if s.missing else _fmt_bytes(s.stored_bytes), "-" if s.ratio is None else f"{s.ratio:.2f}x")
-            for s in shards]
+    rows = [
+        (
+            s.symbol,
+            str(s.shard),
+            s.key,
+            f"{s.rows:,}",
+            _utc(s.first_ts),
+            _utc(s.last_ts),
+            "missing" if s.missing else _fmt_bytes(s.stored_bytes),
+            "-" if s.ratio is None else f"{s.ratio:.2f}x",
+        )
+        for s in shards
+    ]
     headers = ("symbol", "shard", "key", "rows", "first bar (UTC)", "last bar (UTC)", "stored", "ratio")
     n_symbols = len({s.symbol_id for s in shards})
     lines = [f"{url + ': ' if url else ''}{len(shards)} shards of {n_symbols} symbols"]
@@ -257,8 +341,10 @@ def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
     stored = sum(s.stored_bytes or 0 for s in shards)
     raw = sum(s.raw_bytes for s in shards)
     ratio = f"ratio {raw / stored:.2f}x" if stored else "ratio -"
-    lines.append(f"total: {sum(s.rows for s in shards):,} rows, {_fmt_bytes(stored)} stored for "
-                 f"{_fmt_bytes(raw)} of float32 ({ratio})")
+    lines.append(
+        f"total: {sum(s.rows for s in shards):,} rows, {_fmt_bytes(stored)} stored for "
+        f"{_fmt_bytes(raw)} of float32 ({ratio})"
+    )
     missing = [s.key for s in shards if s.missing]
     if missing:
         lines.append(f"MISSING: {len(missing)} shard object(s): {', '.join(missing)}")
@@ -270,8 +356,8 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .inspect.views import info
     from .format.cache import open_cache
+    from .inspect.views import info
 
     if args.seq_len < 1 or args.horizon < 0:
         flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
@@ -292,14 +378,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     """Print the shard table; exit 1 when a shard object is missing."""
-    from .inspect.views import shards
     from .format.cache import open_cache
+    from .inspect.views import shards
 
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     table = shards(cache)
     if args.json:
-        print(json.dumps({"path": cache.url, "shard_rows": cache.shard_rows, "n_features": cache.n_features,
-                          "symbols": len(cache.symbols), "shards": [s.to_dict() for s in table]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": cache.url,
+                    "shard_rows": cache.shard_rows,
+                    "n_features": cache.n_features,
+                    "symbols": len(cache.symbols),
+                    "shards": [s.to_dict() for s in table],
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_shards(table, cache.url))
     return 1 if any(s.missing for s in table) else 0
@@ -327,11 +423,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import psutil
 
     from .build.builder import build_cache
+    from .build.sample import make_sample
+    from .build.tasks import tune_allocator
     from .inspect.views import info
     from .read.plan import valid_ranges
-    from .build.sample import make_sample
     from .read.stream import WindowStream
-    from .build.tasks import tune_allocator
 
     _at_least_one(days=args.days, seq_len=args.seq_len)
     tune_allocator()
@@ -357,10 +453,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             peak = max(peak, proc.memory_info().rss)
         secs = time.perf_counter() - t0
     expected = valid_ranges(cache, args.seq_len, 1, 1, "train").total()
-    print(f"3. streamed one epoch of the train split at stride 1: {n:,} windows of shape "
-          f"({args.seq_len}, {cache.n_features}) (expected {expected:,}) in {secs:.1f} s = "
-          f"{n / secs:,.0f} windows/s; first batch after {first * 1000:.0f} ms; "
-          f"RSS grew by {(peak - rss0) / 2**20:.0f} MiB while streaming")
+    print(
+        f"3. streamed one epoch of the train split at stride 1: {n:,} windows of shape "
+        f"({args.seq_len}, {cache.n_features}) (expected {expected:,}) in {secs:.1f} s = "
+        f"{n / secs:,.0f} windows/s; first batch after {first * 1000:.0f} ms; "
+        f"RSS grew by {(peak - rss0) / 2**20:.0f} MiB while streaming"
+    )
     return 0 if n == expected else 1
 
 
@@ -428,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     if args.command == "build":
-        args.explicit = _explicit(argv[argv.index("build") + 1:])
+        args.explicit = _explicit(argv[argv.index("build") + 1 :])
     return _run(args.func, args, "shardcache")
 
 

@@ -1,8 +1,29 @@
-"""Errors that the CLI turns into one clean line: expected problems with inputs or caches."""
+"""The errors shardcache raises: one root a caller can catch, each also the builtin it would expect.
+
+Modelled on zarr's ``BaseZarrError(ValueError)``: ``except ValueError`` and ``except
+ShardcacheError`` both work. The CLI turns any ``ShardcacheError`` into one line on stderr and
+exit status 2; an ``OptionError`` is phrased there with the command line's flag.
+
+- ``OptionError`` (``ValueError``): an option's value is wrong; names the parameter.
+- ``OptionTypeError`` (``TypeError``): an option or index of the wrong type; names it.
+- ``SourceError`` (``ValueError``): an input file that is not usable market data; names the file.
+- ``CacheError`` (``ValueError``): a cache that is missing, incomplete, damaged or of another format.
+- ``StateError`` (``ValueError``): a saved ``state_dict`` that does not fit this stream.
+- ``StreamClosedError`` (``RuntimeError``): an iterator used after ``close()`` or a newer ``iter()``.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ShardcacheError", "SourceError", "CacheError", "one_line"]
+__all__ = [
+    "CacheError",
+    "OptionError",
+    "OptionTypeError",
+    "ShardcacheError",
+    "SourceError",
+    "StateError",
+    "StreamClosedError",
+    "one_line",
+]
 
 
 def one_line(exc: BaseException) -> str:
@@ -15,7 +36,31 @@ class ShardcacheError(Exception):
     """An expected failure with a message fit for a user (no traceback needed)."""
 
 
-class SourceError(ShardcacheError):
+class OptionError(ShardcacheError, ValueError):
+    """An option with a value it cannot take: ``option`` is the parameter's name (``max_gap``).
+
+    ``str()`` names the parameter (``max_gap='-5m': ...``); ``flag()`` names the CLI flag
+    (``--max-gap -5m: ...``), which the command line prints instead.
+    """
+
+    def __init__(self, option: str, value: object, problem: str) -> None:
+        self.option, self.value, self.problem = option, value, problem
+        super().__init__(f"{option}={value!r}: {problem}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, object, str]]:  # picklable across dask workers
+        return (type(self), (self.option, self.value, self.problem))
+
+    def flag(self) -> str:
+        """The message as the command line says it, with the option's flag."""
+        value = self.value if isinstance(self.value, str) else repr(self.value)
+        return f"--{self.option.replace('_', '-')} {value}: {self.problem}"
+
+
+class OptionTypeError(ShardcacheError, TypeError):
+    """An option, argument or index of a type it cannot take; the message names it."""
+
+
+class SourceError(ShardcacheError, ValueError):
     """An input file that cannot be read as market data; the message names the file."""
 
     def __init__(self, path: object, problem: str) -> None:
@@ -23,6 +68,17 @@ class SourceError(ShardcacheError):
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable across dask workers
+        return (type(self), (self.path, self.problem))
 
-class CacheError(ShardcacheError):
+
+class CacheError(ShardcacheError, ValueError):
     """A cache that is missing, incomplete, corrupt or of an unknown format version."""
+
+
+class StateError(ShardcacheError, ValueError):
+    """A ``state_dict`` from another stream, or one that does not describe a position in its epoch."""
+
+
+class StreamClosedError(ShardcacheError, RuntimeError):
+    """A stream or iterator used after ``close()``, or an iterator superseded by a newer ``iter()``."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import Bars, make_cache, synthetic_bars
 
 from shardcache.format.cache import Cache
@@ -67,11 +66,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         file, name = item.path.name, getattr(item, "originalname", item.name)
         modules.setdefault(file, item.module)
         why = SLOW_TESTS.get(file, {}).get(name) or next(
-            (w for f, w in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None)
+            (w for f, w in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None
+        )
         if why:
             item.add_marker(pytest.mark.slow(reason=why))
-    stale = [f"{file}::{name}" for file, module in modules.items()
-             for name in SLOW_TESTS.get(file, {}) if not hasattr(module, name)]
+    stale = [
+        f"{file}::{name}"
+        for file, module in modules.items()
+        for name in SLOW_TESTS.get(file, {})
+        if not hasattr(module, name)
+    ]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW_TESTS names tests that do not exist: {', '.join(stale)}")
 
@@ -108,8 +112,12 @@ def s3_endpoint():
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with pytest.MonkeyPatch.context() as mp:
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
             mp.setenv(key, value)
         for key in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             mp.delenv(key, raising=False)

@@ -20,7 +20,7 @@ from shardcache.format.cache import Cache
 from shardcache.format.layout import symbol_bases
 from shardcache.format.writer import CacheWriter
 
-__all__ = ["Bars", "synthetic_bars", "make_cache", "brute_starts", "ddp_rank", "run_helper", "stored_rows"]
+__all__ = ["Bars", "brute_starts", "ddp_rank", "make_cache", "run_helper", "stored_rows", "synthetic_bars"]
 
 SPLITS = ["train", "val", "test"]
 
@@ -103,8 +103,15 @@ def synthetic_bars(
         vts[rows] = ts
         feats, ts = vfeats, vts
         segs[:, 1:] += shift[segs[:, 0]][:, None]
-    return Bars(feats, ts, segs, np.asarray(segment_split, dtype=np.int8), list(SPLITS),
-                [f"SYM{i}" for i in range(n_symbols)], shard_rows)
+    return Bars(
+        feats,
+        ts,
+        segs,
+        np.asarray(segment_split, dtype=np.int8),
+        list(SPLITS),
+        [f"SYM{i}" for i in range(n_symbols)],
+        shard_rows,
+    )
 
 
 def make_cache(
@@ -128,8 +135,14 @@ def make_cache(
     last = np.array([seg[seg[:, 0] == i, 2].max() for i in range(n_sym)], dtype=np.int64)
     f = bars.features.shape[1]
     names = [f"f{i}" for i in range(f)]
-    writer = CacheWriter(path, feature_names=names, bars_per_symbol=last - first, shard_rows=shard_rows,
-                         chunk_rows=chunk_rows, codec=codec)
+    writer = CacheWriter(
+        path,
+        feature_names=names,
+        bars_per_symbol=last - first,
+        shard_rows=shard_rows,
+        chunk_rows=chunk_rows,
+        codec=codec,
+    )
     digests = {}
     for s in writer.shard_ids:
         i, a, b = writer.shard_symbol(s)
@@ -181,9 +194,9 @@ def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: st
     """One ``torch.distributed`` (gloo) rank: stream one epoch, check batch counts agree, save indices."""
     import torch
     import torch.distributed as dist
+    from stream_helpers import rows_of
 
     from shardcache.read.stream import WindowStream
-    from stream_helpers import rows_of
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -203,9 +216,9 @@ def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: st
 def _resume(cache_path: str, state_file: str, workers: int, out: str, kwargs: dict) -> None:
     """Load a saved state into a fresh stream and save the indices of the rest of the epoch."""
     import torch
+    from stream_helpers import rows_of
 
     from shardcache.read.stream import WindowStream
-    from stream_helpers import rows_of
 
     with open(state_file) as f:
         state = json.load(f)

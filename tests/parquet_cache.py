@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from shardcache import Cache, build_cache
 
-__all__ = ["SourceBars", "make_bars", "write_parquet", "build_raw"]
+__all__ = ["SourceBars", "build_raw", "make_bars", "write_parquet"]
 
 T0 = 1_700_000_000_000_000_000  # 2023-11-14 22:13:20 UTC
 MINUTE = 60_000_000_000
@@ -48,8 +48,10 @@ def write_parquet(path: str | os.PathLike[str], bars: dict[str, SourceBars], shu
     ts = np.concatenate([b.ts for b in bars.values()])
     values = np.concatenate([b.values for b in bars.values()])
     order = np.random.default_rng(shuffle_seed).permutation(len(ts)) if shuffle_seed is not None else np.arange(len(ts))
-    columns = {"symbol": pa.array(symbols[order], type=pa.string()),
-               "ts": pa.array(ts[order], type=pa.timestamp("ns", tz="UTC"))}
+    columns = {
+        "symbol": pa.array(symbols[order], type=pa.string()),
+        "ts": pa.array(ts[order], type=pa.timestamp("ns", tz="UTC")),
+    }
     columns.update({f"x{j}": pa.array(values[order, j]) for j in range(values.shape[1])})
     pq.write_table(pa.table(columns), path, row_group_size=4096)
     return os.fspath(path)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from helpers import make_cache, stored_rows, synthetic_bars
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
@@ -23,10 +22,10 @@ from shardcache.build import append as append_mod
 from shardcache.build.append import append_cache
 from shardcache.build.builder import build_cache
 from shardcache.build.checks import BUILD_OPTIONS
-from shardcache.cli import build_cache_main, main
-from shardcache.read.plan import valid_ranges
 from shardcache.build.sample import make_sample, write_dbn
+from shardcache.cli import build_cache_main, main
 from shardcache.inspect.verify import compare_caches, verify_cache
+from shardcache.read.plan import valid_ranges
 
 OPTS = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
 MIN = 60 * 10**9
@@ -55,8 +54,11 @@ def _shard_files(cache: Path) -> dict[str, tuple[int, int, bytes]]:
 
 def _all_files(cache: Path) -> dict[str, bytes]:
     """Every file of a cache (shards, metadata, JSON objects) and its bytes."""
-    return {os.path.relpath(os.path.join(root, n), cache): Path(root, n).read_bytes()
-            for root, _, names in os.walk(cache) for n in names}
+    return {
+        os.path.relpath(os.path.join(root, n), cache): Path(root, n).read_bytes()
+        for root, _, names in os.walk(cache)
+        for n in names
+    }
 
 
 def n_windows(cache, seq_len: int) -> int:
@@ -67,8 +69,15 @@ def n_windows(cache, seq_len: int) -> int:
 def _bars(path: Path, minutes: np.ndarray, symbol: str = "ESM4", start_px: float = 100.0) -> Path:
     """A one-symbol OHLCV-1m file with bars at ``minutes`` after T0 and a rising close."""
     close = start_px + np.arange(len(minutes), dtype=np.float64) * 0.25 + minutes * 0.01
-    recs = {"ts_event": T0 + MIN * minutes, "instrument_id": np.full(len(minutes), 7), "open": close - 0.1,
-            "high": close + 0.5, "low": close - 0.5, "close": close, "volume": np.full(len(minutes), 5.0)}
+    recs = {
+        "ts_event": T0 + MIN * minutes,
+        "instrument_id": np.full(len(minutes), 7),
+        "open": close - 0.1,
+        "high": close + 0.5,
+        "low": close - 0.5,
+        "close": close,
+        "volume": np.full(len(minutes), 5.0),
+    }
     return write_dbn(path, "ohlcv-1m", recs, symbols={7: symbol})
 
 
@@ -83,8 +92,18 @@ def test_two_appends_equal_one_build_at_once(files, tmp_path):
     whole = build_cache(files, tmp_path / "whole.zarr", stats_from=out, **OPTS)
     assert [d for d in compare_caches(appended, whole) if not d.startswith(BY_DESIGN)] == []
     a, w = appended.manifest, whole.manifest
-    for key in ("symbols", "stats", "splits", "counts", "bytes", "layout", "tails", "format_version",
-                "bars_per_symbol", "groups"):
+    for key in (
+        "symbols",
+        "stats",
+        "splits",
+        "counts",
+        "bytes",
+        "layout",
+        "tails",
+        "format_version",
+        "bars_per_symbol",
+        "groups",
+    ):
         assert a[key] == w[key], key
     assert appended.history()["sources"] == whole.history()["sources"]
     assert sum(x["bars"] for x in appended.history()["appends"]) == appended.n_bars - first.n_bars > 0
@@ -141,8 +160,14 @@ def test_windows_across_the_boundary(tmp_path, gap, grows):
 def test_new_symbols_get_new_regions(tmp_path, capsys):
     out = tmp_path / "c.zarr"
     build_cache([_bars(tmp_path / "a.dbn", np.arange(150), "ESM4")], out, normalize="none", progress=False)
-    cache = append_cache([_bars(tmp_path / "b.dbn", 150 + np.arange(150), "NQM4"),
-                          _bars(tmp_path / "c.dbn", 150 + np.arange(10), "TINY")], out, progress=False)
+    cache = append_cache(
+        [
+            _bars(tmp_path / "b.dbn", 150 + np.arange(150), "NQM4"),
+            _bars(tmp_path / "c.dbn", 150 + np.arange(10), "TINY"),
+        ],
+        out,
+        progress=False,
+    )
     assert cache.symbols == ["ESM4", "NQM4", "TINY"]  # a symbol shorter than a window is kept, as in a build
     assert cache.manifest["groups"] == ["symbols/0", "symbols/1", "symbols/2"]
     assert cache.manifest["bars_per_symbol"] == [150, 150, 10]
@@ -175,23 +200,34 @@ def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
     with pytest.raises(CacheError, match="v2.zarr: cache format 2 is no longer read; rebuild it with build-cache$"):
         append_cache(files[5:6], old)
     close = 100.0 + np.arange(50, dtype=np.float64)
-    recs = {"ts_event": T0 + 10**15 + 3600 * 10**9 * np.arange(50), "instrument_id": np.full(50, 7), "open": close,
-            "high": close + 1, "low": close - 1, "close": close, "volume": np.ones(50)}
+    recs = {
+        "ts_event": T0 + 10**15 + 3600 * 10**9 * np.arange(50),
+        "instrument_id": np.full(50, 7),
+        "open": close,
+        "high": close + 1,
+        "low": close - 1,
+        "close": close,
+        "volume": np.ones(50),
+    }
     hourly = write_dbn(tmp_path / "x.ohlcv-1h.dbn", "ohlcv-1h", recs, symbols={7: "ESH3"})
     with pytest.raises(ShardcacheError, match="x.ohlcv-1h.dbn: 3600 s bars; the cache .* holds 60 s bars"):
         append_cache([hourly], out, progress=False)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"ts": pa.array([int(T0) + 10**15], pa.int64()), "symbol": ["ESH3"],
-                             "vwap": [1.0]}), tmp_path / "x.parquet")
+    pq.write_table(
+        pa.table({"ts": pa.array([int(T0) + 10**15], pa.int64()), "symbol": ["ESH3"], "vwap": [1.0]}),
+        tmp_path / "x.parquet",
+    )
     with pytest.raises(ShardcacheError, match=r"x.parquet: gives features vwap; the cache .* has log_return"):
         append_cache([tmp_path / "x.parquet"], out, progress=False)
     assert verify_cache(out).ok and open_cache(out).n_bars == n_bars and not Path(f"{out}.staging").exists()
     for argv, message in [
         ([str(files[5]), "--append", "--out", str(tmp_path / "nope.zarr")], "no cache to append to"),
-        ([str(files[5]), "--append", "--out", str(out), "--split", "none", "--features", "raw"],
-         "--append keeps the build options of .*; drop --features"),
+        (
+            [str(files[5]), "--append", "--out", str(out), "--split", "none", "--features", "raw"],
+            "--append keeps the build options of .*; drop --features",
+        ),
         ([str(files[4]), "--append", "--out", str(out)], "are not after the cache's last"),
         ([str(files[5]), "--out", str(tmp_path / "e.zarr"), "--stats", "frozen"], "--stats applies to --append"),
     ]:
@@ -205,8 +241,23 @@ def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
 def test_cli_append_and_recompute(files, tmp_path, capsys):
     """A date split whose train part ends after the cache's last bar: recompute's statistics take the new train bars."""
     out, dates = tmp_path / "c.zarr", "val=2023-01-18,test=2023-01-19"  # files[10:12] are 2023-01-16 and 17
-    assert build_cache_main([*map(str, files[:10]), "--out", str(out), "--split", dates,
-                             "--shard-rows", "1024", "--chunk-rows", "128", "-q"]) == 0
+    assert (
+        build_cache_main(
+            [
+                *map(str, files[:10]),
+                "--out",
+                str(out),
+                "--split",
+                dates,
+                "--shard-rows",
+                "1024",
+                "--chunk-rows",
+                "128",
+                "-q",
+            ]
+        )
+        == 0
+    )
     frozen = open_cache(out).manifest["stats"]
     capsys.readouterr()
     assert build_cache_main([*map(str, files[10:12]), "--append", "--out", str(out), "-q"]) == 0
@@ -218,7 +269,8 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
     # the rebuild takes BUILD_OPTIONS from the manifest: the builder must record every one of them
     assert set(BUILD_OPTIONS) <= set(rebuilt.manifest["build"])
     assert {k: rebuilt.manifest["build"][k] for k in BUILD_OPTIONS} == {
-        k: whole.manifest["build"][k] for k in BUILD_OPTIONS}
+        k: whole.manifest["build"][k] for k in BUILD_OPTIONS
+    }
     assert "appends" not in rebuilt.manifest and len(rebuilt.history()["sources"]) == len(files)
 
 
@@ -256,8 +308,11 @@ def test_append_on_s3(files, tmp_path, s3_bucket):
     local = tmp_path / "c.zarr"
     build_cache(files[:10], local, **OPTS)
     append_cache(files[10:], local, progress=False)
-    differ = [d for d in compare_caches(local, cache, options)
-              if not d.startswith((*BY_DESIGN, "history['sources']", "manifest['bytes']"))]
+    differ = [
+        d
+        for d in compare_caches(local, cache, options)
+        if not d.startswith((*BY_DESIGN, "history['sources']", "manifest['bytes']"))
+    ]
     assert differ == []
     assert verify_cache(url, options).ok
 
@@ -275,7 +330,11 @@ def _key(key: str):
 APPEND_KILLS = {
     "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
     "grow: an array's metadata unshared, not rewritten": (
-        append_mod.CacheWriter, "_release", True, _key("symbols/0/features/zarr.json")),
+        append_mod.CacheWriter,
+        "_release",
+        True,
+        _key("symbols/0/features/zarr.json"),
+    ),
     "finish: segments written, manifest not": (append_mod.CacheWriter, "finish", False, _always),
     "finish: the root metadata unshared, not rewritten": (append_mod.CacheWriter, "_release", True, _key("zarr.json")),
     "publish: complete, not swapped in": (append_mod.Staging, "publish", False, _always),
@@ -310,8 +369,19 @@ def test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes(point, files, t
 
 def _append_cmd(files: list[Path], out: Path) -> list[str]:
     code = "import sys; from shardcache.cli import build_cache_main; sys.exit(build_cache_main(sys.argv[1:]))"
-    return [sys.executable, "-c", code, *map(str, files), "--append", "--resume", "--out", str(out), "-q",
-            "--workers", "1"]
+    return [
+        sys.executable,
+        "-c",
+        code,
+        *map(str, files),
+        "--append",
+        "--resume",
+        "--out",
+        str(out),
+        "-q",
+        "--workers",
+        "1",
+    ]
 
 
 @pytest.mark.slow

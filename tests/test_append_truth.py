@@ -15,7 +15,6 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 import pytest
-
 from test_input_truth import DAY0, HOUR, MIN, T0, bars, cli, dbn_file
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, open_cache
@@ -39,8 +38,15 @@ def session_files(tmp_path: Path) -> list[Path]:
         ts = T0 + 2 * HOUR * d + MIN * np.arange(120)
         close = 5000.0 + 100 * (iid == 200) + 0.25 * (np.arange(120) % 4) + d
         first, last = (DAY0 + dt.timedelta(days=int((t - T0 + 22 * HOUR) // (24 * HOUR))) for t in (ts[0], ts[-1]))
-        out.append(dbn_file(tmp_path / f"part{d}.dbn", "ohlcv-1m", bars(ts, close, iid),
-                            [("ES.c.0", [(first, last + dt.timedelta(days=1), str(iid))])], dbn.SType.CONTINUOUS))
+        out.append(
+            dbn_file(
+                tmp_path / f"part{d}.dbn",
+                "ohlcv-1m",
+                bars(ts, close, iid),
+                [("ES.c.0", [(first, last + dt.timedelta(days=1), str(iid))])],
+                dbn.SType.CONTINUOUS,
+            )
+        )
     return out
 
 
@@ -107,8 +113,11 @@ def test_recompute_keeps_the_split_cut_times_of_the_cache(tmp_path):
 
 def test_fixed_cut_times_are_checked_before_any_input_is_read(tmp_path):
     missing, out = tmp_path / "missing.dbn", tmp_path / "c.zarr"
-    with pytest.raises(ShardcacheError, match=r"^--split 'train=0.6,val=0.2,test=0.2': 1 cut time\(s\) given where "
-                                              r"its 3 splits need 2, increasing$"):
+    with pytest.raises(
+        ShardcacheError,
+        match=r"^--split 'train=0.6,val=0.2,test=0.2': 1 cut time\(s\) given where "
+        r"its 3 splits need 2, increasing$",
+    ):
         build_cache([missing], out, split="train=0.6,val=0.2,test=0.2", split_cuts_ns=[T0], progress=False)
     with pytest.raises(ShardcacheError, match="need 2, increasing"):
         build_cache([missing], out, split="train=0.6,val=0.2,test=0.2", split_cuts_ns=[T0 + 1, T0], progress=False)
@@ -160,7 +169,9 @@ def test_a_killed_object_store_append_run_again_records_its_inputs_once(point, t
     history = cache.history()
     assert [s["path"] for s in history["sources"]] == [str(f) for f in files]
     assert len(history["appends"]) == 1 and history["appends"][0]["bars"] == cache.n_bars - first > 0
-    assert [d for d in compare_caches(want, cache, options) if not d.startswith((*BY_DESIGN, "manifest['bytes']"))] == []
+    assert [
+        d for d in compare_caches(want, cache, options) if not d.startswith((*BY_DESIGN, "manifest['bytes']"))
+    ] == []
     assert verify_cache(url, options).ok
     again = append_cache(files[3:], url, resume=True, storage_options=options, progress=False)  # finished: a no-op
     assert len(again.history()["appends"]) == 1 and again.manifest == cache.manifest

@@ -97,8 +97,9 @@ def imports(module: str) -> list[tuple[str, int, str]]:
     tree = ast.parse(path.read_text(), str(path))
     typing_lines = _type_checking_lines(tree)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    top_level = {id(n) for n in tree.body} | {id(n) for s in tree.body if isinstance(s, (ast.If, ast.Try))
-                                               for n in ast.walk(s)}
+    top_level = {id(n) for n in tree.body} | {
+        id(n) for s in tree.body if isinstance(s, (ast.If, ast.Try)) for n in ast.walk(s)
+    }
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -130,10 +131,13 @@ def test_every_module_has_a_wing():
 
 def test_each_wing_imports_only_the_wings_below_it():
     """format below read below inspect; format below build; read never imports build; the CLI on top."""
-    bad = [f"{m or 'shardcache'}:{line} ({wing(m)}) imports {t or 'shardcache'} ({wing(t)})"
-           + " in a function" * (k == "function")
-           for m in MODULES for t, line, k in imports(m)
-           if not t.startswith("third:") and wing(t) not in MAY_IMPORT[wing(m)]]
+    bad = [
+        f"{m or 'shardcache'}:{line} ({wing(m)}) imports {t or 'shardcache'} ({wing(t)})"
+        + " in a function" * (k == "function")
+        for m in MODULES
+        for t, line, k in imports(m)
+        if not t.startswith("third:") and wing(t) not in MAY_IMPORT[wing(m)]
+    ]
     assert bad == [], "\n".join(bad)
 
 
@@ -176,20 +180,25 @@ def test_the_circle_finder_finds_circles():
 
 def test_no_import_circles_function_level_imports_included():
     """Imports under ``if TYPE_CHECKING:`` never run and type checkers resolve circles: they do not count."""
-    edges = {m: {t for t, _, k in imports(m) if not t.startswith("third:") and k != "typing" and t != m}
-             for m in MODULES}
+    edges = {
+        m: {t for t, _, k in imports(m) if not t.startswith("third:") and k != "typing" and t != m} for m in MODULES
+    }
     cycles = _cycles(edges)
     assert cycles == [], "modules that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
 def _third_party(module: str, typing: bool = True) -> set[str]:
-    return {t.removeprefix("third:") for t, _, k in imports(module)
-            if t.startswith("third:") and (typing or k != "typing")}
+    return {
+        t.removeprefix("third:") for t, _, k in imports(module) if t.startswith("third:") and (typing or k != "typing")
+    }
 
 
 def test_each_wing_imports_only_its_own_libraries():
-    bad = [f"{m} ({wing(m)}) imports {sorted(_third_party(m) - THIRD_PARTY[wing(m)])}"
-           for m in MODULES if _third_party(m) - THIRD_PARTY[wing(m)]]
+    bad = [
+        f"{m} ({wing(m)}) imports {sorted(_third_party(m) - THIRD_PARTY[wing(m)])}"
+        for m in MODULES
+        if _third_party(m) - THIRD_PARTY[wing(m)]
+    ]
     assert bad == [], "\n".join(bad)
 
 
@@ -210,8 +219,10 @@ def test_the_core_install_has_what_format_read_and_inspect_import():
             extra = OPTIONAL_IMPORTS.get((wing(m), name)) or EXTRA_OF_WING.get(wing(m))
             have = core | (extras.get(extra, set()) if extra else set())
             if not need & have:
-                missing.append(f"{m} imports {name} ({', '.join(sorted(need))}): not in the core"
-                               + (f" or [{extra}]" if extra else ""))
+                missing.append(
+                    f"{m} imports {name} ({', '.join(sorted(need))}): not in the core"
+                    + (f" or [{extra}]" if extra else "")
+                )
     assert missing == [], "\n".join(missing)
     assert not {"dask", "distributed", "pyarrow", "databento-dbn", "lz4"} & core
 

@@ -13,7 +13,7 @@ import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
-import bench_peers  # noqa: E402
+import bench_peers
 
 
 def test_window_sample_is_the_window_and_its_target_and_pickles_without_its_map(tmp_path: Path) -> None:
@@ -40,9 +40,15 @@ def test_disk_check_refuses_samples_that_do_not_fit(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("litdata") is not None, reason="the peers are installed here")
 def test_peers_without_the_peers_venv_is_a_one_line_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(TOOLS / "bench.py"), "--peers", "--work", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(TOOLS / "bench.py"), "--peers", "--work", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
-    assert done.stderr.strip() == ("bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
-                                   "(it installs them into .venv-peers)")
+    assert done.stderr.strip() == (
+        "bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
+        "(it installs them into .venv-peers)"
+    )
     assert not list(tmp_path.iterdir())  # refused before building anything

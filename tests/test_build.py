@@ -12,14 +12,13 @@ import databento_dbn as dbn
 import numpy as np
 import pytest
 import zarr
-
 from helpers import stored_rows
-from shardcache.read.plan import n_windows
+
 from shardcache import ShardcacheError, open_cache
 from shardcache.build.builder import build_cache
-from shardcache.read.plan import valid_ranges
-from shardcache.build.splits import parse_split
 from shardcache.build.sample import make_sample, write_dbn
+from shardcache.build.splits import parse_split
+from shardcache.read.plan import n_windows, valid_ranges
 
 OHLCV = ["open", "high", "low", "close", "volume"]
 MIN = 60 * 10**9
@@ -57,8 +56,10 @@ def expected_arrays(per_symbol: dict[str, list[tuple[int, list[float]]]]) -> tup
 
 
 def run_cli(*args: str, prog: str = "build-cache") -> subprocess.CompletedProcess:
-    code = ("import sys; from shardcache.cli import main, build_cache_main; "
-            f"sys.exit({'build_cache_main' if prog == 'build-cache' else 'main'}(sys.argv[1:]))")
+    code = (
+        "import sys; from shardcache.cli import main, build_cache_main; "
+        f"sys.exit({'build_cache_main' if prog == 'build-cache' else 'main'}(sys.argv[1:]))"
+    )
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
 
 
@@ -68,8 +69,15 @@ def small_sample(tmp_path_factory) -> list[Path]:
 
 
 def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
-    cache = build_cache(small_sample, tmp_path / "c.zarr", features=",".join(OHLCV), normalize="none",
-                        shard_rows=4096, chunk_rows=512, progress=False)
+    cache = build_cache(
+        small_sample,
+        tmp_path / "c.zarr",
+        features=",".join(OHLCV),
+        normalize="none",
+        shard_rows=4096,
+        chunk_rows=512,
+        progress=False,
+    )
     ts, rows = expected_arrays(decode_bars(small_sample))
     group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
     first = group[cache.manifest["groups"][0]]["features"]
@@ -86,8 +94,9 @@ def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
 @pytest.mark.slow
 def test_default_sample_every_row_and_timestamp(tmp_path):
     files = make_sample(tmp_path / "dbn")
-    cache = build_cache(tmp_path / "dbn", tmp_path / "c.zarr", features=",".join(OHLCV),
-                        normalize="none", progress=False)
+    cache = build_cache(
+        tmp_path / "dbn", tmp_path / "c.zarr", features=",".join(OHLCV), normalize="none", progress=False
+    )
     ts, rows = expected_arrays(decode_bars(files))
     assert 600_000 <= len(ts) <= 730_000
     got_rows, got_ts, _ = stored_rows(cache)
@@ -97,8 +106,9 @@ def test_default_sample_every_row_and_timestamp(tmp_path):
 
 
 def test_default_features_and_segments(small_sample, tmp_path):
-    cache = build_cache(small_sample, tmp_path / "c.zarr", normalize="none", shard_rows=4096,
-                        chunk_rows=1024, progress=False)
+    cache = build_cache(
+        small_sample, tmp_path / "c.zarr", normalize="none", shard_rows=4096, chunk_rows=1024, progress=False
+    )
     ts, raw = expected_arrays(decode_bars(small_sample))
     got, _, seg = stored_rows(cache)
     # segments tile the rows, one symbol each, cut at gaps above 1 h and nowhere else
@@ -122,8 +132,9 @@ def test_default_features_and_segments(small_sample, tmp_path):
 
 
 def test_zscore_uses_train_split_only(small_sample, tmp_path):
-    raw = build_cache(small_sample, tmp_path / "raw.zarr", normalize="none", split="train=0.6,val=0.2,test=0.2",
-                      progress=False)
+    raw = build_cache(
+        small_sample, tmp_path / "raw.zarr", normalize="none", split="train=0.6,val=0.2,test=0.2", progress=False
+    )
     norm = build_cache(small_sample, tmp_path / "norm.zarr", split="train=0.6,val=0.2,test=0.2", progress=False)
     x, _, seg = stored_rows(raw)
     x = x.astype(np.float64)
@@ -152,7 +163,9 @@ def test_fraction_and_date_splits_cut_segments(small_sample, tmp_path):
     assert first_val >= np.datetime64("2023-01-20", "ns").astype(np.int64)
 
 
-@pytest.mark.parametrize("text", ["train=0.5", "a=0.5,b=0.6", "val=2024-02-01,test=2024-01-01", "x", "train=2024-01-01"])
+@pytest.mark.parametrize(
+    "text", ["train=0.5", "a=0.5,b=0.6", "val=2024-02-01,test=2024-01-01", "x", "train=2024-01-01"]
+)
 def test_bad_split_specs(text):
     with pytest.raises(ShardcacheError, match="--split"):
         parse_split(text)
@@ -162,8 +175,15 @@ def test_duplicates_and_unsorted_records(tmp_path):
     t0 = np.datetime64("2024-03-04T14:30", "ns").astype(np.int64)
     ts = t0 + MIN * np.array([0, 2, 1, 3, 3, 4] + list(range(5, 100)))
     close = np.arange(len(ts), dtype=np.float64) + 100
-    recs = {"ts_event": ts, "instrument_id": np.full(len(ts), 7), "open": close, "high": close + 1,
-            "low": close - 1, "close": close, "volume": np.ones(len(ts))}
+    recs = {
+        "ts_event": ts,
+        "instrument_id": np.full(len(ts), 7),
+        "open": close,
+        "high": close + 1,
+        "low": close - 1,
+        "close": close,
+        "volume": np.ones(len(ts)),
+    }
     path = write_dbn(tmp_path / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={7: "ESM4"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     counts = cache.manifest["counts"]
@@ -179,8 +199,15 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
     ids = np.array([1] * 200 + [2] * 10)
     ts = t0 + MIN * np.concatenate([np.arange(200), np.arange(10)])
     px = np.full(len(ts), 50.0)
-    recs = {"ts_event": ts, "instrument_id": ids, "open": px, "high": px, "low": px, "close": px,
-            "volume": np.ones(len(ts))}
+    recs = {
+        "ts_event": ts,
+        "instrument_id": ids,
+        "open": px,
+        "high": px,
+        "low": px,
+        "close": px,
+        "volume": np.ones(len(ts)),
+    }
     path = write_dbn(tmp_path / "x.dbn", "ohlcv-1m", recs, symbols={1: "LONG", 2: "TINY"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.symbols == ["LONG", "TINY"] and cache.n_bars == 210
@@ -192,8 +219,9 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
 
 
 def test_workers_and_codecs_give_identical_arrays(small_sample, tmp_path):
-    a = build_cache(small_sample, tmp_path / "a.zarr", workers=1, codec="zstd", progress=False,
-                    shard_rows=2048, chunk_rows=256)
+    a = build_cache(
+        small_sample, tmp_path / "a.zarr", workers=1, codec="zstd", progress=False, shard_rows=2048, chunk_rows=256
+    )
     b = build_cache(small_sample, tmp_path / "b.zarr", workers=2, codec="lz4", progress=False)
     np.testing.assert_array_equal(stored_rows(a)[0], stored_rows(b)[0])
     np.testing.assert_array_equal(stored_rows(a)[2], stored_rows(b)[2])  # segments in each symbol's rows

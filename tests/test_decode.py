@@ -14,8 +14,14 @@ from shardcache.format.layout import CODECS, compressors
 
 def _array(path, data: np.ndarray, shard_rows: int, chunk_rows: int, codec: str) -> zarr.Array:
     arr = zarr.create_array(
-        str(path), shape=data.shape, dtype="float32", chunks=(chunk_rows, data.shape[1]),
-        shards=(shard_rows, data.shape[1]), compressors=compressors(codec), fill_value=np.nan, zarr_format=3,
+        str(path),
+        shape=data.shape,
+        dtype="float32",
+        chunks=(chunk_rows, data.shape[1]),
+        shards=(shard_rows, data.shape[1]),
+        compressors=compressors(codec),
+        fill_value=np.nan,
+        zarr_format=3,
     )
     for s in range(0, len(data), shard_rows):  # whole shards, as the builder writes them
         arr[s : s + shard_rows] = data[s : s + shard_rows]

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from parquet_cache import build_raw, make_bars, write_parquet
+
 from shardcache import CacheError, open_cache
 from shardcache.cli import main
 from shardcache.inspect.views import info, open_symbol, shards, to_xarray
@@ -52,8 +52,12 @@ def test_shards_lists_every_shard_of_every_symbol(cache_path, source):
         assert s.raw_bytes == (b - a) * 2 * 4 and s.ratio == pytest.approx(s.raw_bytes / s.stored_bytes)
     per_symbol = {sym: [s.shard for s in table if s.symbol == sym] for sym in COUNTS}
     assert per_symbol == {"ESZ3": [0, 1, 2], "BRK/B": [0], "NQ Z3": [0, 1]}
-    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(cache_path) for f in fs
-                  if f"{os.sep}features{os.sep}c{os.sep}" in os.path.join(d, f))
+    on_disk = sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, fs in os.walk(cache_path)
+        for f in fs
+        if f"{os.sep}features{os.sep}c{os.sep}" in os.path.join(d, f)
+    )
     assert sum(s.stored_bytes for s in table) == on_disk
     assert shards(cache_path) == table  # a path works too
 
@@ -158,8 +162,14 @@ def test_to_xarray_is_the_datatree_with_labels(cache_path, source):
 def test_normalized_features_come_back_in_source_units(tmp_path):
     pytest.importorskip("xarray")
     bars = make_bars({"ES": 500, "NQ": 400}, n_features=3, seed=9)
-    out = build_raw(write_parquet(tmp_path / "b.parquet", bars), tmp_path / "z.zarr", normalize="zscore",
-                    shard_rows=128, chunk_rows=32, split="train=0.8,val=0.1,test=0.1")
+    out = build_raw(
+        write_parquet(tmp_path / "b.parquet", bars),
+        tmp_path / "z.zarr",
+        normalize="zscore",
+        shard_rows=128,
+        chunk_rows=32,
+        split="train=0.8,val=0.1,test=0.1",
+    )
     ds = open_symbol(out, "NQ")
     assert list(ds.feature_mean.dims) == ["feature"] and (ds.feature_std > 0).all()
     raw = (ds.features * ds.feature_std + ds.feature_mean).values
@@ -182,8 +192,9 @@ def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_pat
     url = f"{bucket}/c.zarr"
     s3fs.S3FileSystem(**options).put(cache_path.rstrip("/") + "/", url + "/", recursive=True)
     remote, local = shards(open_cache(url, options)), shards(cache_path)
-    assert [(s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in remote] == \
-        [(s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in local]
+    assert [(s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in remote] == [
+        (s.key, s.rows, s.first_ts, s.last_ts, s.stored_bytes) for s in local
+    ]
     flags = [f"--storage-option={k}={v}" for k, v in options.items()]
     assert main(["ls", url, *flags]) == 0 and "6 shards of 3 symbols" in capsys.readouterr().out
     assert info(open_cache(url, options))["windows_per_split"] == info(cache_path)["windows_per_split"]

@@ -15,9 +15,8 @@ import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.storage import LocalStore, WrapperStore
-
 from parquet_cache import SourceBars, build_raw, make_bars, write_parquet
+from zarr.storage import LocalStore, WrapperStore
 
 xr = pytest.importorskip("xarray")
 

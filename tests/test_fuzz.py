@@ -11,17 +11,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import stored_rows
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from helpers import stored_rows
 from shardcache import ShardcacheError, open_cache
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import write_dbn
 from shardcache.inspect.verify import verify_cache
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 MIN = 60 * 10**9
 T0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))
 
@@ -32,8 +36,15 @@ def dbn(tmp_path_factory) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("fuzz")
     n = 300
     px = 100 + np.cumsum(np.random.default_rng(0).standard_normal(n)) * 0.1
-    recs = {"ts_event": T0 + MIN * (np.arange(n) // 2), "instrument_id": np.tile([1, 2], n // 2),
-            "open": px, "high": px + 0.5, "low": px - 0.5, "close": px, "volume": np.arange(n) + 1}
+    recs = {
+        "ts_event": T0 + MIN * (np.arange(n) // 2),
+        "instrument_id": np.tile([1, 2], n // 2),
+        "open": px,
+        "high": px + 0.5,
+        "low": px - 0.5,
+        "close": px,
+        "volume": np.arange(n) + 1,
+    }
     plain = write_dbn(tmp / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={1: "AAA", 2: "BBB"})
     packed = write_dbn(tmp / "x.ohlcv-1m.dbn.zst", "ohlcv-1m", recs, symbols={1: "AAA", 2: "BBB"})
     return {"plain": plain.read_bytes(), "zst": packed.read_bytes()}
@@ -61,8 +72,10 @@ def check_build(tmp_path: Path, name: str, write) -> None:
 
 
 @FUZZ
-@given(body=st.binary(max_size=600), head=st.sampled_from([b"", b"DBN\x01", b"DBN\x02", b"DBN\x03",
-                                                             b"\x28\xb5\x2f\xfd", b"PAR1"]))
+@given(
+    body=st.binary(max_size=600),
+    head=st.sampled_from([b"", b"DBN\x01", b"DBN\x02", b"DBN\x03", b"\x28\xb5\x2f\xfd", b"PAR1"]),
+)
 def test_random_bytes(tmp_path, body, head):
     check_build(tmp_path, "x.dbn", lambda p: p.write_bytes(head + body))
 
@@ -103,9 +116,11 @@ def tables(draw) -> pa.Table:
         cols["ts"] = pa.array(T0 + MIN * np.cumsum(np.asarray(steps, dtype=np.int64)), pa.int64())
     elif ts_kind == "timestamp":
         unit = draw(st.sampled_from(["s", "ms", "us", "ns"]))
-        cols["timestamp"] = pa.array(T0 // {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[unit]
-                                     + np.arange(n) * 60 * {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[unit],
-                                     pa.timestamp(unit, tz=draw(st.sampled_from([None, "UTC"]))))
+        cols["timestamp"] = pa.array(
+            T0 // {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}[unit]
+            + np.arange(n) * 60 * {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[unit],
+            pa.timestamp(unit, tz=draw(st.sampled_from([None, "UTC"]))),
+        )
     elif ts_kind == "seconds":
         cols["ts"] = pa.array(T0 // 10**9 + 60 * np.arange(n), pa.int64())
     elif ts_kind == "string":
@@ -115,16 +130,21 @@ def tables(draw) -> pa.Table:
     if draw(st.booleans()):
         symbols = st.one_of(st.none(), st.sampled_from(["A", "B", ""]))
         cols["symbol"] = pa.array(draw(st.lists(symbols, min_size=n, max_size=n)), pa.string())
-    names = draw(st.lists(st.sampled_from(["open", "high", "low", "close", "volume", "x", "price"]),
-                          min_size=1, max_size=4, unique=True))
+    names = draw(
+        st.lists(
+            st.sampled_from(["open", "high", "low", "close", "volume", "x", "price"]),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        )
+    )
     for name in names:
         kind = draw(st.sampled_from(["float"] * 4 + ["float32", "int", "bool", "string", "nulls"]))
         if kind in ("float", "float32"):
             values = draw(st.lists(st.one_of(st.floats(0.5, 200), FLOATS), min_size=n, max_size=n))
             cols[name] = pa.array(values, pa.float64() if kind == "float" else pa.float32())
         elif kind == "int":
-            cols[name] = pa.array(draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)),
-                                  pa.int64())
+            cols[name] = pa.array(draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n)), pa.int64())
         elif kind == "bool":
             cols[name] = pa.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), pa.bool_())
         elif kind == "string":

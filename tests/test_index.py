@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import brute_starts, synthetic_bars
+
 from shardcache.read.plan import Ranges, make_plan, pool_layout, reader_runs, valid_ranges
 
 SHARD = 256
@@ -132,8 +132,10 @@ def test_max_open_pieces_bounds_every_readers_live_set(bars, batch, mix, workers
         assert live <= bound
 
 
-@pytest.mark.parametrize("batch,mix,workers,start,run", [(16, 1, 1, 0, 16), (64, 2, 2, 3, 500), (300, 4, 3, 1, 900),
-                                                        (50, 3, 1, 20, 400), (50, 1, 1, 0, 10**9)])
+@pytest.mark.parametrize(
+    "batch,mix,workers,start,run",
+    [(16, 1, 1, 0, 16), (64, 2, 2, 3, 500), (300, 4, 3, 1, 900), (50, 3, 1, 20, 400), (50, 1, 1, 0, 10**9)],
+)
 def test_reader_runs_and_pool_layouts(bars, batch, mix, workers, start, run):
     """Runs cover exactly a reader's batches, stay in their first batch's pools, free pools only
     after their last use; every window's arena row holds its bars."""
@@ -181,9 +183,18 @@ def test_pools_between_and_empty_plan():
         make_plan(r, 1000, SHARD, batch_size=8, rank=2, world=2)
 
 
-@pytest.mark.parametrize("w1,done,w2,batch,drop_last",
-                         [(2, 3, 1, 64, False), (1, 5, 2, 50, False), (4, 2, 2, 33, False), (1, 7, 2, 64, False),
-                          (3, 1, 2, 16, True), (2, 0, 3, 100, False), (2, 10**6, 2, 64, False)])
+@pytest.mark.parametrize(
+    "w1,done,w2,batch,drop_last",
+    [
+        (2, 3, 1, 64, False),
+        (1, 5, 2, 50, False),
+        (4, 2, 2, 33, False),
+        (1, 7, 2, 64, False),
+        (3, 1, 2, 16, True),
+        (2, 0, 3, 100, False),
+        (2, 10**6, 2, 64, False),
+    ],
+)
 def test_an_elastic_resume_deals_out_what_no_rank_delivered(bars, w1, done, w2, batch, drop_last):
     r = valid_ranges(_Table(bars), 20, 1, 1, None)
     kw = dict(batch_size=batch, seed=5, epoch=2, mix=2, drop_last=drop_last)
@@ -202,4 +213,4 @@ def test_an_elastic_resume_deals_out_what_no_rank_delivered(bars, w1, done, w2, 
         assert np.array_equal(np.concatenate(rest), epoch[~np.isin(epoch, delivered)])  # in the original order
     if w1 == w2:  # the same world: each rank simply continues its own sequence
         for p, q in zip(old, new):
-            assert np.array_equal(_rank_sequence(q, r), _rank_sequence(p, r)[p.batch_bounds[min(done, p.n_batches)]:])
+            assert np.array_equal(_rank_sequence(q, r), _rank_sequence(p, r)[p.batch_bounds[min(done, p.n_batches)] :])

@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardcache import WindowDataset, WindowStream, build_cache
-from shardcache.cli import build_cache_main, main
 from shardcache.build.sample import _Interval, _Mapping, _records, write_dbn
+from shardcache.cli import build_cache_main, main
 
 MIN = 60 * 10**9
 HOUR = 60 * MIN
@@ -37,18 +37,31 @@ def dbn_file(path: Path, schema: str, recs: dict | np.ndarray, mappings: list, s
     structured ``recs`` is written byte for byte (record types included)."""
     recs = recs if isinstance(recs, np.ndarray) else _records(schema, recs)
     ts = recs["ts_event"].view(np.int64)
-    meta = dbn.Metadata(dataset="GLBX.MDP3", start=int(ts.min()), end=int(ts.max()) + 1, stype_in=stype,
-                        stype_out=dbn.SType.INSTRUMENT_ID, schema=dbn.Schema.from_str(schema),
-                        symbols=[k for k, _ in mappings],
-                        mappings=[_Mapping(k, [_Interval(a, b, s) for a, b, s in ivs]) for k, ivs in mappings],
-                        version=3)
+    meta = dbn.Metadata(
+        dataset="GLBX.MDP3",
+        start=int(ts.min()),
+        end=int(ts.max()) + 1,
+        stype_in=stype,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.from_str(schema),
+        symbols=[k for k, _ in mappings],
+        mappings=[_Mapping(k, [_Interval(a, b, s) for a, b, s in ivs]) for k, ivs in mappings],
+        version=3,
+    )
     path.write_bytes(bytes(meta.encode()) + recs.tobytes())
     return path
 
 
 def bars(ts: np.ndarray, close: np.ndarray, iid: np.ndarray | int) -> dict:
-    return {"ts_event": ts, "instrument_id": np.broadcast_to(iid, ts.shape).copy(), "open": close, "high": close + 0.25,
-            "low": close - 0.25, "close": close, "volume": np.full(len(ts), 10.0)}
+    return {
+        "ts_event": ts,
+        "instrument_id": np.broadcast_to(iid, ts.shape).copy(),
+        "open": close,
+        "high": close + 0.25,
+        "low": close - 0.25,
+        "close": close,
+        "volume": np.full(len(ts), 10.0),
+    }
 
 
 def times(cache, rows: np.ndarray) -> np.ndarray:
@@ -56,7 +69,7 @@ def times(cache, rows: np.ndarray) -> np.ndarray:
     if hasattr(cache, "bar_times"):
         return np.asarray(cache.bar_times(rows))
     lo = int(rows.min())
-    return np.asarray(cache.ts[lo:int(rows.max()) + 1])[rows - lo]
+    return np.asarray(cache.ts[lo : int(rows.max()) + 1])[rows - lo]
 
 
 def cli(capsys, *args: str, prog: str = "build-cache") -> tuple[int, str, str]:
@@ -93,8 +106,13 @@ def continuous_file(tmp_path: Path) -> Path:
     old = ts < T0 + 2 * HOUR
     close = np.where(old, 5000.0, 5100.0) + 0.25 * (np.arange(240) % 4)
     d1, d2 = DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=2)
-    return dbn_file(tmp_path / "es.c.0.dbn", "ohlcv-1m", bars(ts, close, np.where(old, 100, 200)),
-                    [("ES.c.0", [(DAY0, d1, "100"), (d1, d2, "200")])], dbn.SType.CONTINUOUS)
+    return dbn_file(
+        tmp_path / "es.c.0.dbn",
+        "ohlcv-1m",
+        bars(ts, close, np.where(old, 100, 200)),
+        [("ES.c.0", [(DAY0, d1, "100"), (d1, d2, "200")])],
+        dbn.SType.CONTINUOUS,
+    )
 
 
 def test_continuous_roll_cuts_the_segment_and_no_window_crosses_it(tmp_path, capsys):
@@ -129,8 +147,9 @@ def test_continuous_roll_cuts_the_segment_and_no_window_crosses_it(tmp_path, cap
 
 
 def test_default_features_reset_at_the_roll(tmp_path):
-    cache = build_cache([continuous_file(tmp_path)], tmp_path / "c.zarr", normalize="none", max_gap="1h",
-                        progress=False)
+    cache = build_cache(
+        [continuous_file(tmp_path)], tmp_path / "c.zarr", normalize="none", max_gap="1h", progress=False
+    )
     j = cache.feature_names.index("log_return")
     first_new = int(cache.segments[1, 1])
     assert cache.read_rows(first_new, first_new + 1)[0, j] == 0.0  # not log(5100 / 5000.75)
@@ -142,8 +161,9 @@ def test_parent_symbol_is_refused_with_how_to_select(tmp_path, capsys):
     recs = {k: np.concatenate([v, v]) for k, v in bars(ts, np.full(10, 5000.0), 1).items()}
     recs["instrument_id"][10:] = 2
     d1 = DAY0 + dt.timedelta(days=1)
-    path = dbn_file(tmp_path / "es.fut.dbn", "ohlcv-1m", recs,
-                    [("ES.FUT", [(DAY0, d1, "1"), (DAY0, d1, "2")])], dbn.SType.PARENT)
+    path = dbn_file(
+        tmp_path / "es.fut.dbn", "ohlcv-1m", recs, [("ES.FUT", [(DAY0, d1, "1"), (DAY0, d1, "2")])], dbn.SType.PARENT
+    )
     line = refused(capsys, tmp_path / "c.zarr", str(path))
     assert "symbol 'ES.FUT' maps 2 instruments at once" in line and "raw_symbol" in line and "ES.c.0" in line
 
@@ -152,8 +172,10 @@ def test_unmapped_instrument_takes_another_inputs_mapping_or_is_counted(tmp_path
     ts = T0 + MIN * np.arange(100)
     a = write_dbn(tmp_path / "a.dbn", "ohlcv-1m", bars(ts, np.full(100, 10.0), 42), symbols={42: "ESH4"})
     later = ts + 100 * MIN
-    recs = {k: np.concatenate([u, v]) for (k, u), v in
-            zip(bars(later, np.full(100, 10.0), 42).items(), bars(later, np.full(100, 20.0), 43).values())}
+    recs = {
+        k: np.concatenate([u, v])
+        for (k, u), v in zip(bars(later, np.full(100, 10.0), 42).items(), bars(later, np.full(100, 20.0), 43).values())
+    }
     b = write_dbn(tmp_path / "b.dbn", "ohlcv-1m", recs, symbols={})
     out = tmp_path / "c.zarr"
     cache = build_cache([a, b], out, features="close", normalize="none", progress=False)
@@ -170,8 +192,13 @@ def test_stray_record_types_are_counted_as_dropped(tmp_path, capsys):
     ts = T0 + MIN * np.arange(100)
     recs = _records("ohlcv-1m", bars(ts, np.full(100, 10.0), 7))
     recs["rtype"][::10] = 0x22  # ten hourly bars inside a minute-bar file
-    path = dbn_file(tmp_path / "x.dbn", "ohlcv-1m", recs, [("ESH4", [(DAY0, DAY0 + dt.timedelta(days=2), "7")])],
-                    dbn.SType.RAW_SYMBOL)
+    path = dbn_file(
+        tmp_path / "x.dbn",
+        "ohlcv-1m",
+        recs,
+        [("ESH4", [(DAY0, DAY0 + dt.timedelta(days=2), "7")])],
+        dbn.SType.RAW_SYMBOL,
+    )
     out = tmp_path / "c.zarr"
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
     assert cache.n_bars == 90 and cache.manifest["counts"]["dropped"] == {"other record type (ohlcv-1h)": 10}
@@ -188,24 +215,35 @@ def parquet(path: Path, **cols) -> Path:
 def test_two_bar_sizes_are_refused_naming_files_and_sizes(tmp_path, capsys):
     ts = T0 + MIN * np.arange(100)
     m = write_dbn(tmp_path / "m.dbn", "ohlcv-1m", bars(ts, np.full(100, 10.0), 7), symbols={7: "ESH4"})
-    h = write_dbn(tmp_path / "h.dbn", "ohlcv-1h", bars(ts[:20] * 0 + T0 + HOUR * np.arange(20) + 200 * MIN,
-                                                     np.full(20, 10.0), 7), symbols={7: "ESH4"})
+    h = write_dbn(
+        tmp_path / "h.dbn",
+        "ohlcv-1h",
+        bars(ts[:20] * 0 + T0 + HOUR * np.arange(20) + 200 * MIN, np.full(20, 10.0), 7),
+        symbols={7: "ESH4"},
+    )
     line = refused(capsys, tmp_path / "c.zarr", str(m), str(h))
     assert "h.dbn" in line and "m.dbn" in line and "1h bars" in line and "1m bars" in line
-    hourly = parquet(tmp_path / "ESH4.parquet", ts=pa.array(T0 + HOUR * np.arange(50) + 500 * MIN, pa.int64()),
-                     open=np.full(50, 10.0), high=np.full(50, 10.0), low=np.full(50, 10.0), close=np.full(50, 10.0),
-                     volume=np.full(50, 1.0))
+    hourly = parquet(
+        tmp_path / "ESH4.parquet",
+        ts=pa.array(T0 + HOUR * np.arange(50) + 500 * MIN, pa.int64()),
+        open=np.full(50, 10.0),
+        high=np.full(50, 10.0),
+        low=np.full(50, 10.0),
+        close=np.full(50, 10.0),
+        volume=np.full(50, 1.0),
+    )
     line = refused(capsys, tmp_path / "d.zarr", str(m), str(hourly))
     assert "ESH4.parquet" in line and "m.dbn" in line and "1h bars" in line and "1m bars" in line
 
 
 def test_bar_on_table_inputs_is_refused_unless_it_is_their_step(tmp_path, capsys):
-    path = parquet(tmp_path / "ES.parquet", ts=pa.array(T0 + MIN * np.arange(100), pa.int64()),
-                   close=np.linspace(10, 11, 100))
-    assert "1m bars and parquet bars are taken as they are" in refused(capsys, tmp_path / "a.zarr", str(path),
-                                                                       "--bar", "5m")
-    assert "a coarser input never gives finer bars" in refused(capsys, tmp_path / "b.zarr", str(path),
-                                                               "--bar", "30s")
+    path = parquet(
+        tmp_path / "ES.parquet", ts=pa.array(T0 + MIN * np.arange(100), pa.int64()), close=np.linspace(10, 11, 100)
+    )
+    assert "1m bars and parquet bars are taken as they are" in refused(
+        capsys, tmp_path / "a.zarr", str(path), "--bar", "5m"
+    )
+    assert "a coarser input never gives finer bars" in refused(capsys, tmp_path / "b.zarr", str(path), "--bar", "30s")
     cache = build_cache([path], tmp_path / "c.zarr", bar="1m", normalize="none", progress=False)
     assert cache.manifest["build"]["bar_ns"] == MIN
 
@@ -229,15 +267,18 @@ def two_symbols(n: int = 100) -> dict:
     return {"ts": pa.array(ts, pa.int64()), "close": close}
 
 
-@pytest.mark.parametrize("symbols, expected", [
-    (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary()), ["ES", "NQ"]),
-    (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.large_binary()), ["ES", "NQ"]),
-    (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary(2)), ["ES", "NQ"]),
-    (pa.array([7] * 100 + [2**40] * 100, pa.uint64()), ["1099511627776", "7"]),
-    (pa.array([1] * 100 + [2] * 100, pa.int32()), ["1", "2"]),
-    (pa.array([1.0] * 100 + [2.0] * 100, pa.float64()), ["1", "2"]),
-    (pa.array(["ES"] * 100 + ["NQ"] * 100).dictionary_encode(), ["ES", "NQ"]),
-])
+@pytest.mark.parametrize(
+    "symbols, expected",
+    [
+        (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary()), ["ES", "NQ"]),
+        (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.large_binary()), ["ES", "NQ"]),
+        (pa.array([b"ES"] * 100 + [b"NQ"] * 100, pa.binary(2)), ["ES", "NQ"]),
+        (pa.array([7] * 100 + [2**40] * 100, pa.uint64()), ["1099511627776", "7"]),
+        (pa.array([1] * 100 + [2] * 100, pa.int32()), ["1", "2"]),
+        (pa.array([1.0] * 100 + [2.0] * 100, pa.float64()), ["1", "2"]),
+        (pa.array(["ES"] * 100 + ["NQ"] * 100).dictionary_encode(), ["ES", "NQ"]),
+    ],
+)
 def test_symbol_columns_of_every_type_keep_symbols_apart(tmp_path, capsys, symbols, expected):
     path = parquet(tmp_path / "x.parquet", symbol=symbols, **two_symbols())
     out = tmp_path / "c.zarr"
@@ -247,22 +288,37 @@ def test_symbol_columns_of_every_type_keep_symbols_apart(tmp_path, capsys, symbo
     assert info["symbols"] == expected
 
 
-@pytest.mark.parametrize("cols, message", [
-    ({"symbol": pa.array([b"\xff\xfe"] * 200, pa.binary())}, r"symbol column 'symbol' holds bytes that are not UTF-8"),
-    ({"symbol": pa.array([1.5] * 200)}, r"symbol column 'symbol' holds 1.5, not a whole number"),
-    ({"symbol": pa.array([None] * 200, pa.string())}, r"symbol column 'symbol' is entirely null"),
-    ({"symbol": ["ES"] * 200, "vol": pa.array([None] * 200, pa.float64())}, r"column 'vol' is entirely null or NaN; "
-                                                                          r"leave it out with --columns close"),
-    ({"symbol": ["ES"] * 200, "vol": np.full(200, np.nan)}, r"column 'vol' is entirely null or NaN"),
-    ({"symbol": ["ES"] * 200, "ts_recv": pa.array(np.full(200, 2**60), pa.int64())},
-     r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); "
-     r"leave it out with --columns close"),
-    ({"symbol": ["ES"] * 200, "ts_event": pa.array(np.full(200, T0), pa.timestamp("ns"))},
-     r"several timestamp columns: 'ts' \(int64\), 'ts_event' \(timestamp\[ns\]\); name the right one with --ts-column"),
-    ({"symbol": ["ES"] * 200, "ticker": pa.array(np.arange(200), pa.int64())},
-     r"several symbol columns: 'symbol' \(string\), 'ticker' \(int64\); name the right one with --symbol-column"),
-    ({"symbol": ["ES"] * 200, "CLOSE": np.ones(200)}, r"columns 'close', 'CLOSE' differ only in case"),
-])
+@pytest.mark.parametrize(
+    "cols, message",
+    [
+        (
+            {"symbol": pa.array([b"\xff\xfe"] * 200, pa.binary())},
+            r"symbol column 'symbol' holds bytes that are not UTF-8",
+        ),
+        ({"symbol": pa.array([1.5] * 200)}, r"symbol column 'symbol' holds 1.5, not a whole number"),
+        ({"symbol": pa.array([None] * 200, pa.string())}, r"symbol column 'symbol' is entirely null"),
+        (
+            {"symbol": ["ES"] * 200, "vol": pa.array([None] * 200, pa.float64())},
+            r"column 'vol' is entirely null or NaN; "
+            r"leave it out with --columns close",
+        ),
+        ({"symbol": ["ES"] * 200, "vol": np.full(200, np.nan)}, r"column 'vol' is entirely null or NaN"),
+        (
+            {"symbol": ["ES"] * 200, "ts_recv": pa.array(np.full(200, 2**60), pa.int64())},
+            r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); "
+            r"leave it out with --columns close",
+        ),
+        (
+            {"symbol": ["ES"] * 200, "ts_event": pa.array(np.full(200, T0), pa.timestamp("ns"))},
+            r"several timestamp columns: 'ts' \(int64\), 'ts_event' \(timestamp\[ns\]\); name the right one with --ts-column",
+        ),
+        (
+            {"symbol": ["ES"] * 200, "ticker": pa.array(np.arange(200), pa.int64())},
+            r"several symbol columns: 'symbol' \(string\), 'ticker' \(int64\); name the right one with --symbol-column",
+        ),
+        ({"symbol": ["ES"] * 200, "CLOSE": np.ones(200)}, r"columns 'close', 'CLOSE' differ only in case"),
+    ],
+)
 def test_parquet_column_problems_are_one_line_naming_the_column(tmp_path, capsys, cols, message):
     table = pa.table({**two_symbols(), **cols})
     path = tmp_path / "x.parquet"
@@ -271,8 +327,10 @@ def test_parquet_column_problems_are_one_line_naming_the_column(tmp_path, capsys
 
 
 def test_duplicate_column_names_are_refused(tmp_path, capsys):
-    table = pa.Table.from_arrays([pa.array(T0 + MIN * np.arange(10), pa.int64()), pa.array(np.ones(10)),
-                                  pa.array(np.ones(10))], names=["ts", "close", "close"])
+    table = pa.Table.from_arrays(
+        [pa.array(T0 + MIN * np.arange(10), pa.int64()), pa.array(np.ones(10)), pa.array(np.ones(10))],
+        names=["ts", "close", "close"],
+    )
     path = tmp_path / "x.parquet"
     pq.write_table(table, path)
     assert "duplicate column name 'close'" in refused(capsys, tmp_path / "c.zarr", str(path))
@@ -282,8 +340,9 @@ def test_duplicate_column_names_are_refused(tmp_path, capsys):
 def test_integer_timestamp_units_are_read_from_the_values(tmp_path, unit, scale):
     ts = (T0 + MIN * np.arange(100)) // scale
     path = tmp_path / "ES.parquet"
-    pq.write_table(pa.table({"ts": pa.array(ts, pa.int64()), "close": np.linspace(1, 2, 100)}), path,
-                   write_statistics=False)
+    pq.write_table(
+        pa.table({"ts": pa.array(ts, pa.int64()), "close": np.linspace(1, 2, 100)}), path, write_statistics=False
+    )
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.n_bars == 100 and cache.manifest["build"]["bar_ns"] == MIN
     np.testing.assert_array_equal(times(cache, np.arange(100)), ts * scale)
@@ -292,8 +351,15 @@ def test_integer_timestamp_units_are_read_from_the_values(tmp_path, unit, scale)
 def test_capitalised_ohlcv_columns_get_the_default_features(tmp_path):
     n = 100
     px = np.linspace(10, 11, n)
-    path = parquet(tmp_path / "ES.parquet", Timestamp=pa.array(T0 + MIN * np.arange(n), pa.timestamp("ns")),
-                   Open=px, High=px + 0.1, Low=px - 0.1, Close=px, Volume=np.ones(n))
+    path = parquet(
+        tmp_path / "ES.parquet",
+        Timestamp=pa.array(T0 + MIN * np.arange(n), pa.timestamp("ns")),
+        Open=px,
+        High=px + 0.1,
+        Low=px - 0.1,
+        Close=px,
+        Volume=np.ones(n),
+    )
     cache = build_cache([path], tmp_path / "c.zarr", progress=False)
     assert cache.feature_names[0] == "log_return" and len(cache.feature_names) == 9
 
@@ -303,8 +369,17 @@ def test_csv_gives_the_same_cache_as_parquet(tmp_path, capsys):
     n = 300
     ts = T0 + MIN * np.arange(n)
     px = 100 + np.cumsum(np.random.default_rng(0).normal(0, 0.1, n)).round(2)
-    table = pa.table({"timestamp": pa.array(ts, pa.timestamp("ns", tz="UTC")), "symbol": ["ESH4"] * n, "open": px,
-                      "high": px + 0.25, "low": px - 0.25, "close": px, "volume": np.arange(n, dtype=np.int64) + 1})
+    table = pa.table(
+        {
+            "timestamp": pa.array(ts, pa.timestamp("ns", tz="UTC")),
+            "symbol": ["ESH4"] * n,
+            "open": px,
+            "high": px + 0.25,
+            "low": px - 0.25,
+            "close": px,
+            "volume": np.arange(n, dtype=np.int64) + 1,
+        }
+    )
     pq.write_table(table, tmp_path / "bars.parquet")
     pcsv.write_csv(table, tmp_path / "bars.csv")
     a = build_cache([tmp_path / "bars.parquet"], tmp_path / "a.zarr", split="train=0.8,val=0.2", progress=False)
@@ -312,8 +387,9 @@ def test_csv_gives_the_same_cache_as_parquet(tmp_path, capsys):
     np.testing.assert_array_equal(a.read_rows(0, n), b.read_rows(0, n))
     assert a.manifest["stats"] == b.manifest["stats"] and b.history()["sources"][0]["kind"] == "csv"
     published_ok(capsys, tmp_path / "b.zarr")
-    found = build_cache([tmp_path], tmp_path / "dir.zarr", features="close", normalize="none", progress=False,
-                        symbol_column="symbol")  # a folder's CSV files are inputs too
+    found = build_cache(
+        [tmp_path], tmp_path / "dir.zarr", features="close", normalize="none", progress=False, symbol_column="symbol"
+    )  # a folder's CSV files are inputs too
     assert found.n_bars == n  # the same bars twice: duplicates keep one
 
 
@@ -325,16 +401,26 @@ def test_csv_follows_the_same_bad_input_rules(tmp_path, capsys):
 
 
 # -- options ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, flag", [
-    (["--seq-len", "0"], "--seq-len 0"), (["--seq-len", "-5"], "--seq-len -5"), (["--horizon", "-1"], "--horizon -1"),
-    (["--shard-rows", "0"], "--shard-rows 0"), (["--shard-rows", "-8"], "--shard-rows -8"),
-    (["--chunk-rows", "0"], "--chunk-rows 0"), (["--workers", "-1"], "--workers -1"),
-    (["--workers", "0"], "--workers 0"),
-    (["--split", "train"], "--split 'train'"), (["--split", "train=0.5,val=0.2"], "--split 'train=0.5,val=0.2'"),
-    (["--split", "val=2024-13-45"], "--split 'val=2024-13-45'"), (["--bar", "5 minutes"], "--bar '5 minutes'"),
-    (["--bar", "0"], "--bar '0'"), (["--max-gap", "soon"], "--max-gap 'soon'"),
-    (["--chunk-rows", "3000", "--shard-rows", "2048"], "--chunk-rows 3000"),
-])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--seq-len", "0"], "--seq-len 0"),
+        (["--seq-len", "-5"], "--seq-len -5"),
+        (["--horizon", "-1"], "--horizon -1"),
+        (["--shard-rows", "0"], "--shard-rows 0"),
+        (["--shard-rows", "-8"], "--shard-rows -8"),
+        (["--chunk-rows", "0"], "--chunk-rows 0"),
+        (["--workers", "-1"], "--workers -1"),
+        (["--workers", "0"], "--workers 0"),
+        (["--split", "train"], "--split 'train'"),
+        (["--split", "train=0.5,val=0.2"], "--split 'train=0.5,val=0.2'"),
+        (["--split", "val=2024-13-45"], "--split 'val=2024-13-45'"),
+        (["--bar", "5 minutes"], "--bar '5 minutes'"),
+        (["--bar", "0"], "--bar '0'"),
+        (["--max-gap", "soon"], "--max-gap 'soon'"),
+        (["--chunk-rows", "3000", "--shard-rows", "2048"], "--chunk-rows 3000"),
+    ],
+)
 def test_bad_options_are_one_line_before_any_input_is_read(tmp_path, capsys, args, flag):
     missing = tmp_path / "not-read-yet.dbn"  # an input that would fail if it were read
     line = refused(capsys, tmp_path / "c.zarr", str(missing), *args)
@@ -369,8 +455,9 @@ def test_zscore_needs_train_bars_and_a_train_split(tmp_path, capsys, caplog):
     assert "mean and std of the train split" in out
     rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "d.zarr"), "-q")
     assert rc == 0 and "mean and std of all bars" in out
-    rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "e.zarr"), "-q", "--split", "a=0.5,b=0.5",
-                     "--normalize", "none")
+    rc, out, _ = cli(
+        capsys, path, "--out", str(tmp_path / "e.zarr"), "-q", "--split", "a=0.5,b=0.5", "--normalize", "none"
+    )
     assert rc == 0 and os.path.isdir(tmp_path / "e.zarr")
 
 
@@ -380,19 +467,31 @@ def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
     d1, d2 = DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=2)
     first = T0 + MIN * np.arange(120)  # 22:00 .. 23:59 on DAY0
     second = T0 + 2 * HOUR + MIN * np.arange(120)  # 00:00 .. 01:59 on the next day
-    a = dbn_file(tmp_path / "day0.dbn", "ohlcv-1m", bars(first, np.full(120, 5000.0), 100),
-                 [("ES.c.0", [(DAY0, d1, "100")])], dbn.SType.CONTINUOUS)
-    b = dbn_file(tmp_path / "day1.dbn", "ohlcv-1m", bars(second, np.full(120, 5100.0), 200),
-                 [("ES.c.0", [(d1, d2, "200")])], dbn.SType.CONTINUOUS)
-    cache = build_cache([a, b], tmp_path / "c.zarr", bar=bar, features="close", normalize="none", max_gap="1h",
-                        progress=False)
+    a = dbn_file(
+        tmp_path / "day0.dbn",
+        "ohlcv-1m",
+        bars(first, np.full(120, 5000.0), 100),
+        [("ES.c.0", [(DAY0, d1, "100")])],
+        dbn.SType.CONTINUOUS,
+    )
+    b = dbn_file(
+        tmp_path / "day1.dbn",
+        "ohlcv-1m",
+        bars(second, np.full(120, 5100.0), 200),
+        [("ES.c.0", [(d1, d2, "200")])],
+        dbn.SType.CONTINUOUS,
+    )
+    cache = build_cache(
+        [a, b], tmp_path / "c.zarr", bar=bar, features="close", normalize="none", max_gap="1h", progress=False
+    )
     per = 1 if bar is None else 5
     assert cache.manifest["rolls"] == {"ES.c.0": [[T0 + 2 * HOUR, 100, 200]]}
     assert len(cache.segments) == 2 and int(cache.segments[0, 2] - cache.segments[0, 1]) == 120 // per
     ds = WindowDataset(cache, seq_len=10, horizon=1)
     assert len(ds) == 2 * (120 // per - 10)
-    assert all(len(set(np.concatenate([ds[i][0].numpy().ravel(), ds[i][1].numpy()]).tolist())) == 1
-               for i in range(len(ds)))
+    assert all(
+        len(set(np.concatenate([ds[i][0].numpy().ravel(), ds[i][1].numpy()]).tolist())) == 1 for i in range(len(ds))
+    )
 
 
 def test_source_readers_never_import_their_package():
@@ -421,14 +520,21 @@ def test_malformed_arguments_are_one_line_too(tmp_path, capsys, args):
 CSV_ROWS = [T0 + MIN * i for i in range(20)]
 
 
-@pytest.mark.parametrize("header, row, message", [
-    ("ts,close,close", lambda t: f"{t},1.0,2.0", r"duplicate column name 'close'"),
-    ("ts,Close,close", lambda t: f"{t},1.0,2.0", r"columns 'Close', 'close' differ only in case"),
-    ("ts_event,ts,close", lambda t: f"{t},{t},1.0", r"several timestamp columns: 'ts_event' \(int64\), 'ts' \(int64\)"),
-    ("ts,close,ts_recv", lambda t: f"{t},1.0,{2**60}", r"column 'ts_recv' holds integers above 2\*\*53"),
-    ("ts,symbol,close", lambda t: f"{t},1.5,1.0", r"symbol column 'symbol' holds 1.5, not a whole number"),
-    ("ts,close", lambda t: f"{t // 10**12},1.0", r"holds integers around \d+, which are not seconds, ms, us or ns"),
-])
+@pytest.mark.parametrize(
+    "header, row, message",
+    [
+        ("ts,close,close", lambda t: f"{t},1.0,2.0", r"duplicate column name 'close'"),
+        ("ts,Close,close", lambda t: f"{t},1.0,2.0", r"columns 'Close', 'close' differ only in case"),
+        (
+            "ts_event,ts,close",
+            lambda t: f"{t},{t},1.0",
+            r"several timestamp columns: 'ts_event' \(int64\), 'ts' \(int64\)",
+        ),
+        ("ts,close,ts_recv", lambda t: f"{t},1.0,{2**60}", r"column 'ts_recv' holds integers above 2\*\*53"),
+        ("ts,symbol,close", lambda t: f"{t},1.5,1.0", r"symbol column 'symbol' holds 1.5, not a whole number"),
+        ("ts,close", lambda t: f"{t // 10**12},1.0", r"holds integers around \d+, which are not seconds, ms, us or ns"),
+    ],
+)
 def test_csv_refusals_match_parquet(tmp_path, capsys, header, row, message):
     path = tmp_path / "x.csv"
     path.write_text(header + "\n" + "".join(row(t) + "\n" for t in CSV_ROWS))
@@ -449,8 +555,12 @@ def test_csv_integer_timestamps_and_capitalised_columns(tmp_path, unit):
 
 def test_blank_symbols_are_trimmed_and_empty_ones_missing(tmp_path, capsys):
     ts = np.concatenate([T0 + MIN * np.arange(10)] * 3)
-    path = parquet(tmp_path / "x.parquet", ts=pa.array(ts, pa.int64()), symbol=[""] * 10 + [" ES"] * 10 + ["  "] * 10,
-                   close=np.ones(30))
+    path = parquet(
+        tmp_path / "x.parquet",
+        ts=pa.array(ts, pa.int64()),
+        symbol=[""] * 10 + [" ES"] * 10 + ["  "] * 10,
+        close=np.ones(30),
+    )
     out = tmp_path / "c.zarr"
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
     assert cache.symbols == ["ES"] and cache.manifest["counts"]["dropped"] == {"missing symbol": 20}
@@ -469,11 +579,14 @@ def test_csv_column_of_whole_numbers_may_hold_a_fraction_later(tmp_path):
     np.testing.assert_array_equal(got, volume.astype(np.float32))
 
 
-@pytest.mark.parametrize("texts, expected", [
-    (["2024-03-04T14:30:00Z", "2024-03-04T14:31:00Z"], [0, MIN]),
-    (["2024-03-04 14:30:00", "2024-03-04 14:31:00"], [0, MIN]),  # no zone: UTC
-    (["2024-03-04T15:30:00+01:00", "2024-03-04T15:31:00+01:00"], [0, MIN]),
-])
+@pytest.mark.parametrize(
+    "texts, expected",
+    [
+        (["2024-03-04T14:30:00Z", "2024-03-04T14:31:00Z"], [0, MIN]),
+        (["2024-03-04 14:30:00", "2024-03-04 14:31:00"], [0, MIN]),  # no zone: UTC
+        (["2024-03-04T15:30:00+01:00", "2024-03-04T15:31:00+01:00"], [0, MIN]),
+    ],
+)
 def test_iso_text_timestamps_in_parquet(tmp_path, texts, expected):
     path = parquet(tmp_path / "ES.parquet", ts=pa.array(texts * 1), close=np.ones(2))
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
@@ -491,9 +604,16 @@ def test_dbn_and_parquet_bars_of_one_symbol_build_together(tmp_path):
     ts = T0 + MIN * np.arange(100)
     a = write_dbn(tmp_path / "a.dbn", "ohlcv-1m", bars(ts, np.full(100, 10.0), 7), symbols={7: "ESH4"})
     later = ts + 50 * MIN  # overlaps the DBN file's last 50 bars: one cluster of both kinds
-    b = parquet(tmp_path / "b.parquet", ts=pa.array(later, pa.int64()), symbol=["ESH4"] * 100,
-                open=np.full(100, 11.0), high=np.full(100, 11.0), low=np.full(100, 11.0), close=np.full(100, 11.0),
-                volume=np.ones(100))
+    b = parquet(
+        tmp_path / "b.parquet",
+        ts=pa.array(later, pa.int64()),
+        symbol=["ESH4"] * 100,
+        open=np.full(100, 11.0),
+        high=np.full(100, 11.0),
+        low=np.full(100, 11.0),
+        close=np.full(100, 11.0),
+        volume=np.ones(100),
+    )
     cache = build_cache([a, b], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.n_bars == 150 and cache.manifest["counts"]["dropped"] == {"duplicate timestamp": 50}
     assert cache.manifest["rolls"] == {}

@@ -44,8 +44,9 @@ def _glibc() -> bool:
 
 
 def _run_python(code: str, tmp_path: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", PROBE + textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=300, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE + textwrap.dedent(code)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -58,27 +59,35 @@ files = make_sample("dbn", days=3, seed=1)
 
 @pytest.mark.skipif(not _glibc(), reason="the probe reads glibc's mallinfo2")
 def test_build_cache_from_python_leaves_the_allocator_alone(tmp_path):
-    got = _run_python(BUILD + """
+    got = _run_python(
+        BUILD
+        + """
 from shardcache import build_cache
 from shardcache.build import tasks
 pinned_before = mmap_threshold_pinned()
 cache = build_cache(files, "c.zarr", progress=False)
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned,
                   "bars": cache.n_bars}))
-""", tmp_path)
+""",
+        tmp_path,
+    )
     assert got["bars"] > 0 and not got["tuned"]
     assert got["before"] is False and got["after"] is False  # the threshold still follows glibc's own rule
 
 
 @pytest.mark.skipif(not _glibc(), reason="the probe reads glibc's mallinfo2")
 def test_the_cli_pins_the_mmap_threshold_of_its_own_process(tmp_path):
-    got = _run_python(BUILD + """
+    got = _run_python(
+        BUILD
+        + """
 from shardcache.cli import build_cache_main
 from shardcache.build import tasks
 pinned_before = mmap_threshold_pinned()
 code = build_cache_main([*map(str, files), "--out", "c.zarr", "-q"])
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned, "code": code}))
-""", tmp_path)
+""",
+        tmp_path,
+    )
     assert got == {"before": False, "after": True, "tuned": True, "code": 0}
 
 
@@ -123,15 +132,22 @@ def test_a_dask_worker_preload_opts_in(monkeypatch):
 
 # ---- a core install: the build extra missing -------------------------------------------------
 
-BLOCK_BUILD_EXTRA = ("import sys\n"  # None in sys.modules: `import dask` raises ModuleNotFoundError, as uninstalled
-                     "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn'):\n"
-                     "    sys.modules[name] = None\n")
+BLOCK_BUILD_EXTRA = (
+    "import sys\n"  # None in sys.modules: `import dask` raises ModuleNotFoundError, as uninstalled
+    "for name in ('dask', 'distributed', 'pyarrow', 'databento_dbn'):\n"
+    "    sys.modules[name] = None\n"
+)
 
 
-@pytest.mark.parametrize("prog, argv", [("build-cache", ["in.dbn", "--out", "c.zarr"]),
-                                        ("shardcache", ["build", "in.dbn", "--out", "c.zarr"]),
-                                        ("shardcache", ["sample", "dbn", "--days", "2"]),
-                                        ("shardcache", ["demo", "--dir", "d"])])
+@pytest.mark.parametrize(
+    "prog, argv",
+    [
+        ("build-cache", ["in.dbn", "--out", "c.zarr"]),
+        ("shardcache", ["build", "in.dbn", "--out", "c.zarr"]),
+        ("shardcache", ["sample", "dbn", "--days", "2"]),
+        ("shardcache", ["demo", "--dir", "d"]),
+    ],
+)
 def test_build_commands_without_the_build_extra_say_what_to_install(tmp_path, prog, argv):
     entry = "build_cache_main" if prog == "build-cache" else "main"
     code = BLOCK_BUILD_EXTRA + f"from shardcache.cli import {entry}\nsys.exit({entry}({argv!r}))"
@@ -169,7 +185,15 @@ def test_dask_workers_preloading_shardcache_tasks_are_tuned():
         return tasks._tuned
 
     before = tasks._tuned  # True only if an earlier test ran the CLI in this process
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  preload=["shardcache.build.tasks"]) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            preload=["shardcache.build.tasks"],
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         assert list(client.run(tuned).values()) == [_glibc()]
     assert tasks._tuned is before  # the preload tunes the workers, never the driver

@@ -25,7 +25,6 @@ import weakref
 from pathlib import Path
 
 import pytest
-
 from helpers import make_cache, synthetic_bars
 
 MIB = 2**20

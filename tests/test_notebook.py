@@ -54,8 +54,9 @@ def this_python_kernel(tmp_path, monkeypatch) -> str:
 def test_notebook_runs_and_draws_its_figures(small_cache, this_python_kernel, monkeypatch):
     monkeypatch.setenv("SHARDCACHE_CACHE", str(small_cache))
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name=this_python_kernel,
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name=this_python_kernel, resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    )
     client.execute()  # raises CellExecutionError on the first failing cell
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -72,8 +73,9 @@ def test_notebook_builds_a_small_cache_when_there_is_none(tmp_path, this_python_
     nb = nbformat.read(NOTEBOOK, as_version=4)
     first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
     nb.cells = nb.cells[: first_code + 1]  # the set-up cell only
-    nbclient.NotebookClient(nb, timeout=120, kernel_name=this_python_kernel,
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    nbclient.NotebookClient(
+        nb, timeout=120, kernel_name=this_python_kernel, resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in nb.cells[-1].outputs)
     assert "built a 30-day sample cache" in text and "Cache(" in text
     assert len(list(tmp_path.glob("shardcache-explore-*/cache.zarr/zarr.json"))) == 1

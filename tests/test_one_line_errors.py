@@ -6,18 +6,21 @@ import json
 from pathlib import Path
 
 import pytest
-
 from helpers import make_cache, synthetic_bars
+
 from shardcache.cli import main
 from shardcache.errors import CacheError
 from shardcache.format.cache import open_cache
-from shardcache.inspect.verify import verify_cache
 
 
 @pytest.fixture
 def cache(tmp_path) -> Path:
-    make_cache(tmp_path / "c.zarr", synthetic_bars(3000, 3, n_symbols=2, seed=2, shard_rows=512),
-               shard_rows=512, chunk_rows=128)
+    make_cache(
+        tmp_path / "c.zarr",
+        synthetic_bars(3000, 3, n_symbols=2, seed=2, shard_rows=512),
+        shard_rows=512,
+        chunk_rows=128,
+    )
     return tmp_path / "c.zarr"
 
 
@@ -41,9 +44,14 @@ def test_a_segment_index_ahead_of_the_manifest_is_refused(cache):
         open_cache(cache)
 
 
-@pytest.mark.parametrize("argv, flag", [(["sample", "OUT", "--days", "0"], "--days 0"),
-                                         (["demo", "--dir", "OUT", "--seq-len", "0"], "--seq-len 0"),
-                                         (["demo", "--dir", "OUT", "--days", "-1"], "--days -1")])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["sample", "OUT", "--days", "0"], "--days 0"),
+        (["demo", "--dir", "OUT", "--seq-len", "0"], "--seq-len 0"),
+        (["demo", "--dir", "OUT", "--days", "-1"], "--days -1"),
+    ],
+)
 def test_counts_below_one_are_refused_before_anything_is_written(tmp_path, capsys, argv, flag):
     out = tmp_path / "out"
     assert main([str(out) if a == "OUT" else a for a in argv]) == 2

@@ -32,9 +32,7 @@ sys.exit(max(k.wait() for k in kids))
 
 
 def run_tool(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [PY, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([PY, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 def table_rows(stderr: str) -> list[list[str]]:
@@ -103,19 +101,17 @@ def test_exit_code_propagated(code: str, expected: int) -> None:
     assert row[1] == str(expected)
 
 
-@pytest.mark.parametrize(
-    ("to_group", "signum"), [(True, signal.SIGINT), (False, signal.SIGTERM)]
-)
-def test_interrupted_command_is_still_reported(
-    tmp_path: Path, to_group: bool, signum: int
-) -> None:
+@pytest.mark.parametrize(("to_group", "signum"), [(True, signal.SIGINT), (False, signal.SIGTERM)])
+def test_interrupted_command_is_still_reported(tmp_path: Path, to_group: bool, signum: int) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) or a SIGTERM to the
     profiler ends the command, and its profile is still reported."""
     started = tmp_path / "started"
     code = f"import time; open({str(started)!r}, 'w').close(); time.sleep(30)"
     tool = subprocess.Popen(
         [PY, str(TOOL), "--", PY, "-c", code],
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 20
     while not started.exists() and time.monotonic() < deadline:
@@ -133,8 +129,22 @@ def test_interrupted_command_is_still_reported(
 def test_compare_two_commands(tmp_path: Path) -> None:
     png, out = tmp_path / "cmp.png", tmp_path / "cmp.json"
     res = run_tool(
-        "--plot", png, "--json", out, "--label", "big", "--label", "small", "--",
-        PY, "-c", hog(150, 0.3), ":::", PY, "-c", "import sys; sys.exit(5)",
+        "--plot",
+        png,
+        "--json",
+        out,
+        "--label",
+        "big",
+        "--label",
+        "small",
+        "--",
+        PY,
+        "-c",
+        hog(150, 0.3),
+        ":::",
+        PY,
+        "-c",
+        "import sys; sys.exit(5)",
     )
     assert res.returncode == 5, res.stderr  # the first non-zero exit code
     rows = table_rows(res.stderr)

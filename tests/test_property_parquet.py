@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardcache import open_cache
-from shardcache.inspect import views as explore
-from shardcache.cli import build_cache_main, format_info
 from shardcache.build.sources import PRICE_COLUMNS
+from shardcache.cli import build_cache_main, format_info
+from shardcache.inspect import views as explore
 from shardcache.inspect.verify import verify_cache
 
 MIN = 60 * 10**9
@@ -36,8 +36,9 @@ def _case(draw, name: str) -> str:
 @st.composite
 def tables(draw) -> tuple[pa.Table, dict]:
     """A table of bars and what the oracle needs: per-row symbol, ts (ns), and each column's values."""
-    sym_kind = draw(st.sampled_from(["none", "string", "large_string", "binary", "dictionary", "int64", "int32",
-                                     "float64"]))
+    sym_kind = draw(
+        st.sampled_from(["none", "string", "large_string", "binary", "dictionary", "int64", "int32", "float64"])
+    )
     n_sym = 1 if sym_kind == "none" else draw(st.integers(1, 3))
     n = draw(st.integers(2, 25))
     rows_sym = np.repeat(np.arange(n_sym), n)
@@ -74,8 +75,13 @@ def tables(draw) -> tuple[pa.Table, dict]:
         kind = draw(st.sampled_from(["float64", "float32", "int64", "int32", "bool", "null", "big"]))
         values = draw(st.lists(st.floats(0.5, 1e6, allow_nan=False), min_size=len(ts_ns), max_size=len(ts_ns)))
         nulls = draw(st.sampled_from(["none", "none", "some", "all"]))
-        mask = np.zeros(len(ts_ns), bool) if nulls == "none" else \
-            np.ones(len(ts_ns), bool) if nulls == "all" else np.arange(len(ts_ns)) % 7 == 3
+        mask = (
+            np.zeros(len(ts_ns), bool)
+            if nulls == "none"
+            else np.ones(len(ts_ns), bool)
+            if nulls == "all"
+            else np.arange(len(ts_ns)) % 7 == 3
+        )
         v = np.asarray(values)
         arr = {
             "float64": lambda: pa.array(v, pa.float64(), mask=mask),
@@ -124,7 +130,7 @@ def _check_equal(cache, table: pa.Table, truth: dict) -> None:
         if hasattr(cache, "bar_times"):
             ts = np.asarray(cache.bar_times(rows))
         else:
-            ts = np.asarray(cache.ts[int(rows.min()):int(rows.max()) + 1])[rows - rows.min()]
+            ts = np.asarray(cache.ts[int(rows.min()) : int(rows.max()) + 1])[rows - rows.min()]
         np.testing.assert_array_equal(ts, truth["ts"][mine])
 
 
@@ -148,5 +154,7 @@ def test_generated_parquet_builds_equal_or_refuse_in_one_line(case):
         event("built")
         cache = open_cache(out)
         assert verify_cache(out).ok
-        assert format_info(explore.info(cache)) and json.dumps(explore.info(cache), default=str)  # info works on every cache
+        assert format_info(explore.info(cache)) and json.dumps(
+            explore.info(cache), default=str
+        )  # info works on every cache
         _check_equal(cache, table, truth)

@@ -11,11 +11,11 @@ import sys
 import tracemalloc
 
 import numpy as np
-import numpy.ma  # noqa: F401 - imported here, not inside the measured epoch (np.unique imports it lazily)
+import numpy.ma
 import pytest
 import torch
-
 from helpers import make_cache, synthetic_bars
+
 from shardcache.format.cache import TIME_CHUNKS
 from shardcache.read import options
 from shardcache.read.options import default_decoders
@@ -58,9 +58,21 @@ def test_a_setting_beside_a_window_spec_is_refused_even_at_its_default(stream_ca
     assert WindowStream(stream_cache, spec, split="all").spec == spec  # alone it is taken as it is
 
 
-@pytest.mark.parametrize("name,value", [("batch_size", 2.5), ("batch_size", True), ("batch_size", "256"),
-                                        ("batch_size", 0), ("mix", 2.0), ("prefetch", 1.5), ("prefetch", -1),
-                                        ("decoders", 1.5), ("seq_len", 16.0), ("stride", 2.5)])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("batch_size", 2.5),
+        ("batch_size", True),
+        ("batch_size", "256"),
+        ("batch_size", 0),
+        ("mix", 2.0),
+        ("prefetch", 1.5),
+        ("prefetch", -1),
+        ("decoders", 1.5),
+        ("seq_len", 16.0),
+        ("stride", 2.5),
+    ],
+)
 def test_counts_are_refused_unless_whole_numbers(stream_cache, name, value):
     kwargs = {"seq_len": 16, "split": "all", name: value}
     minimum = 0 if name in ("prefetch", "decoders") else 1
@@ -104,8 +116,9 @@ def test_meta_keeps_only_a_few_chunks_of_bar_times(tmp_path):
     assert held < TIME_CHUNKS * 2048 * 8 + whole // 4 < whole, (held, whole)
 
 
-@pytest.mark.parametrize("cores,readers,want", [({0}, 1, 1), ({0, 1}, 1, 2), (set(range(16)), 1, 8),
-                                                (set(range(16)), 4, 4), ({0, 1}, 4, 1)])
+@pytest.mark.parametrize(
+    "cores,readers,want", [({0}, 1, 1), ({0, 1}, 1, 2), (set(range(16)), 1, 8), (set(range(16)), 4, 4), ({0, 1}, 4, 1)]
+)
 def test_default_decoders_follow_the_cpu_affinity(monkeypatch, stream_cache, cores, readers, want):
     """Unset ``decoders`` is one per core the process may run on (``taskset``, cpusets), not the
     machine's count, shared among DataLoader workers, 1 to ``MAX_DECODERS``."""
@@ -119,10 +132,17 @@ def test_default_decoders_follow_the_cpu_affinity(monkeypatch, stream_cache, cor
 
 def test_a_pinned_process_streams_with_one_decoder(stream_cache):
     """A real process pinned to one core (as ``taskset -c 0``) gets one decoder and every window."""
-    code = ("import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from shardcache import WindowStream; s = WindowStream(sys.argv[1], 16, split='all', batch_size=97); "
-            "print(s.decoders, sum(len(b.x) for b in s), s.read_spec.ranges.total())")
-    out = subprocess.run([sys.executable, "-c", code, stream_cache.url], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from shardcache import WindowStream; s = WindowStream(sys.argv[1], 16, split='all', batch_size=97); "
+        "print(s.decoders, sum(len(b.x) for b in s), s.read_spec.ranges.total())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, stream_cache.url],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     decoders, served, total = map(int, out.stdout.split())
     assert decoders == 1 and served == total

@@ -8,19 +8,23 @@ from pathlib import Path
 import torch
 
 from shardcache import build_cache
-from shardcache.read.plan import n_windows
 from shardcache.build.sample import make_sample
+from shardcache.read.plan import n_windows
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_training_loop_in_readme_trains_every_parameter_and_reports_each_epoch(tmp_path, monkeypatch, capsys):
     text = README.read_text()
-    section = text[text.index("## Training in a dozen lines"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text[text.index("## Training in a dozen lines") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     assert len(code.strip().splitlines()) <= 14
-    cache = build_cache(make_sample(tmp_path / "dbn", days=3), tmp_path / "data/sample/cache.zarr",
-                        split="train=0.8,val=0.1,test=0.1", progress=False)
+    cache = build_cache(
+        make_sample(tmp_path / "dbn", days=3),
+        tmp_path / "data/sample/cache.zarr",
+        split="train=0.8,val=0.1,test=0.1",
+        progress=False,
+    )
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     scope: dict = {}

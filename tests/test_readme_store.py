@@ -17,14 +17,18 @@ def python_blocks(heading: str) -> list[str]:
     text = README.read_text()
     start = text.index(heading)
     section = text[start : text.index("\n## ", start + len(heading))]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)
 
 
 @pytest.fixture(scope="module")
 def sample_dir(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("readme")
-    build_cache(make_sample(work / "dbn", days=10), work / "data/sample/cache.zarr",
-                split="train=0.8,val=0.1,test=0.1", progress=False)
+    build_cache(
+        make_sample(work / "dbn", days=10),
+        work / "data/sample/cache.zarr",
+        split="train=0.8,val=0.1,test=0.1",
+        progress=False,
+    )
     return work
 
 

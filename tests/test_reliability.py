@@ -19,12 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import shardcache.build.builder as builder
-import shardcache.build.staging as staging
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
+from shardcache.build import builder, staging
 from shardcache.build.builder import build_cache
-from shardcache.cli import build_cache_main, main
 from shardcache.build.sample import make_sample, write_dbn
+from shardcache.cli import build_cache_main, main
 from shardcache.format.writer import CacheWriter
 from shardcache.inspect.verify import compare_caches, verify_cache
 
@@ -142,8 +141,10 @@ def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> N
     build_cache(files, out, overwrite=True, **opts)
 
 
-@pytest.mark.parametrize("point", ["write: shard 4 written, not recorded", "publish: complete, not renamed",
-                                   "cleanup: renamed, done/ deleted"])
+@pytest.mark.parametrize(
+    "point",
+    ["write: shard 4 written, not recorded", "publish: complete, not renamed", "cleanup: renamed, done/ deleted"],
+)
 def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, clean, tmp_path):
     out = tmp_path / "c.zarr"
     build_cache(files, out, **{**OPTS, "normalize": "none"})
@@ -211,8 +212,12 @@ def _incomplete(out: Path) -> None:
 def test_incomplete_cache_is_refused_everywhere(files, tmp_path, capsys):
     out = tmp_path / "c.zarr"
     _incomplete(out)
-    for opener in (open_cache, lambda p: WindowStream(p, seq_len=4, split="all"), lambda p: WindowDataset(p, seq_len=4, split="all"),
-                   verify_cache):
+    for opener in (
+        open_cache,
+        lambda p: WindowStream(p, seq_len=4, split="all"),
+        lambda p: WindowDataset(p, seq_len=4, split="all"),
+        verify_cache,
+    ):
         with pytest.raises(CacheError, match="incomplete .*--resume .*--overwrite"):
             opener(out)
     assert main(["info", str(out)]) == 2 and main(["verify", str(out)]) == 2
@@ -232,11 +237,13 @@ def _poll(out: Path, stop: Path, log: Path) -> None:
         try:
             cache = open_cache(out)
             report = verify_cache(cache)
-            seen.append({"none": "A", "zscore": "B"}[cache.manifest["normalize"]] if report.ok
-                        else f"BAD {report.problems}")
+            seen.append(
+                {"none": "A", "zscore": "B"}[cache.manifest["normalize"]] if report.ok else f"BAD {report.problems}"
+            )
         except CacheError as exc:
-            seen.append("replaced" if "replaced" in str(exc) else "absent" if "no cache found" in str(exc)
-                        else f"ERROR {exc}")
+            seen.append(
+                "replaced" if "replaced" in str(exc) else "absent" if "no cache found" in str(exc) else f"ERROR {exc}"
+            )
     log.write_text(json.dumps(seen))
 
 
@@ -315,18 +322,31 @@ def test_bad_dbn_values_are_dropped_and_counted_in_the_summary(tmp_path, capsys)
     px = np.full(n, 100.0)
     close = px.copy()
     close[20], close[21], close[22] = 0.0, -5.0, np.nan  # NaN is written as UNDEF_PRICE
-    recs = {"ts_event": ts, "instrument_id": np.full(n, 7), "open": px, "high": px + 1, "low": px - 1,
-            "close": close, "volume": np.ones(n)}
+    recs = {
+        "ts_event": ts,
+        "instrument_id": np.full(n, 7),
+        "open": px,
+        "high": px + 1,
+        "low": px - 1,
+        "close": close,
+        "volume": np.ones(n),
+    }
     path = write_dbn(tmp_path / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={7: "ESM4"})
     out = tmp_path / "c.zarr"
     code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--features", "close", "--normalize", "none")
     assert code == 0, err
     dropped = open_cache(out).manifest["counts"]["dropped"]
-    assert dropped == {"timestamp out of range": 2, "non-finite price": 1, "non-positive price": 2,
-                       "duplicate timestamp": 1}
+    assert dropped == {
+        "timestamp out of range": 2,
+        "non-finite price": 1,
+        "non-positive price": 2,
+        "duplicate timestamp": 1,
+    }
     line = next(s for s in stdout.splitlines() if s.startswith("records"))
-    assert line.endswith("read; dropped timestamp out of range: 2, non-finite price: 1, "
-                         "non-positive price: 2, duplicate timestamp: 1; 1 out of order (sorted)")
+    assert line.endswith(
+        "read; dropped timestamp out of range: 2, non-finite price: 1, "
+        "non-positive price: 2, duplicate timestamp: 1; 1 out of order (sorted)"
+    )
     assert np.isfinite(open_cache(out).read_rows(0, open_cache(out).n_bars)).all()
 
 
@@ -344,14 +364,26 @@ def test_bad_parquet_values_are_dropped_and_counted(tmp_path, capsys):
     code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--seq-len", "10", "-q")
     assert code == 0, err
     assert open_cache(out).manifest["counts"]["dropped"] == {
-        "non-finite price": 3, "non-positive price": 2, "timestamp out of range": 1, "non-finite value": 1}
+        "non-finite price": 3,
+        "non-positive price": 2,
+        "timestamp out of range": 1,
+        "non-finite value": 1,
+    }
     assert "non-finite price: 3" in stdout and open_cache(out).n_bars == n - 7
 
 
-@pytest.mark.parametrize("column, value, features, needle", [
-    ("close", 1e39, "close", "feature 'close' is not finite at 1 bar(s) of shard 0, first A at 2024-03-04T14:35:00:"),
-    ("volume", -1e300, "close,volume", "feature 'volume' is not finite"),
-])
+@pytest.mark.parametrize(
+    "column, value, features, needle",
+    [
+        (
+            "close",
+            1e39,
+            "close",
+            "feature 'close' is not finite at 1 bar(s) of shard 0, first A at 2024-03-04T14:35:00:",
+        ),
+        ("volume", -1e300, "close,volume", "feature 'volume' is not finite"),
+    ],
+)
 def test_values_that_would_become_nan_or_inf_are_refused(column, value, features, needle, tmp_path, capsys):
     n = 100
     cols = {"ts": T0 + MIN * np.arange(n), "symbol": ["A"] * n, "close": np.full(n, 10.0), "volume": np.ones(n)}
@@ -372,8 +404,11 @@ PARQUET_CASES = {
     "named column missing": ({"ts": [T0], "close": [1.0]}, ["--columns", "close,vwap"], "no column 'vwap'"),
     "non-numeric feature column": ({"ts": [T0], "venue": ["X"]}, ["--columns", "venue"], "must be numeric"),
     "no numeric columns": ({"ts": [T0], "venue": ["X"]}, [], "no numeric feature columns"),
-    "symbol column of fractions": ({"ts": [T0], "sym": [1.5], "close": [1.0]}, ["--symbol-column", "sym"],
-                                   "not a whole number"),
+    "symbol column of fractions": (
+        {"ts": [T0], "sym": [1.5], "close": [1.0]},
+        ["--symbol-column", "sym"],
+        "not a whole number",
+    ),
     "feature needs absent columns": ({"ts": [T0], "close": [1.0]}, ["--features", "log_range"], "needs source"),
 }
 

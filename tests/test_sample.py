@@ -28,7 +28,10 @@ def decode(path: Path) -> tuple[dbn.Metadata, list]:
 def bars(paths: list[Path]) -> dict[str, np.ndarray]:
     """All bars of ``paths`` read by the DBN source, as columns."""
     pieces = [p for path in paths for p in open_source(str(path)).pieces()]
-    return {name: np.concatenate([p.column(name).to_numpy(zero_copy_only=False) for p in pieces]) for name in pieces[0].column_names}
+    return {
+        name: np.concatenate([p.column(name).to_numpy(zero_copy_only=False) for p in pieces])
+        for name in pieces[0].column_names
+    }
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +127,13 @@ def test_default_sample_size(tmp_path: Path) -> None:
 
 def test_write_dbn_round_trips_through_databento(tmp_path: Path) -> None:
     ts = np.array([3, 1, 2], dtype=np.uint64) * MIN + 1_672_660_800_000_000_000
-    fields = {"ts_event": ts, "instrument_id": [5, 5, 6], "price": [1.25, np.nan, 0.0], "size": [1, 2, 3], "side": np.array([b"A", b"B", b"N"])}
+    fields = {
+        "ts_event": ts,
+        "instrument_id": [5, 5, 6],
+        "price": [1.25, np.nan, 0.0],
+        "size": [1, 2, 3],
+        "side": np.array([b"A", b"B", b"N"]),
+    }
     for name in ("t.trades.dbn", "t.trades.dbn.zst"):
         path = write_dbn(tmp_path / name, "trades", fields, symbols={5: "AAA", 6: "BBB"})
         assert (path.read_bytes()[:4] == b"\x28\xb5\x2f\xfd") == name.endswith(".zst")
@@ -141,7 +150,9 @@ def test_write_dbn_round_trips_through_databento(tmp_path: Path) -> None:
 
 
 def test_make_sample_parquet(tmp_path: Path) -> None:
-    paths = make_sample_parquet(tmp_path / "wide", n_bars=10_001, n_features=16, symbols=["A", "B", "C"], rows_per_file=3000)
+    paths = make_sample_parquet(
+        tmp_path / "wide", n_bars=10_001, n_features=16, symbols=["A", "B", "C"], rows_per_file=3000
+    )
     assert [p.name for p in paths] == [f"bars-{i:05d}.parquet" for i in range(4)]
     tables = [pq.read_table(p) for p in paths]
     assert [t.num_rows for t in tables] == [3000, 3000, 3000, 1001]
@@ -152,5 +163,7 @@ def test_make_sample_parquet(tmp_path: Path) -> None:
     assert [int((symbols == s).sum()) for s in "ABC"] == [3334, 3334, 3333]
     src = open_source(str(paths[0]))
     assert src.columns == [f"f{i:03d}" for i in range(16)] and sum(p.num_rows for p in src.pieces()) == 3000
-    again = make_sample_parquet(tmp_path / "again", n_bars=10_001, n_features=16, symbols=["A", "B", "C"], rows_per_file=3000)
+    again = make_sample_parquet(
+        tmp_path / "again", n_bars=10_001, n_features=16, symbols=["A", "B", "C"], rows_per_file=3000
+    )
     assert pq.read_table(again[3]).equals(tables[3])

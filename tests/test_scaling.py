@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from helpers import brute_starts, ddp_rank, stored_rows
+from test_build import run_cli
+
 from shardcache import ShardcacheError, WindowStream, open_cache
 from shardcache.build.builder import build_cache
-from shardcache.cli import build_cache_main, main
 from shardcache.build.cluster import check_cluster
 from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.build.sources import expand_inputs
-from shardcache.inspect.views import shards
+from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import Cache
 from shardcache.format.layout import open_group
 from shardcache.inspect.verify import verify_cache
-from test_build import run_cli
+from shardcache.inspect.views import shards
 
 OPTS = {"split": "train=0.8,val=0.1,test=0.1", "shard_rows": 4096, "chunk_rows": 512}
 CLI_OPTS = ["--split", OPTS["split"], "--shard-rows", "4096", "--chunk-rows", "512", "-q"]
@@ -49,8 +49,7 @@ def reference(sample, tmp_path_factory) -> Cache:
 def cluster():
     """A real dask.distributed cluster: two worker processes of one thread each."""
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as lc:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         yield lc
 
 
@@ -93,8 +92,14 @@ def test_cluster_build_equals_local_build(sample, reference, cluster, tmp_path):
 def test_cluster_build_from_and_to_s3(sample, reference, cluster, s3_bucket):
     bucket, options = s3_bucket
     s3fs_for(options).put(f"{sample}/", f"{bucket}/dbn/", recursive=True)
-    cache = build_cache(f"{bucket}/dbn/*.dbn.zst", f"{bucket}/c.zarr", scheduler=cluster.scheduler_address,
-                        storage_options=options, progress=False, **OPTS)
+    cache = build_cache(
+        f"{bucket}/dbn/*.dbn.zst",
+        f"{bucket}/c.zarr",
+        scheduler=cluster.scheduler_address,
+        storage_options=options,
+        progress=False,
+        **OPTS,
+    )
     assert cache.url == f"{bucket}/c.zarr"
     assert_same_cache(cache, reference)
 
@@ -103,8 +108,7 @@ def test_cluster_refuses_what_workers_cannot_reach(sample, cluster, tmp_path):
     from distributed import Client
 
     with pytest.raises(ShardcacheError, match="memory:// lives inside one process"):
-        build_cache(sample, f"memory://{uuid.uuid4().hex}/c.zarr", scheduler=cluster.scheduler_address,
-                    progress=False)
+        build_cache(sample, f"memory://{uuid.uuid4().hex}/c.zarr", scheduler=cluster.scheduler_address, progress=False)
     with Client(cluster) as client, pytest.raises(ShardcacheError, match="not visible on worker"):
         check_cluster(client, str(tmp_path / "only-here"), [str(tmp_path)])
 
@@ -118,7 +122,9 @@ def test_expand_inputs_on_s3(sample, s3_bucket):
     names = sorted(p.name for p in sample.iterdir())
     assert expand_inputs([f"{bucket}/dbn"], options) == [f"{bucket}/dbn/{n}" for n in names]
     assert expand_inputs([f"{bucket}/dbn/*0103*", f"{bucket}/dbn/{names[0]}"], options) == [
-        f"{bucket}/dbn/{names[0]}", f"{bucket}/dbn/glbx-mdp3-20230103.ohlcv-1m.dbn.zst"]
+        f"{bucket}/dbn/{names[0]}",
+        f"{bucket}/dbn/glbx-mdp3-20230103.ohlcv-1m.dbn.zst",
+    ]
     with pytest.raises(ShardcacheError, match="no such file"):
         expand_inputs([f"{bucket}/nothing"], options)
 
@@ -127,8 +133,14 @@ def test_cli_build_info_ls_verify_on_s3(sample, reference, s3_bucket, capsys):
     bucket, options = s3_bucket
     s3fs_for(options).put(f"{sample}/", f"{bucket}/dbn/", recursive=True)
     url = f"{bucket}/c.zarr"
-    opts = ["--storage-option", f"endpoint_url={options['endpoint_url']}", "--storage-option", "key=testing",
-            "--storage-option", "secret=testing"]
+    opts = [
+        "--storage-option",
+        f"endpoint_url={options['endpoint_url']}",
+        "--storage-option",
+        "key=testing",
+        "--storage-option",
+        "secret=testing",
+    ]
     assert build_cache_main([f"{bucket}/dbn", "--out", url, *opts, *CLI_OPTS]) == 0
     for command in ("info", "ls", "verify"):
         capsys.readouterr()
@@ -146,8 +158,9 @@ def test_parquet_inputs_from_s3(tmp_path, s3_bucket):
     make_sample_parquet(tmp_path / "pq", n_bars=6000, n_features=4, rows_per_file=1000)
     s3fs_for(options).put(f"{tmp_path / 'pq'}/", f"{bucket}/pq/", recursive=True)
     local = build_cache(tmp_path / "pq", tmp_path / "c.zarr", normalize="none", progress=False)
-    remote = build_cache(f"{bucket}/pq/*.parquet", f"{bucket}/c.zarr", normalize="none",
-                         storage_options=options, progress=False)
+    remote = build_cache(
+        f"{bucket}/pq/*.parquet", f"{bucket}/c.zarr", normalize="none", storage_options=options, progress=False
+    )
     assert_same_cache(remote, local)
 
 
@@ -155,7 +168,10 @@ def test_memory_url_build_and_stream(sample, reference):
     url = f"memory://{uuid.uuid4().hex}/c.zarr"
     cache = build_cache(sample, url, progress=False, **OPTS)
     assert_same_cache(open_cache(url), reference)
-    with WindowStream(cache, 30, split="all", batch_size=500) as a, WindowStream(reference, 30, split="all", batch_size=500) as b:
+    with (
+        WindowStream(cache, 30, split="all", batch_size=500) as a,
+        WindowStream(reference, 30, split="all", batch_size=500) as b,
+    ):
         got, want = list(a), list(b)
     assert len(got) == len(want) == b.n_batches > 0
     assert all(torch.equal(x, y) for u, v in zip(got, want) for x, y in zip(u, v))

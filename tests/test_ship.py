@@ -23,7 +23,8 @@ def _in_process(cache, **kw) -> list:
 
 def _same(got: list, want: list) -> bool:
     return len(got) == len(want) and all(
-        len(g) == len(w) and all(torch.equal(a, b) for a, b in zip(g, w)) for g, w in zip(got, want))
+        len(g) == len(w) and all(torch.equal(a, b) for a, b in zip(g, w)) for g, w in zip(got, want)
+    )
 
 
 def _rings(ds: WindowStream) -> list:

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardcache.errors import SourceError
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.build.sources import open_source
 from shardcache.build.sources.dbn import LATE_NS, SCHEMAS, UNDEF_PRICE, record_dtype
+from shardcache.errors import SourceError
 
 SAMPLE_DIR = Path(
     os.environ.get("SHARDCACHE_SAMPLE_DBN") or Path(__file__).resolve().parents[2] / "shared" / "data" / "dbn"
@@ -70,29 +70,51 @@ def reference_bars(path: Path, bar_ns: int | None = None) -> dict[tuple[str, int
     for key, rs in groups.items():
         if layout == "ohlcv" and bar_ns == interval:
             (r,) = rs
-            out[key] = {"open": r.open / 1e9, "high": r.high / 1e9, "low": r.low / 1e9, "close": r.close / 1e9, "volume": float(r.volume)}
+            out[key] = {
+                "open": r.open / 1e9,
+                "high": r.high / 1e9,
+                "low": r.low / 1e9,
+                "close": r.close / 1e9,
+                "volume": float(r.volume),
+            }
             continue
         if layout == "bbo":
             rs = [r for r in rs if good(r.bid_px_00) and good(r.ask_px_00)]
             mids = [(r.bid_px_00 / 1e9 + r.ask_px_00 / 1e9) / 2 for r in rs]
             traded = [r for r in rs if r.ts_recv - interval < r.ts_event <= r.ts_recv and r.price != dbn.UNDEF_PRICE]
             out[key] = {
-                "open": mids[0], "high": max(mids), "low": min(mids), "close": mids[-1],
-                "volume": float(sum(r.size for r in traded)), "count": float(len(traded)),
-                "bid": rs[-1].bid_px_00 / 1e9, "ask": rs[-1].ask_px_00 / 1e9,
+                "open": mids[0],
+                "high": max(mids),
+                "low": min(mids),
+                "close": mids[-1],
+                "volume": float(sum(r.size for r in traded)),
+                "count": float(len(traded)),
+                "bid": rs[-1].bid_px_00 / 1e9,
+                "ask": rs[-1].ask_px_00 / 1e9,
             }
             continue
         rs = sorted(rs, key=lambda r: r.ts_event)
         if layout == "ohlcv":
-            out[key] = {"open": rs[0].open / 1e9, "high": max(r.high for r in rs) / 1e9, "low": min(r.low for r in rs) / 1e9,
-                        "close": rs[-1].close / 1e9, "volume": float(sum(r.volume for r in rs))}
+            out[key] = {
+                "open": rs[0].open / 1e9,
+                "high": max(r.high for r in rs) / 1e9,
+                "low": min(r.low for r in rs) / 1e9,
+                "close": rs[-1].close / 1e9,
+                "volume": float(sum(r.volume for r in rs)),
+            }
             continue
         trades = [r for r in rs if (layout == "trade" or str(r.action) == "T") and good(r.price)]
         if not trades:
             continue
         px = [r.price / 1e9 for r in trades]
-        bar = {"open": px[0], "high": max(px), "low": min(px), "close": px[-1],
-               "volume": float(sum(r.size for r in trades)), "count": float(len(trades))}
+        bar = {
+            "open": px[0],
+            "high": max(px),
+            "low": min(px),
+            "close": px[-1],
+            "volume": float(sum(r.size for r in trades)),
+            "count": float(len(trades)),
+        }
         if layout == "mbp1":
             quoted = [r for r in rs if good(r.bid_px_00) and good(r.ask_px_00)]
             if not quoted:
@@ -319,7 +341,9 @@ def _ticks(schema: str, seed: int, n: int = 400) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("schema", ["trades", "tbbo", "mbp-1", "bbo-1s"])
 def test_ticks_fold_into_bars_across_read_blocks(tmp_path: Path, schema: str) -> None:
-    path = write_dbn(tmp_path / f"x.{schema}.dbn", schema, _ticks(schema, seed=len(schema)), symbols={11: "ESH3", 12: "NQH3"})
+    path = write_dbn(
+        tmp_path / f"x.{schema}.dbn", schema, _ticks(schema, seed=len(schema)), symbols={11: "ESH3", 12: "NQH3"}
+    )
     want = reference_bars(path)
     assert len(want) >= 5
     whole, src = read_bars(path)
@@ -341,7 +365,12 @@ def test_ohlcv_resampled_to_a_multiple_of_the_interval(tmp_path: Path) -> None:
 
 def test_a_record_for_a_bar_already_emitted_is_counted_late(tmp_path: Path) -> None:
     ts = np.array([T0 + 1, T0 + 2, T0 + 10 * MIN, T0 + 10 * MIN + 1, T0 + 3])
-    trades = {"ts_event": ts, "instrument_id": np.full(5, 1), "price": np.array([1.0, 2.0, 3.0, 4.0, 5.0]), "size": np.ones(5)}
+    trades = {
+        "ts_event": ts,
+        "instrument_id": np.full(5, 1),
+        "price": np.array([1.0, 2.0, 3.0, 4.0, 5.0]),
+        "size": np.ones(5),
+    }
     path = write_dbn(tmp_path / "late.dbn", "trades", trades, symbols={1: "A"})
     got, src = read_bars(path)
     assert got[("A", T0)]["count"] == 3 and got[("A", T0)]["close"] == 5.0 and not src.drops
@@ -358,8 +387,14 @@ def _raw_file(path: Path, meta: dbn.Metadata, body: bytes) -> Path:
 
 def _meta(mappings: list, ts_out: bool = False) -> dbn.Metadata:
     return dbn.Metadata(
-        dataset="GLBX.MDP3", start=T0, stype_in=dbn.SType.RAW_SYMBOL, stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=dbn.Schema.OHLCV_1M, mappings=mappings, ts_out=ts_out, version=3,
+        dataset="GLBX.MDP3",
+        start=T0,
+        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.OHLCV_1M,
+        mappings=mappings,
+        ts_out=ts_out,
+        version=3,
     )
 
 
@@ -407,8 +442,17 @@ def test_symbols_follow_mapping_dates(tmp_path: Path) -> None:
     recs = np.concatenate([_ohlcv(4, 7, day_step=True), _ohlcv(4, 8, day_step=True), _ohlcv(1, 9)])
     path = _raw_file(tmp_path / "dates.dbn", _meta(mappings), recs.tobytes())
     day = 86_400_000_000_000
-    want = {("AAA", T0), ("BBB", T0 + day), ("BBB", T0 + 2 * day), ("BBB", T0 + 3 * day),
-            ("CCC", T0), ("CCC", T0 + day), ("CCC", T0 + 2 * day), ("CCC", T0 + 3 * day), ("9", T0)}
+    want = {
+        ("AAA", T0),
+        ("BBB", T0 + day),
+        ("BBB", T0 + 2 * day),
+        ("BBB", T0 + 3 * day),
+        ("CCC", T0),
+        ("CCC", T0 + day),
+        ("CCC", T0 + 2 * day),
+        ("CCC", T0 + 3 * day),
+        ("9", T0),
+    }
     for max_rows in (1, 1 << 20):
         got, _ = read_bars(path, max_rows=max_rows)
         assert set(got) == want
@@ -419,8 +463,13 @@ def test_describe_and_pickle(tmp_path: Path) -> None:
     path = _one_day(tmp_path)
     src = open_source(str(path))
     info = src.describe()
-    assert info == {"path": str(path), "size": path.stat().st_size, "mtime": path.stat().st_mtime,
-                    "kind": "dbn", "schema": "ohlcv-1m"}
+    assert info == {
+        "path": str(path),
+        "size": path.stat().st_size,
+        "mtime": path.stat().st_mtime,
+        "kind": "dbn",
+        "schema": "ohlcv-1m",
+    }
     copy = pickle.loads(pickle.dumps(src))
     assert [p.to_pylist() for p in copy.pieces()] == [p.to_pylist() for p in src.pieces()]
 
@@ -436,8 +485,15 @@ def test_undefined_price_never_becomes_a_huge_number(tmp_path: Path) -> None:
 
 def test_ohlcv_rows_pass_through_unsorted_and_duplicated(tmp_path: Path) -> None:
     ts = T0 + np.array([2, 0, 1, 1]) * MIN
-    fields = {"ts_event": ts, "instrument_id": [4, 4, 4, 4], "open": [1.0, 2.0, 3.0, 4.0], "high": [5.0] * 4,
-              "low": [0.5] * 4, "close": [1.0] * 4, "volume": [1, 2, 3, 4]}
+    fields = {
+        "ts_event": ts,
+        "instrument_id": [4, 4, 4, 4],
+        "open": [1.0, 2.0, 3.0, 4.0],
+        "high": [5.0] * 4,
+        "low": [0.5] * 4,
+        "close": [1.0] * 4,
+        "volume": [1, 2, 3, 4],
+    }
     path = write_dbn(tmp_path / "dup.dbn.zst", "ohlcv-1m", fields, symbols={4: "ZNH3"})
     src = open_source(str(path))
     table = pa.concat_tables(list(src.pieces()))

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache.errors import SourceError
 from shardcache.build.sample import make_sample_parquet
 from shardcache.build.sources import clean_piece, expand_inputs, open_source, parse_duration
+from shardcache.errors import SourceError
 
 T0 = 1_672_660_800_000_000_000  # 2023-01-02T12:00:00Z
 MIN = 60_000_000_000
@@ -46,7 +46,13 @@ def test_detects_columns_and_converts_types(tmp_path: Path) -> None:
     assert src.columns == ["close", "volume", "flag"]
     (piece,) = list(src.pieces())
     assert piece.schema == pa.schema(
-        [("symbol", pa.string()), ("ts", pa.int64()), ("close", pa.float32()), ("volume", pa.float64()), ("flag", pa.float64())]
+        [
+            ("symbol", pa.string()),
+            ("ts", pa.int64()),
+            ("close", pa.float32()),
+            ("volume", pa.float64()),
+            ("flag", pa.float64()),
+        ]
     )
     assert piece.to_pylist()[2] == {"symbol": "NQH3", "ts": T0 + 2 * MIN, "close": 3.5, "volume": 3.0, "flag": 1.0}
     assert src.describe()["kind"] == "parquet" and src.describe()["size"] == path.stat().st_size
@@ -82,19 +88,38 @@ def test_symbol_from_column_partition_or_file_name(tmp_path: Path) -> None:
 def test_named_columns(tmp_path: Path) -> None:
     path = write(tmp_path / "x.parquet", when=[T0, T0 + MIN], name=["A", "B"], a=[1.0, 2.0], b=[3, 4], note=["p", "q"])
     src = open_source(str(path), ts_column="when", symbol_column="name", columns=["b", "a"])
-    assert rows(src) == [{"symbol": "A", "ts": T0, "b": 3.0, "a": 1.0}, {"symbol": "B", "ts": T0 + MIN, "b": 4.0, "a": 2.0}]
+    assert rows(src) == [
+        {"symbol": "A", "ts": T0, "b": 3.0, "a": 1.0},
+        {"symbol": "B", "ts": T0 + MIN, "b": 4.0, "a": 2.0},
+    ]
 
 
 @pytest.mark.parametrize(
     "kwargs, cols, message",
     [
-        ({}, {"when": [T0], "close": [1.0]}, r"x\.parquet: no timestamp column \(looked for ts_event, timestamp, time, ts, datetime; use --ts-column\)$"),
+        (
+            {},
+            {"when": [T0], "close": [1.0]},
+            r"x\.parquet: no timestamp column \(looked for ts_event, timestamp, time, ts, datetime; use --ts-column\)$",
+        ),
         ({"ts_column": "stamp"}, {"ts": [T0], "close": [1.0]}, r"no timestamp column 'stamp' \(columns are: ts, close"),
-        ({}, {"ts": ["last tuesday"], "close": [1.0]}, r"timestamp column 'ts' holds 'last tuesday', not an ISO-8601 time"),
+        (
+            {},
+            {"ts": ["last tuesday"], "close": [1.0]},
+            r"timestamp column 'ts' holds 'last tuesday', not an ISO-8601 time",
+        ),
         ({"symbol_column": "who"}, {"ts": [T0], "close": [1.0]}, r"no symbol column 'who'"),
-        ({"symbol_column": "flag"}, {"ts": [T0], "close": [1.0], "flag": [True]}, r"symbol column 'flag' has type bool"),
+        (
+            {"symbol_column": "flag"},
+            {"ts": [T0], "close": [1.0], "flag": [True]},
+            r"symbol column 'flag' has type bool",
+        ),
         ({"columns": ["close", "vwap"]}, {"ts": [T0], "close": [1.0]}, r"no column 'vwap' \(columns are: ts, close\)"),
-        ({"columns": ["venue"]}, {"ts": [T0], "venue": ["X"]}, r"column 'venue' has type string; feature columns must be numeric"),
+        (
+            {"columns": ["venue"]},
+            {"ts": [T0], "venue": ["X"]},
+            r"column 'venue' has type string; feature columns must be numeric",
+        ),
         ({"columns": ["ts"]}, {"ts": [T0], "close": [1.0]}, r"column 'ts' is the timestamp or symbol column"),
         ({}, {"ts": [T0], "venue": ["X"]}, r"no numeric feature columns"),
         ({}, {"ts": [12_345], "close": [1.0]}, r"holds integers around 12345, which are not seconds, ms, us or ns"),
@@ -164,13 +189,26 @@ def test_clean_piece_policy() -> None:
     drops: Counter = Counter()
     out = clean_piece(table, drops)
     assert out.column("ts").to_pylist() == [T0, 400_000_000_000_000_000]
-    assert dict(drops) == {"timestamp out of range": 2, "non-finite price": 1, "non-positive price": 1, "non-finite value": 1}
+    assert dict(drops) == {
+        "timestamp out of range": 2,
+        "non-finite price": 1,
+        "non-positive price": 1,
+        "non-finite value": 1,
+    }
     assert clean_piece(out, drops) is out
 
 
 @pytest.mark.parametrize(
     "text, ns",
-    [("1s", 10**9), ("1m", 60 * 10**9), ("5m", 300 * 10**9), ("1h", 3600 * 10**9), ("1d", 86_400 * 10**9), ("0", 0), ("250ms", 250 * 10**6)],
+    [
+        ("1s", 10**9),
+        ("1m", 60 * 10**9),
+        ("5m", 300 * 10**9),
+        ("1h", 3600 * 10**9),
+        ("1d", 86_400 * 10**9),
+        ("0", 0),
+        ("250ms", 250 * 10**6),
+    ],
 )
 def test_parse_duration(text: str, ns: int) -> None:
     assert parse_duration(text) == ns
@@ -183,12 +221,25 @@ def test_parse_duration_refuses(text: str) -> None:
 
 
 def test_expand_inputs(tmp_path: Path) -> None:
-    for name in ("a/x.dbn.zst", "a/b/y.parquet", "a/b/z.pq", "a/w.dbn", "a/readme.txt", "a/.hidden/h.dbn", "c/q.parquet"):
+    for name in (
+        "a/x.dbn.zst",
+        "a/b/y.parquet",
+        "a/b/z.pq",
+        "a/w.dbn",
+        "a/readme.txt",
+        "a/.hidden/h.dbn",
+        "c/q.parquet",
+    ):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
     a = str(tmp_path / "a")
-    got = expand_inputs([a, str(tmp_path / "a" / "w.dbn"), str(tmp_path / "c" / "*.parquet"), str(tmp_path / "a" / "readme.txt")])
-    assert got == sorted(str(tmp_path / n) for n in ("a/x.dbn.zst", "a/b/y.parquet", "a/b/z.pq", "a/w.dbn", "a/readme.txt", "c/q.parquet"))
+    got = expand_inputs(
+        [a, str(tmp_path / "a" / "w.dbn"), str(tmp_path / "c" / "*.parquet"), str(tmp_path / "a" / "readme.txt")]
+    )
+    assert got == sorted(
+        str(tmp_path / n)
+        for n in ("a/x.dbn.zst", "a/b/y.parquet", "a/b/z.pq", "a/w.dbn", "a/readme.txt", "c/q.parquet")
+    )
     with pytest.raises(SourceError, match="nope: no such file or directory"):
         expand_inputs([str(tmp_path / "nope")])
     with pytest.raises(SourceError, match="matches no input files"):

@@ -24,13 +24,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import shardcache.build.builder as builder
-import shardcache.build.staging as staging
+from shardcache.build import builder, staging
 from shardcache.build.builder import Merged, build_cache
-from shardcache.cli import build_cache_main
 from shardcache.build.compute import read_arrow, shard_stats, write_arrow, write_shard
 from shardcache.build.markers import Unreadable, decode, encode
 from shardcache.build.sample import make_sample
+from shardcache.cli import build_cache_main
 from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
 from shardcache.format.layout import FORMAT_VERSION
@@ -75,14 +74,30 @@ def _copy_state(interrupted: Path, tmp_path: Path) -> tuple[Path, Path]:
 def _scan_result() -> builder._Scan:
     runs = np.zeros(3, builder._RUN)
     runs["n"], runs["ts_max"] = [5, 6, 7], [10**18, 2, 3]
-    return builder._Scan(["ESM4", "NQM4"], runs, np.arange(3 * builder._SKETCH).reshape(3, -1),
-                         collections.Counter({"NaN price": 3}), 2, 21, 60 * 10**9, 60 * 10**9,
-                         {"unmapped": {"42": "ESH3"}})
+    return builder._Scan(
+        ["ESM4", "NQM4"],
+        runs,
+        np.arange(3 * builder._SKETCH).reshape(3, -1),
+        collections.Counter({"NaN price": 3}),
+        2,
+        21,
+        60 * 10**9,
+        60 * 10**9,
+        {"unmapped": {"42": "ESH3"}},
+    )
 
 
 def _merged() -> Merged:
-    return Merged("ESM4", 3, np.array([5, 7]), 12, np.array([0, 9]), np.array([0, 1], np.int8), 1,
-                  {"ts": 17, "close": 4321.25, "volume": None})
+    return Merged(
+        "ESM4",
+        3,
+        np.array([5, 7]),
+        12,
+        np.array([0, 9]),
+        np.array([0, 1], np.int8),
+        1,
+        {"ts": 17, "close": 4321.25, "volume": None},
+    )
 
 
 def _equal(a, b) -> bool:
@@ -127,17 +142,20 @@ def _object_array_npz() -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("data, typ, why", [
-    (pickle.dumps(_merged()), Merged, "a pickle"),
-    (b"", Merged, "empty"),
-    (encode(_merged())[1][:100], Merged, "truncated"),
-    (encode(_merged())[1].replace(b'"marker": 1', b'"marker": 2'), Merged, "another marker format"),
-    (b'{"marker": 1, "value": "x"}', str, "no digest"),
-    (encode("9f2c0d")[1], Merged, "another type"),
-    (encode(_merged())[1], staging._returns(builder._scan), "another dataclass"),
-    (encode((np.ones(2), np.ones(2)))[1], staging._returns(shard_stats), "a tuple of another length"),
-    (_object_array_npz(), object, "an object array"),
-])
+@pytest.mark.parametrize(
+    "data, typ, why",
+    [
+        (pickle.dumps(_merged()), Merged, "a pickle"),
+        (b"", Merged, "empty"),
+        (encode(_merged())[1][:100], Merged, "truncated"),
+        (encode(_merged())[1].replace(b'"marker": 1', b'"marker": 2'), Merged, "another marker format"),
+        (b'{"marker": 1, "value": "x"}', str, "no digest"),
+        (encode("9f2c0d")[1], Merged, "another type"),
+        (encode(_merged())[1], staging._returns(builder._scan), "another dataclass"),
+        (encode((np.ones(2), np.ones(2)))[1], staging._returns(shard_stats), "a tuple of another length"),
+        (_object_array_npz(), object, "an object array"),
+    ],
+)
 def test_a_marker_that_is_not_the_expected_data_is_unreadable(data, typ, why):
     with pytest.raises(Unreadable):
         decode(data, typ)
@@ -150,7 +168,7 @@ def _payload_bytes(data: bytes) -> set[int]:
     out: set[int] = set()
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         for info in zf.infolist():
-            name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+            name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
             start = info.header_offset + 30 + name_len + extra_len
             out |= set(range(start, start + info.compress_size))
     return out
@@ -230,8 +248,7 @@ def test_old_pickle_markers_are_never_read(files, clean, interrupted, tmp_path, 
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_flipped_bytes_in_a_marker_then_resume_gives_the_clean_cache(kind, files, clean, interrupted, tmp_path,
-                                                                     caplog):
+def test_flipped_bytes_in_a_marker_then_resume_gives_the_clean_cache(kind, files, clean, interrupted, tmp_path, caplog):
     out, root = _copy_state(interrupted, tmp_path)
     marker = sorted((root / "done").glob(f"{kind}*"))[-1]
     data = bytearray(marker.read_bytes())
@@ -280,7 +297,8 @@ OUTS = ("missing", "built", "complete", "incomplete", "other")
 def test_the_table_decides_every_case_as_prepare_did_and_refuses_all_while_another_build_runs():
     for staged, out, resume, overwrite in itertools.product(STAGED, OUTS, (False, True), (False, True)):
         assert staging.decide(False, staged, out, resume, overwrite) == _before_the_table(
-            staged, out, resume, overwrite), (staged, out, resume, overwrite)
+            staged, out, resume, overwrite
+        ), (staged, out, resume, overwrite)
         assert staging.decide(True, staged, out, resume, overwrite) == "refuse:running"
 
 
@@ -320,8 +338,9 @@ def _first_build(files: list[Path], out: str, tmp_path: Path, extra: list[str]) 
     """A real ``build-cache`` process, stopped (SIGSTOP) once it holds its staging folder."""
     state = Path(staging._root(out)) / staging.STATE
     log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "shardcache.cli", "build", *_argv(files, out), *extra],
-                            stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardcache.cli", "build", *_argv(files, out), *extra], stdout=log, stderr=log
+    )
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -341,8 +360,9 @@ def _refused_while_running(files: list[Path], out: str, tmp_path: Path, capsys, 
             code = build_cache_main([*_argv(files, out), *extra, *flags])
             err = capsys.readouterr().err.strip().splitlines()
             assert code == 2 and len(err) == 1, (flags, err)
-            assert err[0] == (f"build-cache: error: {out}: another build of this cache is running "
-                              f"(it holds {staging._root(out)})"), flags
+            assert err[0] == (
+                f"build-cache: error: {out}: another build of this cache is running (it holds {staging._root(out)})"
+            ), flags
     finally:
         proc.send_signal(signal.SIGCONT)
     assert proc.wait(120) == 0, (tmp_path / "first.log").read_text()
@@ -385,25 +405,37 @@ def test_spill_files_with_a_pickled_arrow_extension_type_run_no_code(tmp_path):
     """The staging folder's Arrow runs and clusters are untrusted too: pyarrow's old pickled
     extension type (``arrow.py_extension_type``, CVE-2023-47248) is read as plain storage."""
     sentinel = tmp_path / "pwned"
-    field = pa.field("close", pa.float64(), metadata={b"ARROW:extension:name": b"arrow.py_extension_type",
-                                                      b"ARROW:extension:metadata": _payload(sentinel)})
+    field = pa.field(
+        "close",
+        pa.float64(),
+        metadata={b"ARROW:extension:name": b"arrow.py_extension_type", b"ARROW:extension:metadata": _payload(sentinel)},
+    )
     path = tmp_path / "000000-000000.arrow"
-    write_arrow(str(path), pa.table({"ts": pa.array([1, 2]), "close": pa.array([1.5, 2.5])},
-                                    schema=pa.schema([pa.field("ts", pa.int64()), field])))
+    write_arrow(
+        str(path),
+        pa.table(
+            {"ts": pa.array([1, 2]), "close": pa.array([1.5, 2.5])},
+            schema=pa.schema([pa.field("ts", pa.int64()), field]),
+        ),
+    )
     table = read_arrow(str(path))
     assert table["close"].to_pylist() == [1.5, 2.5] and not sentinel.exists()
 
 
-@pytest.mark.parametrize("error, kept", [(SourceError("x.dbn", "truncated DBN data after 3 records"), False),
-                                          (ShardcacheError("the cluster went away"), True)])
+@pytest.mark.parametrize(
+    "error, kept",
+    [
+        (SourceError("x.dbn", "truncated DBN data after 3 records"), False),
+        (ShardcacheError("the cluster went away"), True),
+    ],
+)
 def test_a_resumed_build_keeps_its_folder_only_for_errors_a_resume_can_fix(tmp_path, error, kept):
     """Bad input data met by a resumed build leaves nothing that would invite another ``--resume``."""
     out = str(tmp_path / "c.zarr")
     stage = staging.prepare(out, None, {"inputs": []}, resume=False, overwrite=False)
     stage.resumed = True  # as after an interrupted build
-    with pytest.raises(type(error)):
-        with stage.guard("build"):
-            raise error
+    with pytest.raises(type(error)), stage.guard("build"):
+        raise error
     assert os.path.isdir(f"{out}.staging") is kept
     if kept:  # the lock is released, so the next build may resume it
         again = staging.prepare(out, None, {"inputs": []}, resume=True, overwrite=False)

@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 import zarr
-
 from helpers import make_cache, synthetic_bars
+
 from shardcache import CacheError, open_cache
 from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, symbol_bases
 

@@ -9,14 +9,14 @@ import threading
 import numpy as np
 import pytest
 import torch
+from helpers import brute_starts, make_cache, synthetic_bars
 from numpy.lib.stride_tricks import sliding_window_view
+from stream_helpers import rows_of
 
 import shardcache.read.stream as stream_mod
-from helpers import brute_starts, make_cache, synthetic_bars
 from shardcache.errors import CacheError
 from shardcache.format.cache import Cache
 from shardcache.read.stream import WindowDataset, WindowStream
-from stream_helpers import rows_of
 
 
 def collect(ds):
@@ -55,8 +55,16 @@ def reader_threads():
 def test_every_window_once_with_exact_content(
     stream_bars, stream_cache, seq_len, horizon, stride, split, batch, shuffle
 ):
-    ds = WindowStream(stream_cache, seq_len, horizon=horizon, stride=stride, split=split or "all", batch_size=batch,
-                      shuffle=shuffle, meta=True)
+    ds = WindowStream(
+        stream_cache,
+        seq_len,
+        horizon=horizon,
+        stride=stride,
+        split=split or "all",
+        batch_size=batch,
+        shuffle=shuffle,
+        meta=True,
+    )
     batches, x, y, idx = collect(ds)
     ref = brute_starts(stream_bars, seq_len, horizon, stride, split)
     assert len(batches) == len(ds) == ds.n_batches == -(-len(ref) // batch)
@@ -72,14 +80,16 @@ def test_every_window_once_with_exact_content(
 
 
 def test_feature_and_target_subsets(stream_bars, stream_cache):
-    ds = WindowStream(stream_cache, 12, horizon=3, split="all", batch_size=50, features=["f3", "f0"], target=["f1"],
-                      meta=True)
+    ds = WindowStream(
+        stream_cache, 12, horizon=3, split="all", batch_size=50, features=["f3", "f0"], target=["f1"], meta=True
+    )
     _, x, y, idx = collect(ds)
     rx, ry = reference(stream_bars, idx, 12, 3, [3, 0], [1])
     assert x.shape[2] == 2 and y.shape[1] == 1
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
-    _, x, y, idx = collect(WindowStream(stream_cache, 12, horizon=3, split="all", batch_size=50, target=["f4", "f2"],
-                                        meta=True))
+    _, x, y, idx = collect(
+        WindowStream(stream_cache, 12, horizon=3, split="all", batch_size=50, target=["f4", "f2"], meta=True)
+    )
     rx, ry = reference(stream_bars, idx, 12, 3, None, [4, 2])
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
     with pytest.raises(ValueError, match="nope"):
@@ -92,7 +102,9 @@ def test_feature_and_target_subsets(stream_bars, stream_cache):
 def test_runs_of_batches_give_the_same_batches(monkeypatch, stream_bars, stream_cache, run_bytes):
     """Single batches, short runs and runs as long as a pool: the same batches, right content."""
     monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
-    batches, x, y, idx = collect(WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2))
+    batches, x, y, idx = collect(
+        WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2)
+    )
     rx, ry = reference(stream_bars, idx, 11, 2)
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
     monkeypatch.setattr(stream_mod, "RUN_BYTES", 1)
@@ -103,6 +115,7 @@ def test_runs_of_batches_give_the_same_batches(monkeypatch, stream_bars, stream_
 def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cache):
     """Not even briefly: every call that could change them fails the test, and a thread started
     while the stream runs sees the caller's default."""
+
     def refuse(*args):
         raise AssertionError("the stream changed torch's thread settings")
 
@@ -112,7 +125,9 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
         monkeypatch.setattr(torch, name, refuse)
     inside = []
     real = reader_mod.Reader._gather
-    monkeypatch.setattr(reader_mod.Reader, "_gather", lambda self, run: inside.append(torch.get_num_threads()) or real(self, run))
+    monkeypatch.setattr(
+        reader_mod.Reader, "_gather", lambda self, run: inside.append(torch.get_num_threads()) or real(self, run)
+    )
     before, seen = torch.get_num_threads(), []
     ds = WindowStream(stream_cache, 10, split="all", batch_size=256, features=["f0", "f2"])  # subsets: two arenas
     for i, _ in enumerate(ds):
@@ -152,7 +167,9 @@ def test_order_depends_on_seed_and_epoch(stream_cache):
     a = WindowStream(stream_cache, 10, split="all", batch_size=64, seed=1, meta=True)
     first = order(a)
     assert np.array_equal(first, order(WindowStream(stream_cache, 10, split="all", batch_size=64, seed=1, meta=True)))
-    assert not np.array_equal(first, order(WindowStream(stream_cache, 10, split="all", batch_size=64, seed=2, meta=True)))
+    assert not np.array_equal(
+        first, order(WindowStream(stream_cache, 10, split="all", batch_size=64, seed=2, meta=True))
+    )
     a.set_epoch(3)
     third = order(a)
     assert not np.array_equal(first, third) and np.array_equal(np.sort(first), np.sort(third))
@@ -221,7 +238,15 @@ def test_a_newer_iterator_supersedes_the_older(stream_cache):
 def test_state_dict_rejects_another_stream(stream_cache):
     state = WindowStream(stream_cache, 10, split="all", batch_size=64).state_dict()
     assert set(state) >= {
-        "epoch", "seed", "history", "seq_len", "horizon", "stride", "split", "batch_size", "n_windows"
+        "epoch",
+        "seed",
+        "history",
+        "seq_len",
+        "horizon",
+        "stride",
+        "split",
+        "batch_size",
+        "n_windows",
     }
     with pytest.raises(ValueError, match="batch_size"):
         WindowStream(stream_cache, 10, split="all", batch_size=32).load_state_dict(state)

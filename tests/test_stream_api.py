@@ -9,13 +9,13 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import brute_starts, make_cache, synthetic_bars
 from numpy.lib.stride_tricks import sliding_window_view
+from stream_helpers import rows_of, window_rows
 from torch.utils.data import DataLoader
 
-from helpers import brute_starts, make_cache, synthetic_bars
 from shardcache.read.plan import WindowSpec, n_windows
 from shardcache.read.stream import MetaBatch, WindowDataset, WindowStream, parse_budget
-from stream_helpers import rows_of, window_rows
 
 
 def test_settings_after_seq_len_are_keyword_only(stream_cache):
@@ -33,7 +33,9 @@ def test_a_window_spec_is_shared_by_stream_dataset_and_n_windows(stream_bars, st
     assert n_windows(stream_cache, spec, split="train") == len(ref)
     assert n_windows(stream_cache, 12, horizon=4, stride=2, split="train") == len(ref)
     s = WindowStream(stream_cache, spec, split="train", batch_size=100)
-    assert s.spec == spec and s.read_spec.ranges.total() == len(ref) == len(WindowDataset(stream_cache, spec, split="train"))
+    assert s.spec == spec and s.read_spec.ranges.total() == len(ref) == len(
+        WindowDataset(stream_cache, spec, split="train")
+    )
     with pytest.raises(TypeError):
         WindowStream(stream_cache, spec, horizon=3, split="train")
     with pytest.raises(ValueError, match="int >= 0"):
@@ -125,7 +127,9 @@ def test_a_cache_with_splits_must_be_told_which(stream_bars, stream_cache, tmp_p
 
 def test_zero_windows_name_the_longest_segment(stream_bars, stream_cache):
     longest = int((stream_bars.segments[:, 2] - stream_bars.segments[:, 1])[stream_bars.segment_split == 0].max())
-    with pytest.raises(ValueError, match=f"spans {longest + 5} bars.*longest segment in split 'train'.*has {longest} bars"):
+    with pytest.raises(
+        ValueError, match=f"spans {longest + 5} bars.*longest segment in split 'train'.*has {longest} bars"
+    ):
         WindowStream(stream_cache, longest, horizon=5, split="train")
     with pytest.raises(ValueError, match="longest segment"):
         WindowDataset(stream_cache, longest + 1, split="train")
@@ -146,7 +150,9 @@ def _with_rank(monkeypatch, rank, world):
     monkeypatch.setenv("WORLD_SIZE", str(world))
 
 
-@pytest.mark.parametrize("w1,w2,done,batch", [(2, 1, 3, 64), (1, 2, 5, 50), (4, 2, 2, 33), (1, 2, 0, 64), (2, 3, 4, 40)])
+@pytest.mark.parametrize(
+    "w1,w2,done,batch", [(2, 1, 3, 64), (1, 2, 5, 50), (4, 2, 2, 33), (1, 2, 0, 64), (2, 3, 4, 40)]
+)
 def test_elastic_resume_serves_the_rest_once_on_equal_batches(monkeypatch, stream_cache, w1, w2, done, batch):
     kw = dict(split="all", batch_size=batch, seed=3, meta=True, mix=2)
     whole, delivered, states = [], [], []
@@ -214,8 +220,10 @@ def test_a_five_trial_sweep_in_one_process_leaves_nothing_behind(stream_cache):
     for trial in range(5):
         model = torch.nn.Linear(5, 5)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        with WindowStream(stream_cache, 8, split="train", batch_size=64, seed=trial) as train, \
-                WindowStream(stream_cache, 8, split="val", batch_size=64, shuffle=False) as val:
+        with (
+            WindowStream(stream_cache, 8, split="train", batch_size=64, seed=trial) as train,
+            WindowStream(stream_cache, 8, split="val", batch_size=64, shuffle=False) as val,
+        ):
             for i, (x, y) in enumerate(train.loader(2)):
                 loss = torch.nn.functional.mse_loss(model(x[:, -1]), y)
                 opt.zero_grad()
@@ -242,8 +250,11 @@ def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_
     def run():
         ds = WindowStream(stream_cache, 14, horizon=(1, 2), split="all", batch_size=64, features=features, meta=True)
         batches = list(ds)
-        return (torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches]),
-                torch.cat(rows_of(ds.cache, batches)).numpy())
+        return (
+            torch.cat([b.x for b in batches]),
+            torch.cat([b.y for b in batches]),
+            torch.cat(rows_of(ds.cache, batches)).numpy(),
+        )
 
     x, y, p = run()
     monkeypatch.setattr(reader_mod, "one_thread_here", lambda: False)

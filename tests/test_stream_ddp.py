@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
-
 from helpers import brute_starts
-from shardcache.read.stream import WindowStream
 from stream_helpers import ddp_stream_made_before_init
+
+from shardcache.read.stream import WindowStream
 
 
 @pytest.mark.slow
@@ -20,8 +20,12 @@ def test_ranks_are_disjoint_and_cover_the_epoch(monkeypatch, tmp_path, stream_ba
         monkeypatch.delenv(key, raising=False)
     stream = WindowStream(stream_cache, 9, split="train", batch_size=50, meta=True)  # no process group yet
     assert (stream.rank, stream.world) == (0, 1)
-    mp.spawn(ddp_stream_made_before_init, args=(world, stream, str(tmp_path / "init"), str(tmp_path)),
-             nprocs=world, join=True)
+    mp.spawn(
+        ddp_stream_made_before_init,
+        args=(world, stream, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=world,
+        join=True,
+    )
     got = [np.load(tmp_path / f"rank{r}.npy") for r in range(world)]
     meta = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     ref = brute_starts(stream_bars, 9, 1, 1, "train")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shardcache import build_cache
-from shardcache.read.plan import n_windows
 from shardcache.build.sample import make_sample
+from shardcache.read.plan import n_windows
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -21,9 +21,13 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_path, monkeypatch, workers):
     L = pytest.importorskip("lightning")
     section = README.read_text().split("### With Lightning", 1)[1]
-    classes, run = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
-    cache = build_cache(make_sample(tmp_path / "dbn", days=4), tmp_path / "data/sample/cache.zarr",
-                        split="train=0.8,val=0.1,test=0.1", progress=False)
+    classes, run = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
+    cache = build_cache(
+        make_sample(tmp_path / "dbn", days=4),
+        tmp_path / "data/sample/cache.zarr",
+        split="train=0.8,val=0.1,test=0.1",
+        progress=False,
+    )
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(classes, "README.md", "exec"), scope)

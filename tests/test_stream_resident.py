@@ -30,11 +30,14 @@ def same(a, b):
             assert all(np.array_equal(u, v) for u, v in zip(ba, bb, strict=True))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(seq_len=16, batch_size=64, meta=True),
-    dict(seq_len=9, horizon=(1, 4), batch_size=50, features=["f3", "f0"], target=["f1"], mix=2),
-    dict(seq_len=30, stride=3, split="train", batch_size=7, shuffle=False, decoders=0),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(seq_len=16, batch_size=64, meta=True),
+        dict(seq_len=9, horizon=(1, 4), batch_size=50, features=["f3", "f0"], target=["f1"], mix=2),
+        dict(seq_len=30, stride=3, split="train", batch_size=7, shuffle=False, decoders=0),
+    ],
+)
 def test_resident_passes_give_the_streamed_batches(stream_cache, reads, kw):
     """Three epochs, batch for batch: the first decodes, the later ones only gather; the same
     batches as a stream without a budget, which reads every block every epoch."""
@@ -79,8 +82,15 @@ def test_the_budget_chooses_resident_or_streamed(stream_cache, reads):
     on = WindowStream(stream_cache, 20, split="train", batch_size=64, mix=1, memory_budget=need)
     off = WindowStream(stream_cache, 20, split="train", batch_size=64, mix=1, memory_budget=need - 1)
     assert on.resident and not off.resident and not ds.resident
-    two = WindowStream(stream_cache, 20, split="train", batch_size=64, features=["f0"], target=["f1", "f2"],
-                       memory_budget=table.n_rows * 3 * 4)
+    two = WindowStream(
+        stream_cache,
+        20,
+        split="train",
+        batch_size=64,
+        features=["f0"],
+        target=["f1", "f2"],
+        memory_budget=table.n_rows * 3 * 4,
+    )
     assert two.resident and two._resident_bytes == table.n_rows * 3 * 4  # inputs and targets: two arenas
     same(passes(on, 2), passes(off, 2))
     assert on._resident is not None and off._resident is None

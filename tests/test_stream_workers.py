@@ -11,12 +11,12 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import brute_starts, make_cache, run_helper, synthetic_bars
+from stream_helpers import rows_of
 from torch.utils.data import DataLoader, get_worker_info
 
-from helpers import brute_starts, make_cache, run_helper, synthetic_bars
 from shardcache.format.cache import Cache
 from shardcache.read.stream import WindowStream
-from stream_helpers import rows_of
 
 KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}
 

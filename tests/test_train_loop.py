@@ -18,10 +18,22 @@ def _tool(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_two_steps_of_every_scenario_give_one_table_row_each(stream_cache, tmp_path: Path) -> None:
-    out = _tool("--cache", str(stream_cache.url), "--batches", "2", "--rounds", "1",
-                "--work", str(tmp_path), "--json", str(tmp_path / "loop.json"))
+    out = _tool(
+        "--cache",
+        str(stream_cache.url),
+        "--batches",
+        "2",
+        "--rounds",
+        "1",
+        "--work",
+        str(tmp_path),
+        "--json",
+        str(tmp_path / "loop.json"),
+    )
     assert out.returncode == 0, out.stderr
-    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ") and "scenario" not in line]
+    rows = [
+        line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ") and "scenario" not in line
+    ]
     assert [r[0].strip() for r in rows] == SCENARIOS
     assert {(r[1].strip(), r[2].strip()) for r in rows} == {("5", "2")}  # F and steps
     assert [r[4].strip() for r in rows if r[0].strip().startswith("model")] == ["1.00x", "1.00x"]

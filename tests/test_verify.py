@@ -12,8 +12,8 @@ import zarr
 
 from shardcache import CacheError, WindowDataset, WindowStream, open_cache
 from shardcache.build.builder import build_cache
-from shardcache.cli import main
 from shardcache.build.sample import make_sample
+from shardcache.cli import main
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 SHARD = 512  # symbol 0 (rows 0..~6,500) spans shards 0-12, so shard numbers below are its rows
@@ -62,9 +62,15 @@ def test_flipped_bytes_are_named_by_verify_and_raised_by_readers(cache, capsys):
     lines = out.strip().splitlines()
     assert code == 1
     assert lines[0].startswith("symbols/0/features/c/1/0: corrupt (crc32c checksum mismatch")
-    assert lines[1].startswith("symbols/0/time/c/2: corrupt") and lines[2].startswith("symbols/0/features/c/3/0: corrupt")
+    assert lines[1].startswith("symbols/0/time/c/2: corrupt") and lines[2].startswith(
+        "symbols/0/features/c/3/0: corrupt"
+    )
     assert "3 bad shard(s)" in lines[-1]
-    assert verify_cache(cache).bad_shards == ["symbols/0/features/c/1/0", "symbols/0/features/c/3/0", "symbols/0/time/c/2"]
+    assert verify_cache(cache).bad_shards == [
+        "symbols/0/features/c/1/0",
+        "symbols/0/features/c/3/0",
+        "symbols/0/time/c/2",
+    ]
 
     c = open_cache(cache)
     with pytest.raises(CacheError, match=r"shard 1 \(symbols/0/features/c/1/0\) is corrupt: crc32c checksum mismatch"):
@@ -87,7 +93,11 @@ def test_missing_and_truncated_shards(cache, capsys):
     shard5.write_bytes(shard5.read_bytes()[:1000])
     code, out = run_verify(capsys, cache)
     assert code == 1
-    assert "symbols/0/features/c/2/0: missing" in out and "symbols/0/time/c/4: missing" in out and "symbols/0/features/c/5/0: corrupt" in out
+    assert (
+        "symbols/0/features/c/2/0: missing" in out
+        and "symbols/0/time/c/4: missing" in out
+        and "symbols/0/features/c/5/0: corrupt" in out
+    )
     c = open_cache(cache)
     with pytest.raises(CacheError, match=r"shard 2 \(symbols/0/features/c/2/0\) is missing"):
         c.read_rows(2 * SHARD + 5, 2 * SHARD + 50)  # zarr alone would return NaN here
@@ -119,7 +129,10 @@ def test_timestamps_and_segment_table(cache, capsys):
     report = verify_cache(cache)
     text = [str(p) for p in report.problems]
     shard = (inside - 1) // SHARD
-    assert any(t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t for t in text), text
+    assert any(
+        t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t
+        for t in text
+    ), text
     assert any(t.startswith("segments: 1 gap(s) or overlap(s)") for t in text), text
     assert "segments: split ids outside 0-2" in text
     assert "symbols/0/segment_start: the symbol's segment table differs from the root segments index" in text

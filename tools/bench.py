@@ -70,10 +70,10 @@ from torch.utils.data import DataLoader, Dataset
 from shardcache import WindowStream
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_build import BuildResult, build_table, dir_bytes, ensure_scaled_cache, prepare_data, read_probe, read_table  # noqa: E402
-from profile_memory import MIB, Profile, plot, profile  # noqa: E402
+from bench_build import BuildResult, build_table, dir_bytes, ensure_scaled_cache, prepare_data, read_probe, read_table
+from profile_memory import MIB, Profile, plot, profile
 
-__all__ = ["MemmapWindows", "Row", "run_scenario", "main"]
+__all__ = ["MemmapWindows", "Row", "main", "run_scenario"]
 
 SEQ_LEN, HORIZON, BATCH = 60, 1, 256
 GIB = 2**30
@@ -184,8 +184,16 @@ def _stream(spec: dict) -> dict[str, Any]:
     streams: list[WindowStream] = []
 
     def open_data() -> Iterator[tuple]:
-        ds = WindowStream(spec["cache"], SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True,
-                          seed=spec["round"], memory_budget=spec.get("budget"))
+        ds = WindowStream(
+            spec["cache"],
+            SEQ_LEN,
+            horizon=HORIZON,
+            split="all",
+            batch_size=BATCH,
+            shuffle=True,
+            seed=spec["round"],
+            memory_budget=spec.get("budget"),
+        )
         streams.append(ds)
         if not spec["workers"]:
             loader: Any = ds
@@ -201,13 +209,22 @@ def _stream(spec: dict) -> dict[str, Any]:
         if spec.get("budget") is not None:
             assert ds.resident, f"memory_budget {spec['budget']} does not hold the split's bars"
             second = _timed(lambda: iter(ds))
-            out.update(epoch1_windows_per_s=out["windows_per_s"], epoch2_windows_per_s=second["windows_per_s"],
-                       epoch2_first_batch_s=second["first_batch_s"], windows_per_s=second["windows_per_s"])
+            out.update(
+                epoch1_windows_per_s=out["windows_per_s"],
+                epoch2_windows_per_s=second["windows_per_s"],
+                epoch2_first_batch_s=second["first_batch_s"],
+                windows_per_s=second["windows_per_s"],
+            )
     return out
 
 
 SCENARIOS: dict[str, Callable[[dict], dict[str, Any]]] = {
-    "naive": _naive, "memmap": _memmap, "batched": _batched, "ram": _ram, "stream": _stream, "read": read_probe,
+    "naive": _naive,
+    "memmap": _memmap,
+    "batched": _batched,
+    "ram": _ram,
+    "stream": _stream,
+    "read": read_probe,
 }
 
 
@@ -260,9 +277,18 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the spec, every round's numbers and profile summary."""
-        return {"key": self.key, "label": self.label, "spec": self.spec, "disk_bytes": self.disk,
-                "windows_per_s": self.rate, "first_batch_s": self.first_s, "peak_rss_tree_bytes": self.prof.peak_rss_tree,
-                "peak_pss_tree_bytes": self.peak_pss, "rounds": self.results, "profiles": [p.summary() for p in self.profs]}
+        return {
+            "key": self.key,
+            "label": self.label,
+            "spec": self.spec,
+            "disk_bytes": self.disk,
+            "windows_per_s": self.rate,
+            "first_batch_s": self.first_s,
+            "peak_rss_tree_bytes": self.prof.peak_rss_tree,
+            "peak_pss_tree_bytes": self.peak_pss,
+            "rounds": self.results,
+            "profiles": [p.summary() for p in self.profs],
+        }
 
 
 def _run(kind: str, label: str, spec: dict, work: Path, env: dict[str, str] | None = None) -> tuple[dict, Profile]:
@@ -308,14 +334,16 @@ def _fmt_rss(row: Row) -> tuple[str, str]:
 
 def _main_table(rows: list[Row], data: dict[int, dict]) -> str:
     """The scenarios table: windows/s, ratio to C, memory, first batch, bytes on disk."""
-    lines = ["| scenario | F | windows timed | windows/s | vs C | peak RSS MiB | peak PSS MiB | first batch s | on disk MiB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| scenario | F | windows timed | windows/s | vs C | peak RSS MiB | peak PSS MiB | first batch s | on disk MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         f, res = r.spec["F"], r.result
         c = next(x for x in rows if x.key == "C" and x.spec["F"] == f)
         rss, pss = _fmt_rss(r)
         first = f"{r.first_s:.3f}"
-        label = r.label[:-len(f' F={f}')]
+        label = r.label[: -len(f" F={f}")]
         if r.key == "ER":
             e1 = max(x["epoch1_windows_per_s"] for x in r.results)
             label += f", epoch 2 (epoch 1: {e1:,.0f} windows/s, {e1 / c.rate:.2f}x C)"
@@ -325,8 +353,10 @@ def _main_table(rows: list[Row], data: dict[int, dict]) -> str:
             full_first = r.first_s + res["list_s"] * (n_all / res["n_windows"] - 1)
             rss += f" (~{full_rss / GIB:,.1f} GiB for {n_all:,})"
             first += f" (~{full_first:,.0f} for all)"
-        lines.append(f"| {label} | {f} | {res['windows']:,} | {r.rate:,.0f} | {r.rate / c.rate:.2f}x | "
-                     f"{rss} | {pss} | {first} | {r.disk / MIB:,.1f} |")
+        lines.append(
+            f"| {label} | {f} | {res['windows']:,} | {r.rate:,.0f} | {r.rate / c.rate:.2f}x | "
+            f"{rss} | {pss} | {first} | {r.disk / MIB:,.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -342,7 +372,9 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
         if r.spec["workers"]:
             e0 = next(x for x in rows if x.key == "E0" and x.spec["F"] == f)
             ratio = r.rate / e0.rate
-            out.append((f"workers >= {WORKERS_BOUND}x in-process", where, f"{ratio:.2f}x E w=0", ratio >= WORKERS_BOUND))
+            out.append(
+                (f"workers >= {WORKERS_BOUND}x in-process", where, f"{ratio:.2f}x E w=0", ratio >= WORKERS_BOUND)
+            )
         first = r.first_s
         out.append((f"first batch <= {FIRST_BATCH_BOUND} s", where, f"{first:.3f} s", first <= FIRST_BATCH_BOUND))
         if f == 256 and r.key != "ER":  # ER holds the split's bars by design (its memory_budget)
@@ -360,12 +392,16 @@ def _targets(rows: list[Row], scaling: list[Row]) -> list[tuple[str, str, str, b
 
 def _scaling_table(scaling: list[Row], imports: dict[str, int]) -> str:
     """Streaming memory per cache size, and the RSS a process has before it streams anything."""
-    lines = ["| stream | cache | bars | workers | batches | windows/s | peak RSS MiB | peak PSS MiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| stream | cache | bars | workers | batches | windows/s | peak RSS MiB | peak PSS MiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in scaling:
         rss, pss = _fmt_rss(r)
-        lines.append(f"| E WindowStream | {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | "
-                     f"{r.spec['batches']} | {r.rate:,.0f} | {rss} | {pss} |")
+        lines.append(
+            f"| E WindowStream | {Path(r.spec['cache']).name} | {r.spec['bars']:,} | {r.spec['workers']} | "
+            f"{r.spec['batches']} | {r.rate:,.0f} | {rss} | {pss} |"
+        )
     lines += ["", "RSS after imports alone: " + ", ".join(f"`{k}` {v / MIB:.0f} MiB" for k, v in imports.items()) + "."]
     return "\n".join(lines)
 
@@ -374,8 +410,12 @@ def _import_rss() -> dict[str, int]:
     """RSS of a fresh interpreter after importing torch, torch with zarr, and torch with shardcache's stream."""
     code = "import psutil, {}; print(psutil.Process().memory_info().rss)"
     mods = ("torch", "torch, zarr, fsspec", "torch, shardcache.read.stream")
-    return {m: int(subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True,
-                                  check=True).stdout) for m in mods}
+    return {
+        m: int(
+            subprocess.run([sys.executable, "-c", code.format(m)], capture_output=True, text=True, check=True).stdout
+        )
+        for m in mods
+    }
 
 
 def _plot(naive: Row, stream: Row, n_all: int, path: Path) -> None:
@@ -388,27 +428,54 @@ def _plot(naive: Row, stream: Row, n_all: int, path: Path) -> None:
     fig.set_size_inches(8, 4.5)
     ax = fig.axes[0]
     ax.set_title(f"Process RSS over time, F={stream.spec['F']}, seq_len {SEQ_LEN} (tools/bench.py)")
-    ax.annotate(f"naive, all {n_all:,} windows: ~{full:.1f} GiB (extrapolated)", xy=(0.5, 0.9),
-                xycoords="axes fraction", fontsize="small", color="C0")
+    ax.annotate(
+        f"naive, all {n_all:,} windows: ~{full:.1f} GiB (extrapolated)",
+        xy=(0.5, 0.9),
+        xycoords="axes fraction",
+        fontsize="small",
+        color="C0",
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench.py", description=__doc__.splitlines()[0])
-    p.add_argument("--work", type=Path, default=Path("data/bench"), help="data, caches and results (default: %(default)s)")
+    p.add_argument(
+        "--work", type=Path, default=Path("data/bench"), help="data, caches and results (default: %(default)s)"
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write every measurement as JSON")
-    p.add_argument("--plot", type=Path, default=PLOT_PATH, help="RSS-over-time PNG, A vs E at F=256 (default: %(default)s)")
+    p.add_argument(
+        "--plot", type=Path, default=PLOT_PATH, help="RSS-over-time PNG, A vs E at F=256 (default: %(default)s)"
+    )
     p.add_argument("--features", default="9,64,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--naive-windows", type=int, default=20_000, help="windows A builds (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)")
-    p.add_argument("--worker-batches", type=int, default=2000, help="batches per E run with 2 workers (default: %(default)s)")
-    p.add_argument("--scale", type=int, default=10, help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)")
-    p.add_argument("--scale-batches", type=int, default=600, help="batches streamed per scaling run (default: %(default)s)")
-    p.add_argument("--peers", action="store_true",
-                   help="instead: E against LitData and MosaicML Streaming (tools/bench_peers.py; make bench-peers)")
-    p.add_argument("--peer-windows", type=int, default=131_072,
-                   help="windows written to each peer, one sample each; 0: all (default: %(default)s)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds over all scenarios, interleaved (default: %(default)s)"
+    )
+    p.add_argument(
+        "--worker-batches", type=int, default=2000, help="batches per E run with 2 workers (default: %(default)s)"
+    )
+    p.add_argument(
+        "--scale",
+        type=int,
+        default=10,
+        help="bars multiple of the F=256 memory-scaling cache; 1 skips it (default: %(default)s)",
+    )
+    p.add_argument(
+        "--scale-batches", type=int, default=600, help="batches streamed per scaling run (default: %(default)s)"
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="instead: E against LitData and MosaicML Streaming (tools/bench_peers.py; make bench-peers)",
+    )
+    p.add_argument(
+        "--peer-windows",
+        type=int,
+        default=131_072,
+        help="windows written to each peer, one sample each; 0: all (default: %(default)s)",
+    )
     p.add_argument("--scenario", help=argparse.SUPPRESS)
     return p
 
@@ -426,7 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args.work.mkdir(parents=True, exist_ok=True)
     builds: list[BuildResult] = []
-    data = {f: prepare_data(args.work, f, builds, SEQ_LEN, HORIZON) for f in sorted(int(x) for x in args.features.split(","))}
+    data = {
+        f: prepare_data(args.work, f, builds, SEQ_LEN, HORIZON)
+        for f in sorted(int(x) for x in args.features.split(","))
+    }
     table: dict[tuple[int, str], Row] = {}
     for rnd in range(args.rounds):
         for d in data.values():
@@ -439,17 +509,27 @@ def main(argv: list[str] | None = None) -> int:
         big = ensure_scaled_cache(args.work, 256, args.scale)
         for workers in (0, 2):  # one round: memory varies less than speed
             for path, scale in ((data[256]["cache"], 1), (str(big), args.scale)):
-                spec = {"F": 256, "cache": path, "bars": 665_000 * scale, "scale": scale, "workers": workers,
-                        "batches": args.scale_batches, "round": 0}
+                spec = {
+                    "F": 256,
+                    "cache": path,
+                    "bars": 665_000 * scale,
+                    "scale": scale,
+                    "workers": workers,
+                    "batches": args.scale_batches,
+                    "round": 0,
+                }
                 label = f"E w={workers} {scale}x"
                 scaling.append(Row("S", label, spec, dir_bytes(Path(path))))
                 scaling[-1].add(*_run("stream", label, spec, args.work))
     probes = {}
     caches = [d["cache"] for d in data.values()]
-    variants = {"default": {}, "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},
-                "async.concurrency=64": {"ZARR_ASYNC__CONCURRENCY": "64"},
-                "threading.max_workers=1": {"ZARR_THREADING__MAX_WORKERS": "1"},
-                "codec_pipeline.batch_size=8": {"ZARR_CODEC_PIPELINE__BATCH_SIZE": "8"}}
+    variants = {
+        "default": {},
+        "async.concurrency=1": {"ZARR_ASYNC__CONCURRENCY": "1"},
+        "async.concurrency=64": {"ZARR_ASYNC__CONCURRENCY": "64"},
+        "threading.max_workers=1": {"ZARR_THREADING__MAX_WORKERS": "1"},
+        "codec_pipeline.batch_size=8": {"ZARR_CODEC_PIPELINE__BATCH_SIZE": "8"},
+    }
     for name, env in variants.items():
         spec = {"caches": caches, "shards": 10, "full": name == "default", "tmp": str(args.work), "seq_len": SEQ_LEN}
         probes[name] = _run("read", f"read path {name}", spec, args.work, env)[0]
@@ -460,17 +540,40 @@ def main(argv: list[str] | None = None) -> int:
         f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
         f"torch {torch.__version__}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on; 1 torch thread per process; "
         f"total run {time.perf_counter() - t_start:.0f} s.",
-        "", "### Builds", "", build_table(builds),
-        "", "### Loaders (same bars, same run)", "", _main_table(rows, data),
-        "", f"A ran on {args.naive_windows:,} windows; `~` extrapolates its memory and first batch linearly to every "
+        "",
+        "### Builds",
+        "",
+        build_table(builds),
+        "",
+        "### Loaders (same bars, same run)",
+        "",
+        _main_table(rows, data),
+        "",
+        f"A ran on {args.naive_windows:,} windows; `~` extrapolates its memory and first batch linearly to every "
         f"window. {args.rounds} interleaved rounds: windows/s is the best round's, first batch the worst, memory the "
         "highest peak. RSS: process tree (workers included); PSS counts shared pages once. B and C map the raw file: "
         "their RSS includes the page-cache pages they touched. Every process starts with torch and shardcache imported.",
     ]
     if scaling:
-        report += ["", f"### Streaming memory at 1x and {args.scale}x the bars (F=256)", "", _scaling_table(scaling, _import_rss())]
-    report += ["", "### Zarr read path", "", read_table(probes, {r.spec["F"]: (r.result["windows"] / r.rate, r.spec["n_bars"]) for r in rows if r.key == "E0"}),
-               "", "### Targets", "", "| target | where | measured | result |", "|---|---|---:|---|"]
+        report += [
+            "",
+            f"### Streaming memory at 1x and {args.scale}x the bars (F=256)",
+            "",
+            _scaling_table(scaling, _import_rss()),
+        ]
+    report += [
+        "",
+        "### Zarr read path",
+        "",
+        read_table(
+            probes, {r.spec["F"]: (r.result["windows"] / r.rate, r.spec["n_bars"]) for r in rows if r.key == "E0"}
+        ),
+        "",
+        "### Targets",
+        "",
+        "| target | where | measured | result |",
+        "|---|---|---:|---|",
+    ]
     report += [f"| {name} | {where} | {value} | {'PASS' if ok else 'FAIL'} |" for name, where, value, ok in targets]
     print("\n".join(report))
     pick = {r.key: r for r in rows if r.spec["F"] == max(data) and r.key in ("A", "E0")}
@@ -479,10 +582,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {args.plot} ({args.plot.stat().st_size / 1024:.0f} KiB)", file=sys.stderr)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"date": time.strftime("%Y-%m-%d"), "cpus": psutil.cpu_count(), "ram_bytes": psutil.virtual_memory().total,
-                   "args": {k: str(v) for k, v in vars(args).items()}, "builds": [b.to_dict() for b in builds],
-                   "data": data, "rows": [r.to_dict() for r in rows], "scaling": [r.to_dict() for r in scaling],
-                   "read_path": probes, "targets": [dict(zip(("target", "where", "measured", "pass"), t)) for t in targets]}
+        payload = {
+            "date": time.strftime("%Y-%m-%d"),
+            "cpus": psutil.cpu_count(),
+            "ram_bytes": psutil.virtual_memory().total,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "builds": [b.to_dict() for b in builds],
+            "data": data,
+            "rows": [r.to_dict() for r in rows],
+            "scaling": [r.to_dict() for r in scaling],
+            "read_path": probes,
+            "targets": [dict(zip(("target", "where", "measured", "pass"), t)) for t in targets],
+        }
         args.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return 0 if all(t[3] for t in targets) else 1
 

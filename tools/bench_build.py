@@ -38,11 +38,21 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_memory import MIB, Profile, profile  # noqa: E402
+from profile_memory import MIB, Profile, profile
 
 __all__ = [
-    "FLAT_TOLERANCE", "BuildResult", "build_table", "dir_bytes", "ensure_dbn_sample", "ensure_scaled_cache",
-    "flat_verdict", "main", "measure_build", "prepare_data", "read_probe", "read_table",
+    "FLAT_TOLERANCE",
+    "BuildResult",
+    "build_table",
+    "dir_bytes",
+    "ensure_dbn_sample",
+    "ensure_scaled_cache",
+    "flat_verdict",
+    "main",
+    "measure_build",
+    "prepare_data",
+    "read_probe",
+    "read_table",
 ]
 
 FLAT_TOLERANCE = 0.10  # largest-scale peak RSS at most 10 % above the smallest scale's
@@ -91,7 +101,9 @@ def ensure_dbn_sample(work: Path, days: int, symbols: int = 4) -> Path:
     return out
 
 
-def measure_build(label: str, sources: Path, out: Path, *args: str, interval: float = 0.1) -> tuple[BuildResult, Profile]:
+def measure_build(
+    label: str, sources: Path, out: Path, *args: str, interval: float = 0.1
+) -> tuple[BuildResult, Profile]:
     """Run ``build-cache SOURCES --out OUT --overwrite -q ARGS`` in a profiled process."""
     from shardcache import open_cache
 
@@ -103,9 +115,15 @@ def measure_build(label: str, sources: Path, out: Path, *args: str, interval: fl
     size = cache.manifest.get("bytes", {})
     inputs = len([p for p in sources.iterdir() if not p.name.startswith(".")]) if sources.is_dir() else 1
     result = BuildResult(
-        label=label, inputs=inputs, bars=cache.n_bars, features=cache.n_features, wall_s=prof.wall_s,
-        peak_rss=max(prof.kernel_max_rss, prof.peak_rss_tree), peak_pss=prof.peak_pss_tree,
-        stored_bytes=int(size.get("stored", 0)), raw_bytes=int(size.get("raw", cache.n_bars * cache.n_features * 4)),
+        label=label,
+        inputs=inputs,
+        bars=cache.n_bars,
+        features=cache.n_features,
+        wall_s=prof.wall_s,
+        peak_rss=max(prof.kernel_max_rss, prof.peak_rss_tree),
+        peak_pss=prof.peak_pss_tree,
+        stored_bytes=int(size.get("stored", 0)),
+        raw_bytes=int(size.get("raw", cache.n_bars * cache.n_features * 4)),
         exit_code=prof.exit_code,
     )
     return result, prof
@@ -124,8 +142,8 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     Parquet table of ``f`` random columns built with ``--features raw``.
     """
     from shardcache import open_cache
-    from shardcache.read.plan import valid_ranges
     from shardcache.build.sample import make_sample_parquet
+    from shardcache.read.plan import valid_ranges
 
     if f == 9:
         src, label, extra = ensure_dbn_sample(work, 360), "DBN sample, default features", ()
@@ -140,21 +158,29 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     cache = open_cache(cache_path)
     raw, table = work / f"rows-{f}.f32", cache.shard_table  # (shard, start, stop) of the stored rows
     with open(raw, "wb") as fh:
-        for _, a, b in table.tolist():
-            fh.write(cache.read_rows(a, b).tobytes())
+        fh.writelines(cache.read_rows(a, b).tobytes() for _, a, b in table.tolist())
     starts, cache_starts = work / f"starts-{f}.npy", valid_ranges(cache, seq_len, horizon).starts()
     k = np.searchsorted(table[:, 1], cache_starts, side="right") - 1  # the same windows in the raw file
-    np.save(starts, cache_starts - table[k, 1] + (np.cumsum(table[:, 2] - table[:, 1]) - (table[:, 2] - table[:, 1]))[k])
-    return {"F": f, "cache": str(cache_path), "raw": str(raw), "starts": str(starts), "n_bars": cache.n_bars,
-            "n_windows": valid_ranges(cache, seq_len, horizon).total(), "cache_bytes": dir_bytes(cache_path),
-            "raw_bytes": raw.stat().st_size}
+    np.save(
+        starts, cache_starts - table[k, 1] + (np.cumsum(table[:, 2] - table[:, 1]) - (table[:, 2] - table[:, 1]))[k]
+    )
+    return {
+        "F": f,
+        "cache": str(cache_path),
+        "raw": str(raw),
+        "starts": str(starts),
+        "n_bars": cache.n_bars,
+        "n_windows": valid_ranges(cache, seq_len, horizon).total(),
+        "cache_bytes": dir_bytes(cache_path),
+        "raw_bytes": raw.stat().st_size,
+    }
 
 
 def ensure_scaled_cache(work: Path, f: int, scale: int) -> Path:
     """The ``scale`` x 665K-bar cache at F=``f``, built once by build-cache from generated Parquet, then reused."""
     from shardcache import open_cache
-    from shardcache.errors import CacheError
     from shardcache.build.sample import make_sample_parquet
+    from shardcache.errors import CacheError
 
     path = work / f"cache-{f}-x{scale}.zarr"
     try:
@@ -236,26 +262,45 @@ def read_probe(spec: dict) -> dict[str, Any]:
         # whole shards followed by another in the same region (so a block's overhang exists)
         firsts = [int(a) for (_, a, b), (_, c, _) in zip(table[:-1], table[1:]) if b - a == rows and c == b]
         firsts = firsts[: spec["shards"]]
-        res = {"F": f, "shard_rows": rows, "chunk_rows": cache.chunk_rows, "shard_mib": rows * f * 4 / MIB,
-               "zarr_ms": _median_ms(lambda a: _zarr_rows(cache, a, rows), firsts)}
+        res = {
+            "F": f,
+            "shard_rows": rows,
+            "chunk_rows": cache.chunk_rows,
+            "shard_mib": rows * f * 4 / MIB,
+            "zarr_ms": _median_ms(lambda a: _zarr_rows(cache, a, rows), firsts),
+        }
         if spec["full"]:
             res["read_rows_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows), firsts)
             batch = torch.randn(256, seq_len, f)
             res["batch_plain_ms"] = _median_ms(lambda a: torch.empty(batch.shape).copy_(batch), firsts)
-            res["batch_shared_ms"] = _median_ms(lambda a: torch.empty(0).set_(
-                torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch), firsts)
+            res["batch_shared_ms"] = _median_ms(
+                lambda a: (
+                    torch.empty(0)
+                    .set_(torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape)
+                    .copy_(batch)
+                ),
+                firsts,
+            )
             res["block_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows + seq_len), firsts)
             data, res["chunk_ms"] = np.concatenate([cache.read_rows(a, a + rows) for a in firsts]), {}
             for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
                 tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
-                arr = zarr.create_array(str(tmp), shape=data.shape, dtype="float32", chunks=(chunk, f),
-                                        shards=(rows, f), compressors=compressors(cache.manifest["layout"]["codec"]),
-                                        fill_value=np.nan, zarr_format=3)
+                arr = zarr.create_array(
+                    str(tmp),
+                    shape=data.shape,
+                    dtype="float32",
+                    chunks=(chunk, f),
+                    shards=(rows, f),
+                    compressors=compressors(cache.manifest["layout"]["codec"]),
+                    fill_value=np.nan,
+                    zarr_format=3,
+                )
                 for k in range(len(firsts)):  # whole shards, as build-cache writes them
                     arr[k * rows : (k + 1) * rows] = data[k * rows : (k + 1) * rows]
                 dec = ShardDecoder(arr)
-                res["chunk_ms"][chunk] = _median_ms(lambda k, dec=dec: dec.read(k * rows, (k + 1) * rows),
-                                                    list(range(len(firsts))))
+                res["chunk_ms"][chunk] = _median_ms(
+                    lambda k, dec=dec: dec.read(k * rows, (k + 1) * rows), list(range(len(firsts)))
+                )
                 shutil.rmtree(tmp)
         out[str(f)] = res
     return {"caches": out, "windows_per_s": 0.0}
@@ -266,8 +311,12 @@ def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) ->
     result), and decode's share of an in-process epoch (``epochs``: F -> (seconds, bars))."""
     base = probes["default"]["caches"]
     fs = sorted(base, key=int)
-    lines = ["| read path and batch hand-off (ms, median) | " + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, "
-             f"{base[f]['shard_mib']:.1f} MiB)" for f in fs) + " |", "|---|" + "---:|" * len(fs)]
+    lines = [
+        "| read path and batch hand-off (ms, median) | "
+        + " | ".join(f"F={f} ({base[f]['shard_rows']:,} rows, {base[f]['shard_mib']:.1f} MiB)" for f in fs)
+        + " |",
+        "|---|" + "---:|" * len(fs),
+    ]
 
     def add(name: str, values: list[float]) -> None:
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
@@ -277,12 +326,16 @@ def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) ->
     for name, probe in probes.items():
         if name != "default":
             add(f"zarr `features[a:b]` with {name}", [probe["caches"][f]["zarr_ms"] for f in fs])
-    add("`Cache.read_rows` (shardcache's ShardDecoder: one request, crc32c, decode in place)",
-        [base[f]["read_rows_ms"] for f in fs])
+    add(
+        "`Cache.read_rows` (shardcache's ShardDecoder: one request, crc32c, decode in place)",
+        [base[f]["read_rows_ms"] for f in fs],
+    )
     add("stream block: shard + 60-row overhang (reads into the next shard)", [base[f]["block_ms"] for f in fs])
     for k in range(3):
-        add("`Cache.read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
-            [list(base[f]["chunk_ms"].values())[k] for f in fs])
+        add(
+            "`Cache.read_rows`, inner chunk " + "/".join(f"{list(base[f]['chunk_ms'])[k]}" for f in fs) + " rows",
+            [list(base[f]["chunk_ms"].values())[k] for f in fs],
+        )
     add("one batch (256 x 60 x F) into new memory: plain (w=0)", [base[f]["batch_plain_ms"] for f in fs])
     add("one batch into new shared memory (what a DataLoader worker sends)", [base[f]["batch_shared_ms"] for f in fs])
     shares = []
@@ -297,11 +350,18 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench_build.py", description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="samples and caches (default: %(default)s)")
     p.add_argument("--scales", default="1,10", help="multiples of the 360-file sample (default: %(default)s)")
-    p.add_argument("--symbols", type=int, default=10,
-                   help="multiple of the 4 symbols in 360 daily files, 1 for none (default: %(default)s)")
-    p.add_argument("--parquet-scales", default="1",
-                   help="multiples of the 665K-row Parquet F=256 table (--features raw), '' for none "
-                        "(default: %(default)s; 10x is a 6.8 GB file)")
+    p.add_argument(
+        "--symbols",
+        type=int,
+        default=10,
+        help="multiple of the 4 symbols in 360 daily files, 1 for none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--parquet-scales",
+        default="1",
+        help="multiples of the 665K-row Parquet F=256 table (--features raw), '' for none "
+        "(default: %(default)s; 10x is a 6.8 GB file)",
+    )
     p.add_argument("--parquet-features", type=int, default=256, help="Parquet columns (default: %(default)s)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     return p
@@ -334,8 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.symbols > 1 and 1 in scales:
         src = ensure_dbn_sample(args.work, 360, 4 * args.symbols)
         print(f"bench: build-cache at {args.symbols}x the symbols ({src}) ...", file=sys.stderr, flush=True)
-        wide = [results[scales.index(1)],
-                measure_build(f"DBN sample {args.symbols}x symbols", src, args.work / "build-wide.zarr")[0]]
+        wide = [
+            results[scales.index(1)],
+            measure_build(f"DBN sample {args.symbols}x symbols", src, args.work / "build-wide.zarr")[0],
+        ]
     pq_results = []
     for scale in sorted({int(s) for s in args.parquet_scales.split(",") if s.strip()}):
         f = args.parquet_features
@@ -351,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = ok and group_ok
             print("\n" + text)
     if args.json:
-        args.json.write_text(json.dumps({"builds": [r.to_dict() for r in results + wide[1:] + pq_results], "flat": ok},
-                                        indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"builds": [r.to_dict() for r in results + wide[1:] + pq_results], "flat": ok}, indent=1) + "\n"
+        )
     return 0 if ok else 1
 
 

@@ -68,8 +68,15 @@ def measure(cache_path: str, seed: int) -> dict[str, float]:
         t3, c3 = time.perf_counter(), time.process_time()
         del it
     g0, g1 = marks[0], marks[1]
-    return {"open": t1 - t0, "stream": t2 - t1, "decode": g0 - t2, "gather": g1 - g0, "hand": t3 - g1,
-            "total": t3 - t0, "cpu": c3 - c0}
+    return {
+        "open": t1 - t0,
+        "stream": t2 - t1,
+        "decode": g0 - t2,
+        "gather": g1 - g0,
+        "hand": t3 - g1,
+        "total": t3 - t0,
+        "cpu": c3 - c0,
+    }
 
 
 def _cache(work: Path, f: int) -> str:
@@ -91,8 +98,10 @@ def _cache(work: Path, f: int) -> str:
 def _run(tree: str, cache: str, seed: int) -> dict[str, float]:
     """One fresh process on source tree ``tree`` (also its working directory: ``-c`` puts it first on the path)."""
     env = {**os.environ, **THREAD_ENV, "PYTHONPATH": tree}
-    code = (f"import sys, json; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-            f"import bench_first; print(json.dumps(bench_first.measure({cache!r}, {seed})))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+        f"import bench_first; print(json.dumps(bench_first.measure({cache!r}, {seed})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -108,13 +117,16 @@ def _table(results: dict[tuple[str, int], list[dict[str, float]]], sides: list[s
             runs = results[(side, f)]
             med[side] = {k: statistics.median(r[k] for r in runs) for k in (*PHASES, "total", "cpu")}
             cells = " | ".join(f"{1e3 * med[side][k]:.1f}" for k in PHASES)
-            lines.append(f"| {f} | {side} | {cells} | {1e3 * med[side]['total']:.1f} | "
-                         f"{1e3 * max(r['total'] for r in runs):.1f} | {1e3 * med[side]['cpu']:.1f} |")
+            lines.append(
+                f"| {f} | {side} | {cells} | {1e3 * med[side]['total']:.1f} | "
+                f"{1e3 * max(r['total'] for r in runs):.1f} | {1e3 * med[side]['cpu']:.1f} |"
+            )
         if len(sides) == 2:
             new, old = med[sides[0]], med[sides[1]]
             cells = " | ".join(f"{new[k] / old[k]:.2f}x" if old[k] > 0 else "-" for k in PHASES)
-            lines.append(f"| {f} | new/old | {cells} | {new['total'] / old['total']:.2f}x | | "
-                         f"{new['cpu'] / old['cpu']:.2f}x |")
+            lines.append(
+                f"| {f} | new/old | {cells} | {new['total'] / old['total']:.2f}x | | {new['cpu'] / old['cpu']:.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -130,8 +142,12 @@ def tool_parser(prog: str, doc: str, rounds: tuple[int, str], baseline: str) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = tool_parser("bench_first.py", __doc__, (10, "processes per side and F"),
-                       "a second source tree, timed interleaved with this one").parse_args(argv)
+    args = tool_parser(
+        "bench_first.py",
+        __doc__,
+        (10, "processes per side and F"),
+        "a second source tree, timed interleaved with this one",
+    ).parse_args(argv)
     here = str(Path(__file__).resolve().parents[1])
     trees = {"new": here, **({"old": str(Path(args.baseline).resolve())} if args.baseline else {})}
     caches = {int(f): _cache(args.work, int(f)) for f in args.features.split(",")}
@@ -139,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     for rnd in range(args.rounds):
         for f, cache in caches.items():
-            for side, tree in (trees.items() if rnd % 2 == 0 else reversed(trees.items())):
+            for side, tree in trees.items() if rnd % 2 == 0 else reversed(trees.items()):
                 results.setdefault((side, f), []).append(_run(tree, cache, rnd))
     load1 = os.getloadavg()
-    print(f"first batch, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average "
-          f"{load0[0]:.2f} -> {load1[0]:.2f}; {args.rounds} fresh processes per row, interleaved; ms")
+    print(
+        f"first batch, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average "
+        f"{load0[0]:.2f} -> {load1[0]:.2f}; {args.rounds} fresh processes per row, interleaved; ms"
+    )
     print(_table(results, list(trees)))
     if args.json:
         args.json.write_text(json.dumps({f"{s}-{f}": r for (s, f), r in results.items()}, indent=1) + "\n")

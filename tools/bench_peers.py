@@ -53,9 +53,9 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import BATCH, GIB, HORIZON, SEQ_LEN, Row, _run, _timed  # noqa: E402
-from bench_build import BuildResult, build_table, dir_bytes, prepare_data  # noqa: E402
-from profile_memory import MIB  # noqa: E402
+from bench import BATCH, GIB, HORIZON, SEQ_LEN, Row, _run, _timed
+from bench_build import BuildResult, build_table, dir_bytes, prepare_data
+from profile_memory import MIB
 
 __all__ = ["PEER_SCENARIOS", "WindowSample", "import_streaming", "peers_main"]
 
@@ -90,11 +90,15 @@ def import_streaming() -> tuple[types.ModuleType, str]:
     try:
         import torchvision  # noqa: F401
     except ModuleNotFoundError:
-        sys.modules["streaming.vision"] = types.ModuleType("streaming.vision", "placeholder: torchvision is not installed")
+        sys.modules["streaming.vision"] = types.ModuleType(
+            "streaming.vision", "placeholder: torchvision is not installed"
+        )
         note = "no torchvision: `streaming.vision` (image datasets) replaced by an empty placeholder module"
     except Exception as exc:  # the CUDA wheel on a CPU torch: RuntimeError "operator torchvision::nms does not exist"
-        raise SystemExit(f"bench: torchvision is installed but cannot load against torch {torch.__version__} ({exc}); "
-                         "`pip uninstall torchvision` in this venv (see `make bench-peers`)") from exc
+        raise SystemExit(
+            f"bench: torchvision is installed but cannot load against torch {torch.__version__} ({exc}); "
+            "`pip uninstall torchvision` in this venv (see `make bench-peers`)"
+        ) from exc
     import streaming
 
     return streaming, note
@@ -113,8 +117,13 @@ def _litdata_write(spec: dict) -> dict[str, Any]:
 
     starts = _peer_starts(spec)
     t0 = time.perf_counter()
-    optimize(fn=WindowSample(spec["raw"], spec["n_bars"], spec["F"]), inputs=starts.tolist(),
-             output_dir=spec["dir"], chunk_bytes="64MB", verbose=False)
+    optimize(
+        fn=WindowSample(spec["raw"], spec["n_bars"], spec["F"]),
+        inputs=starts.tolist(),
+        output_dir=spec["dir"],
+        chunk_bytes="64MB",
+        verbose=False,
+    )
     return {"write_s": time.perf_counter() - t0, "windows": len(starts), "bytes": dir_bytes(Path(spec["dir"]))}
 
 
@@ -158,8 +167,12 @@ def _mosaic_read(spec: dict) -> dict[str, Any]:
     return {**_timed(open_data), "note": note}
 
 
-PEER_SCENARIOS = {"litdata_write": _litdata_write, "mosaic_write": _mosaic_write,
-                  "litdata_read": _litdata_read, "mosaic_read": _mosaic_read}
+PEER_SCENARIOS = {
+    "litdata_write": _litdata_write,
+    "mosaic_write": _mosaic_write,
+    "litdata_read": _litdata_read,
+    "mosaic_read": _mosaic_read,
+}
 
 
 # -- parent ----------------------------------------------------------------------------------
@@ -173,8 +186,10 @@ def _check_disk(work: Path, data: dict[int, dict], windows: int) -> None:
     need = sum(2 * min(windows or d["n_windows"], d["n_windows"]) * (SEQ_LEN + 1) * d["F"] * 4 for d in data.values())
     free = shutil.disk_usage(work).free
     if need + DISK_MARGIN > free:
-        raise SystemExit(f"bench: the peers' samples need ~{need / GIB:.1f} GiB under {work}, "
-                         f"{free / GIB:.1f} GiB free: lower --peer-windows or --features")
+        raise SystemExit(
+            f"bench: the peers' samples need ~{need / GIB:.1f} GiB under {work}, "
+            f"{free / GIB:.1f} GiB free: lower --peer-windows or --features"
+        )
 
 
 def _versions() -> str:
@@ -182,17 +197,24 @@ def _versions() -> str:
     try:
         import litdata
     except ModuleNotFoundError:
-        raise SystemExit("bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
-                         "(it installs them into .venv-peers)") from None
+        raise SystemExit(
+            "bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
+            "(it installs them into .venv-peers)"
+        ) from None
 
     streaming, note = import_streaming()
-    return f"torch {torch.__version__}, litdata {litdata.__version__}, mosaicml-streaming {streaming.__version__} ({note})"
+    return (
+        f"torch {torch.__version__}, litdata {litdata.__version__}, mosaicml-streaming {streaming.__version__} ({note})"
+    )
 
 
 def _table(rows: list[Row], writes: dict[tuple[int, str], dict]) -> str:
     """E, L and M side by side at each F: windows/s, ratio to E, first batch, memory, write time, disk."""
-    lines = ["| scenario | F | windows timed | windows/s | vs E | first batch s | peak RSS MiB | peak PSS MiB | "
-             "written in s | on disk MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| scenario | F | windows timed | windows/s | vs E | first batch s | peak RSS MiB | peak PSS MiB | "
+        "written in s | on disk MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         f = r.spec["F"]
         e = next(x for x in rows if x.key == "E" and x.spec["F"] == f)
@@ -200,8 +222,10 @@ def _table(rows: list[Row], writes: dict[tuple[int, str], dict]) -> str:
         w = writes.get((f, r.key))
         written = "(build above)" if w is None else f"{w['write_s']:,.1f}"
         disk = r.disk if w is None else w["bytes"]
-        lines.append(f"| {PEER_NAMES[r.key]} | {f} | {r.result['windows']:,} | {r.rate:,.0f} | {r.rate / e.rate:.3f}x | "
-                     f"{r.first_s:.3f} | {r.prof.peak_rss_tree / MIB:,.0f} | {pss} | {written} | {disk / MIB:,.1f} |")
+        lines.append(
+            f"| {PEER_NAMES[r.key]} | {f} | {r.result['windows']:,} | {r.rate:,.0f} | {r.rate / e.rate:.3f}x | "
+            f"{r.first_s:.3f} | {r.prof.peak_rss_tree / MIB:,.0f} | {pss} | {written} | {disk / MIB:,.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -212,7 +236,9 @@ def peers_main(args: argparse.Namespace) -> int:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     builds: list[BuildResult] = []
-    data = {f: prepare_data(work, f, builds, SEQ_LEN, HORIZON) for f in sorted(int(x) for x in args.features.split(","))}
+    data = {
+        f: prepare_data(work, f, builds, SEQ_LEN, HORIZON) for f in sorted(int(x) for x in args.features.split(","))
+    }
     _check_disk(work, data, args.peer_windows)
     peers_dir = work / "peers"
     shutil.rmtree(peers_dir, ignore_errors=True)
@@ -238,17 +264,27 @@ def peers_main(args: argparse.Namespace) -> int:
         shutil.rmtree(peers_dir, ignore_errors=True)
     rows = list(table.values())
     load_after = _uptime()
-    counts = ", ".join(f"F={f}: {min(args.peer_windows or d['n_windows'], d['n_windows']):,} of {d['n_windows']:,}"
-                       for f, d in data.items())
+    counts = ", ".join(
+        f"F={f}: {min(args.peer_windows or d['n_windows'], d['n_windows']):,} of {d['n_windows']:,}"
+        for f, d in data.items()
+    )
     report = [
         f"shardcache against its peers, {time.strftime('%Y-%m-%d')}: {psutil.cpu_count()} cores, "
         f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
         f"{versions}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on, num_workers=0; 1 torch thread per process; "
         f"{args.rounds} interleaved rounds; total run {time.perf_counter() - t_start:.0f} s.",
-        "", f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`.",
-        "", "### Builds (E's caches)", "", build_table(builds),
-        "", "### Peers (same bars, same run)", "", _table(rows, writes),
-        "", f"Windows timed per scenario ({counts}): the peers are written that many windows, one sample each "
+        "",
+        f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`.",
+        "",
+        "### Builds (E's caches)",
+        "",
+        build_table(builds),
+        "",
+        "### Peers (same bars, same run)",
+        "",
+        _table(rows, writes),
+        "",
+        f"Windows timed per scenario ({counts}): the peers are written that many windows, one sample each "
         "(the first ones in time order); E streams the whole cache, shuffled, and stops after as many. windows/s is "
         "the best round's, first batch (constructing the dataset to the first batch in hand) the worst round's, "
         "memory the highest peak of the process tree; `written in s` is the peer's one write (LitData's with its "
@@ -257,9 +293,16 @@ def peers_main(args: argparse.Namespace) -> int:
     print("\n".join(report))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"date": time.strftime("%Y-%m-%d"), "versions": versions, "load_before": load_before,
-                   "load_after": load_after, "args": {k: str(v) for k, v in vars(args).items()},
-                   "builds": [b.to_dict() for b in builds], "data": data, "writes": {f"{f} {k}": v for (f, k), v in writes.items()},
-                   "rows": [r.to_dict() for r in rows]}
+        payload = {
+            "date": time.strftime("%Y-%m-%d"),
+            "versions": versions,
+            "load_before": load_before,
+            "load_after": load_after,
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "builds": [b.to_dict() for b in builds],
+            "data": data,
+            "writes": {f"{f} {k}": v for (f, k), v in writes.items()},
+            "rows": [r.to_dict() for r in rows],
+        }
         args.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return 0

@@ -62,8 +62,12 @@ class Moto:
         self.port = _free_port()
         self.log = log
         err = subprocess.DEVNULL if log is None else open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **ENV})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env={**os.environ, **ENV},
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -124,8 +128,9 @@ def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto
     row = {"open (ms)": f"{t_open * 1000:.0f}"}
     reads = {
         "shard by shard": lambda: [cache.read_rows(a, b) for _, a, b in cache.shard_table.tolist()],
-        f"zarr, one call per symbol, async.concurrency={zarr.config.get('async.concurrency')}":
-            lambda: [np.asarray(cache.array(i, "features")[...]) for i in range(len(cache.symbols))],
+        f"zarr, one call per symbol, async.concurrency={zarr.config.get('async.concurrency')}": lambda: [
+            np.asarray(cache.array(i, "features")[...]) for i in range(len(cache.symbols))
+        ],
     }
     for name, fn in reads.items():
         c0 = count()
@@ -165,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             fs = s3fs.S3FileSystem(**options)
             fs.mkdir("bench")
             fs.put(local.rstrip("/") + "/", "bench/c.zarr/", recursive=True)
-            cols = {"local disk": measure(local, None, args, None),
-                    "S3 (moto, loopback)": measure("s3://bench/c.zarr", options, args, moto)}
+            cols = {
+                "local disk": measure(local, None, args, None),
+                "S3 (moto, loopback)": measure("s3://bench/c.zarr", options, args, moto),
+            }
         finally:
             moto.stop()
     cache = open_cache(args.cache) if args.cache else None

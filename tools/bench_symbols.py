@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         layouts = {}
         for name, n in (("many", args.many), ("few", args.few)):
             folder = os.path.join(work, name)
-            files = make_sample_parquet(folder, n_bars=args.bars, n_features=args.features,
-                                        symbols=[f"S{i:05d}" for i in range(n)])
+            files = make_sample_parquet(
+                folder, n_bars=args.bars, n_features=args.features, symbols=[f"S{i:05d}" for i in range(n)]
+            )
             layouts[name] = (str(files[0]), n)
         stores = set(args.stores.split(","))
         moto = Moto() if "s3" in stores else None
@@ -118,15 +119,16 @@ def main(argv: list[str] | None = None) -> int:
                     bucket = f"bench-{name}-{uuid.uuid4().hex[:8]}"
                     s3fs.S3FileSystem(**moto.options).mkdir(bucket)
                     columns[f"{label}, S3 (moto)"] = measure(src, f"s3://{bucket}/c.zarr", moto.options, env)
-                for column in list(columns)[-len(stores):]:  # as they come: a later failure keeps them
+                for column in list(columns)[-len(stores) :]:  # as they come: a later failure keeps them
                     print(column, json.dumps(columns[column]), file=sys.stderr, flush=True)
         finally:
             if moto:
                 moto.stop()
     names = list(columns)
     rows = list(columns[names[0]])
-    print(f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; "
-          f"ratio = many / few (same store)\n")
+    print(
+        f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; ratio = many / few (same store)\n"
+    )
     per_layout = len(names) // 2  # columns are many (each store), then few (each store)
     stores_shown = [n.split(", ", 1)[1] for n in names[:per_layout]]
     print("| | " + " | ".join(names) + " | " + " | ".join(f"ratio {s}" for s in stores_shown) + " |")

@@ -72,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.data is None:
             make_sample(data, days=args.days)
         files = expand_inputs([data])
-        with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+        with (
+            LocalCluster(
+                n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             idle = client.run(_warm)
             sampler = Sampler(client.run(os.getpid), args.interval)
             sampler.start()
@@ -85,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         biggest = max(os.path.getsize(f) for f in files)
         bars = max(sum(t.num_rows for t in open_source(f).pieces()) for f in files[:5])
     shard = cache.shard_rows * cache.n_features * 4
-    print(f"{len(files)} files (largest {biggest / 1024:.0f} KiB, ~{bars} bars), {cache.n_bars:,} bars, "
-          f"{cache.n_shards} shards of {shard / MIB:.1f} MiB decoded; build {elapsed:.1f} s on "
-          f"{args.workers} workers x 1 thread\n")
+    print(
+        f"{len(files)} files (largest {biggest / 1024:.0f} KiB, ~{bars} bars), {cache.n_bars:,} bars, "
+        f"{cache.n_shards} shards of {shard / MIB:.1f} MiB decoded; build {elapsed:.1f} s on "
+        f"{args.workers} workers x 1 thread\n"
+    )
     print("| worker | idle RSS (MiB) | peak RSS (MiB) | peak - idle (MiB) |")
     print("|---|---:|---:|---:|")
     for w in sorted(idle):

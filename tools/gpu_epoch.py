@@ -38,8 +38,12 @@ GIB = 2**30
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu_epoch.py", description=__doc__.splitlines()[0])
-    p.add_argument("--work", type=Path, default=Path("data/bench"),
-                   help="folder of the cache-<F>.zarr caches (default: %(default)s)")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path("data/bench"),
+        help="folder of the cache-<F>.zarr caches (default: %(default)s)",
+    )
     p.add_argument("--features", default="9,256", help="feature counts to run (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=60, help="window length (default: %(default)s)")
@@ -60,8 +64,9 @@ def _epochs(cache: Path, args: argparse.Namespace, device: torch.device, budget:
     proc = psutil.Process()
     peak_rss = proc.memory_info().rss
     out: dict = {"epochs": []}
-    with WindowStream(cache, args.seq_len, split="all", batch_size=args.batch_size, shuffle=True, device=device,
-                      memory_budget=budget) as ds:
+    with WindowStream(
+        cache, args.seq_len, split="all", batch_size=args.batch_size, shuffle=True, device=device, memory_budget=budget
+    ) as ds:
         out["resident"], expected = ds.resident, ds.plan(0).n_windows
         for _ in range(2):
             t0 = time.perf_counter()
@@ -85,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"gpu_epoch: no CUDA device here (torch {torch.__version__}); run with --device cpu "
-              "for the CPU path, or on a machine with a GPU", file=sys.stderr)
+        print(
+            f"gpu_epoch: no CUDA device here (torch {torch.__version__}); run with --device cpu "
+            "for the CPU path, or on a machine with a GPU",
+            file=sys.stderr,
+        )
         return 2
     caches = {int(f): args.work / f"cache-{int(f)}.zarr" for f in args.features.split(",")}
     missing = [str(c) for c in caches.values() if not (c / "zarr.json").exists()]
@@ -109,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             good = r["peak"] <= limit * GIB and e1["ok"] and e2["ok"] and r["resident"] == (mode == "resident")
             ok &= good
             label = mode if r["resident"] == (mode == "resident") else f"{mode} (budget {args.budget} too small)"
-            print(f"| {f} | {label} | {e1['rate']:,.0f} | {e2['rate']:,.0f} | {e2['first']:.3f} | "
-                  f"{r['peak'] / GIB:.3f} | <= {limit} | {'PASS' if good else 'FAIL'} |", flush=True)
+            print(
+                f"| {f} | {label} | {e1['rate']:,.0f} | {e2['rate']:,.0f} | {e2['first']:.3f} | "
+                f"{r['peak'] / GIB:.3f} | <= {limit} | {'PASS' if good else 'FAIL'} |",
+                flush=True,
+            )
     return 0 if ok else 1
 
 

@@ -44,8 +44,18 @@ BUILD = [sys.executable, "-m", "shardcache.cli", "build"]
 
 def build_args(data: Path, out: Path, shard_rows: int) -> list[str]:
     """The build command for ``out`` (the same options for the clean build and every trial)."""
-    return [*BUILD, str(data), "--out", str(out), "--split", "train=0.8,val=0.1,test=0.1",
-            "--shard-rows", str(shard_rows), "--chunk-rows", str(max(1, shard_rows // 8))]
+    return [
+        *BUILD,
+        str(data),
+        "--out",
+        str(out),
+        "--split",
+        "train=0.8,val=0.1,test=0.1",
+        "--shard-rows",
+        str(shard_rows),
+        "--chunk-rows",
+        str(max(1, shard_rows // 8)),
+    ]
 
 
 def stage_of(log: str) -> str:
@@ -86,8 +96,9 @@ def finished(staging: Path, out: Path) -> str:
     return ", ".join(parts) or "nothing"
 
 
-def trial(i: int, n: int, rng: random.Random, data: Path, clean: Path, work: Path, span: tuple[float, float],
-          shard_rows: int) -> dict[str, object]:
+def trial(
+    i: int, n: int, rng: random.Random, data: Path, clean: Path, work: Path, span: tuple[float, float], shard_rows: int
+) -> dict[str, object]:
     """One kill and resume; the row of the table."""
     out = work / f"trial{i:03d}.zarr"
     lo, hi = span
@@ -148,16 +159,21 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(timed_build(build_args(data, clean, args.shard_rows)))
         lo, hi, begins = min(runs, key=lambda r: r[1])
         stages = ", ".join(f"{k} at {v:.2f} s" for k, v in begins.items())
-        print(f"clean build of {len(list(data.iterdir()))} files: {stages}, exit at {hi:.2f} s; "
-              f"kills spread over {lo:.2f}-{hi:.2f} s")
+        print(
+            f"clean build of {len(list(data.iterdir()))} files: {stages}, exit at {hi:.2f} s; "
+            f"kills spread over {lo:.2f}-{hi:.2f} s"
+        )
         rng = random.Random(args.seed)
         rows = []
         print(f"{'trial':>5}  {'kill at':>8}  {'stage':<12}  {'finished before the kill':<40}  {'resume':>7}  result")
         for i in range(args.trials):
             r = trial(i, args.trials, rng, data, clean, work, (lo, hi), args.shard_rows)
             rows.append(r)
-            print(f"{r['trial']:>5}  {r['kill_s']:>7.2f}s  {r['stage']:<12}  {r['done']:<40}  "
-                  f"{r['resume_s']:>6.1f}s  {r['result']}", flush=True)
+            print(
+                f"{r['trial']:>5}  {r['kill_s']:>7.2f}s  {r['stage']:<12}  {r['done']:<40}  "
+                f"{r['resume_s']:>6.1f}s  {r['result']}",
+                flush=True,
+            )
         ok = sum(r["result"] == "identical" for r in rows)
         hit = Counter(r["stage"] for r in rows)
         print(f"kills per stage: {', '.join(f'{k} {v}' for k, v in hit.items())}")

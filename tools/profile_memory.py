@@ -88,7 +88,7 @@ import psutil
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["Profile", "ProfileError", "profile", "markdown_table", "plot", "main"]
+__all__ = ["Profile", "ProfileError", "main", "markdown_table", "plot", "profile"]
 
 MIB = 2**20
 SEPARATOR = ":::"
@@ -187,9 +187,7 @@ def _check_startable(cmd: Sequence[str]) -> None:
         raise ProfileError(f"cannot run {cmd[0]!r}: command not found")
 
 
-def _sample(
-    main: psutil.Process, want_pss: bool, seen: set[psutil.Process]
-) -> tuple[int, int, int | None, int]:
+def _sample(main: psutil.Process, want_pss: bool, seen: set[psutil.Process]) -> tuple[int, int, int | None, int]:
     """One sample of the tree: (RSS sum, main RSS, PSS sum or None, nprocs)."""
     try:
         procs = [main, *main.children(recursive=True)]
@@ -409,18 +407,28 @@ def plot(profiles: Sequence[Profile], path: str | os.PathLike[str] | None = None
     for i, p in enumerate(profiles):
         color = f"C{i}"
         rss = [v / MIB for v in p.rss_tree]
-        ax.plot(p.t, rss, color=color, lw=1.8,
-                label=f"{p.label}: RSS, tree sum (peak {p.peak_rss_tree / MIB:.0f} MiB)")
+        ax.plot(p.t, rss, color=color, lw=1.8, label=f"{p.label}: RSS, tree sum (peak {p.peak_rss_tree / MIB:.0f} MiB)")
         if rss:
             k = max(range(len(rss)), key=rss.__getitem__)
             ax.plot([p.t[k]], [rss[k]], "o", color=color)
         pss = [(x, v / MIB) for x, v in zip(p.t, p.pss_tree) if v is not None]
         if pss and p.peak_pss_tree is not None:
-            ax.plot(*zip(*pss), color=color, lw=1.4, ls="--",
-                    label=f"{p.label}: PSS, tree sum (peak {p.peak_pss_tree / MIB:.0f} MiB)")
+            ax.plot(
+                *zip(*pss),
+                color=color,
+                lw=1.4,
+                ls="--",
+                label=f"{p.label}: PSS, tree sum (peak {p.peak_pss_tree / MIB:.0f} MiB)",
+            )
         if max(p.nprocs, default=0) > 1:
-            ax.plot(p.t, [v / MIB for v in p.rss_main], color=color, lw=1.2, ls=":",
-                    label=f"{p.label}: RSS, main process (peak {p.peak_rss_main / MIB:.0f} MiB)")
+            ax.plot(
+                p.t,
+                [v / MIB for v in p.rss_main],
+                color=color,
+                lw=1.2,
+                ls=":",
+                label=f"{p.label}: RSS, main process (peak {p.peak_rss_main / MIB:.0f} MiB)",
+            )
     names = " vs ".join(p.label for p in profiles)
     interval = ", ".join(sorted({f"{p.interval:g}" for p in profiles}))
     ax.set_title(f"Memory over time: {names}\n(process tree sampled every {interval} s)")
@@ -457,15 +465,18 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: %(prog)s --plot cmp.png --label naive --label shardcache "
         "-- python bench.py --naive ::: python bench.py",
     )
-    parser.add_argument("--interval", type=float, default=0.05, metavar="S",
-                        help="seconds between samples (default: %(default)s)")
-    parser.add_argument("--plot", type=Path, metavar="PNG",
-                        help="save a PNG of memory over time (needs matplotlib)")
-    parser.add_argument("--json", type=Path, metavar="JSON",
-                        help="write summaries and time series as JSON")
-    parser.add_argument("--label", action="append", default=[], metavar="NAME",
-                        help="name of a command in the table and plot; repeat once "
-                        "per command, in order (default: the command line)")
+    parser.add_argument(
+        "--interval", type=float, default=0.05, metavar="S", help="seconds between samples (default: %(default)s)"
+    )
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="save a PNG of memory over time (needs matplotlib)")
+    parser.add_argument("--json", type=Path, metavar="JSON", help="write summaries and time series as JSON")
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="name of a command in the table and plot; repeat once per command, in order (default: the command line)",
+    )
     return parser
 
 
@@ -480,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     if "--" in argv:
         cut = argv.index("--")
-        args, rest = parser.parse_args(argv[:cut]), argv[cut + 1:]
+        args, rest = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     else:
         args, rest = parser.parse_known_args(argv)[0], []
     if not rest:

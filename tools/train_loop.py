@@ -57,9 +57,9 @@ from torch.utils.data import DataLoader
 from shardcache import WindowStream, open_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from profile_memory import MIB, profile  # noqa: E402
+from profile_memory import MIB, profile
 
-__all__ = ["SCENARIOS", "LoopModel", "run_scenario", "main"]
+__all__ = ["SCENARIOS", "LoopModel", "main", "run_scenario"]
 
 SEQ_LEN, BATCH, WORKERS = 60, 256, 2
 SPLIT = "train=0.8,val=0.1,test=0.1"  # the demo's split
@@ -128,9 +128,17 @@ def run_scenario(spec: dict) -> dict[str, Any]:
     gc.collect()
     stream.close()
     u1 = _usage()
-    return {"kind": kind, "F": int(x.shape[-1]), "steps": steps, "wall_s": wall, "first_batch_s": first_s,
-            "torch_threads": torch.get_num_threads(), "threads": threads, "loss": loss,
-            **{k[3:]: u1[k] - u0[k] for k in _RUSAGE}}
+    return {
+        "kind": kind,
+        "F": int(x.shape[-1]),
+        "steps": steps,
+        "wall_s": wall,
+        "first_batch_s": first_s,
+        "torch_threads": torch.get_num_threads(),
+        "threads": threads,
+        "loss": loss,
+        **{k[3:]: u1[k] - u0[k] for k in _RUSAGE},
+    }
 
 
 # -- parent: data, runs, tables --------------------------------------------------------------
@@ -157,8 +165,18 @@ def ensure_caches(features: list[int], sample: Path, work: Path) -> dict[int, st
                 cmd = [_script("shardcache"), "demo", "--dir", str(sample)]
             else:
                 src = ensure_parquet_sample(work, f, 1)
-                cmd = [_script("build-cache"), str(src), "--out", str(path), "--features", "raw",
-                       "--split", SPLIT, "--overwrite", "-q"]
+                cmd = [
+                    _script("build-cache"),
+                    str(src),
+                    "--out",
+                    str(path),
+                    "--features",
+                    "raw",
+                    "--split",
+                    SPLIT,
+                    "--overwrite",
+                    "-q",
+                ]
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         caches[f] = str(path)
     return caches
@@ -192,8 +210,11 @@ def _span(values: list[float], fmt: str) -> str:
 def table(results: list[dict]) -> str:
     """The markdown table: one row per (scenario, F), ranges over the rounds, usage of the best round."""
     base = {(r["F"], r["round"], r["kind"]): r["wall_s"] for r in results if r["kind"].startswith("model")}
-    lines = ["| scenario | F | steps | wall s | x model | first batch s | user s | sys s | minor faults | invol. ctx sw | threads "
-             "| torch threads | peak RSS MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| scenario | F | steps | wall s | x model | first batch s | user s | sys s | minor faults | invol. ctx sw | threads "
+        "| torch threads | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for f in sorted({r["F"] for r in results}):
         for kind in SCENARIOS:
             rows = [r for r in results if r["F"] == f and r["kind"] == kind]
@@ -206,7 +227,8 @@ def table(results: list[dict]) -> str:
                 f"| {kind} | {f} | {best['steps']} | {_span([r['wall_s'] for r in rows], '.1f')} "
                 f"| {_span(ratios, '.2f') + 'x' if ratios else '-'} | {best['first_batch_s']:.2f} | {best['utime']:.1f} | {best['stime']:.1f} "
                 f"| {best['minflt']:,.0f} | {best['nivcsw']:,.0f} | {best['threads']} | {best['torch_threads']} "
-                f"| {max(r['peak_rss'] for r in rows) / MIB:,.0f} |")
+                f"| {max(r['peak_rss'] for r in rows) / MIB:,.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -240,28 +262,47 @@ def main(argv: list[str] | None = None) -> int:
     for path in caches.values():
         with WindowStream(path, SEQ_LEN, horizon=1, split="train", batch_size=BATCH) as stream:
             if len(stream) < args.batches:
-                raise SystemExit(f"train_loop: --batches {args.batches} is more than the {len(stream)} "
-                                 f"batches of an epoch of {path}'s train split")
-    load_before, started = _uptime(), datetime.datetime.now(datetime.timezone.utc)
+                raise SystemExit(
+                    f"train_loop: --batches {args.batches} is more than the {len(stream)} "
+                    f"batches of an epoch of {path}'s train split"
+                )
+    load_before, started = _uptime(), datetime.datetime.now(datetime.UTC)
     results = []
     for rnd in range(args.rounds):
         for f, path in caches.items():
             for kind in args.scenarios:
                 hidden = 64 if f <= 16 else args.wide_hidden
-                results.append(_run({"kind": kind, "F": f, "cache": path, "steps": args.batches,
-                                     "hidden": hidden, "round": rnd}, args.work))
+                results.append(
+                    _run(
+                        {"kind": kind, "F": f, "cache": path, "steps": args.batches, "hidden": hidden, "round": rnd},
+                        args.work,
+                    )
+                )
     load_after = _uptime()
-    print(f"train_loop: {started:%Y-%m-%d %H:%M} UTC, {args.rounds} interleaved rounds, {args.batches} steps, "
-          f"LSTM hidden 64 at F<=16 and {args.wide_hidden} above, batch {BATCH}x{SEQ_LEN}, Adam")
-    print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
-          f"{len(os.sched_getaffinity(0))} cores usable")
+    print(
+        f"train_loop: {started:%Y-%m-%d %H:%M} UTC, {args.rounds} interleaved rounds, {args.batches} steps, "
+        f"LSTM hidden 64 at F<=16 and {args.wide_hidden} above, batch {BATCH}x{SEQ_LEN}, Adam"
+    )
+    print(
+        f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
+        f"{len(os.sched_getaffinity(0))} cores usable"
+    )
     print(f"load before: {load_before}")
     print(f"load after:  {load_after}")
     print()
     print(table(results))
     if args.json:
-        args.json.write_text(json.dumps({"started": started.isoformat(), "load_before": load_before,
-                                         "load_after": load_after, "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "started": started.isoformat(),
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -79,7 +79,9 @@ class _Placement:
     grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
     segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
     segment_split: np.ndarray
-    clusters: tuple[np.ndarray, np.ndarray, np.ndarray]  # cluster ids (see ShardWork), first rows, bar counts; row order
+    clusters: tuple[
+        np.ndarray, np.ndarray, np.ndarray
+    ]  # cluster ids (see ShardWork), first rows, bar counts; row order
     tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
     first_new: dict[int, int]  # tail shard -> first new row
     touched: list[int]  # shards to write, in row order
@@ -112,12 +114,14 @@ def _check_inputs(out: str, manifest: dict, srcs: list, names: list[str]) -> Non
     """Refuse inputs whose features or bar size differ from the cache's."""
     have = manifest["feature_names"]
     if names != have:
-        raise ShardcacheError(f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has "
-                              f"{', '.join(have)}")
+        raise ShardcacheError(
+            f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has {', '.join(have)}"
+        )
     bar_ns, first = manifest["build"].get("bar_ns"), srcs[0]
     if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
-        raise ShardcacheError(f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {out} holds "
-                              f"{int(bar_ns) / 1e9:g} s bars")
+        raise ShardcacheError(
+            f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {out} holds {int(bar_ns) / 1e9:g} s bars"
+        )
 
 
 def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
@@ -130,7 +134,8 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
         if last is not None and int(run["ts_min"]) <= int(last):
             raise ShardcacheError(
                 f"{paths[int(run['file'])]}: {sym} bars from {_t(run['ts_min'])} are not after the cache's last "
-                f"{sym} bar ({_t(last)}); an append adds only later bars")
+                f"{sym} bar ({_t(last)}); an append adds only later bars"
+            )
 
 
 def _place(cache: Cache, merged: list[Merged]) -> _Placement:
@@ -181,9 +186,18 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     else:
         ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     by_row = np.argsort(first_rows, kind="stable")
-    return _Placement(symbols, np.asarray(n, dtype=np.int64), sorted(grown), virtual[order],
-                 local[order, 3].astype(np.int8), (ids[by_row], first_rows[by_row], counts[by_row]),
-                 lead, first_new, sorted(touched), int(counts.sum()))
+    return _Placement(
+        symbols,
+        np.asarray(n, dtype=np.int64),
+        sorted(grown),
+        virtual[order],
+        local[order, 3].astype(np.int8),
+        (ids[by_row], first_rows[by_row], counts[by_row]),
+        lead,
+        first_new,
+        sorted(touched),
+        int(counts.sum()),
+    )
 
 
 def _link_tree(src: str, dst: str) -> None:
@@ -215,10 +229,18 @@ def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
     if missing is not None:
-        raise ShardcacheError(f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
-                              "(use --stats frozen to append without it)")
-    return build_cache([*old, *new], out, overwrite=True, **{k: b.get(k) for k in BUILD_OPTIONS},
-                       split_cuts_ns=cache.manifest["splits"]["cuts_ns"], **kwargs)
+        raise ShardcacheError(
+            f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
+            "(use --stats frozen to append without it)"
+        )
+    return build_cache(
+        [*old, *new],
+        out,
+        overwrite=True,
+        **{k: b.get(k) for k in BUILD_OPTIONS},
+        split_cuts_ns=cache.manifest["splits"]["cuts_ns"],
+        **kwargs,
+    )
 
 
 def append_cache(
@@ -246,12 +268,28 @@ def append_cache(
     b = m["build"]
     if stats == "recompute":
         if cache is None:
-            raise CacheError(f"{out}: an append to it stopped in its last writes; finish it first (--append "
-                             "--resume with the same inputs)")
-        return _rebuild(cache, sources, out, workers=workers, scheduler=scheduler, resume=resume,
-                        storage_options=storage_options, progress=progress)
-    _, paths, srcs = open_inputs(sources, storage_options, bar=b.get("bar"), ts_column=b.get("ts_column"),
-                                 symbol_column=b.get("symbol_column"), columns=b.get("columns"))
+            raise CacheError(
+                f"{out}: an append to it stopped in its last writes; finish it first (--append "
+                "--resume with the same inputs)"
+            )
+        return _rebuild(
+            cache,
+            sources,
+            out,
+            workers=workers,
+            scheduler=scheduler,
+            resume=resume,
+            storage_options=storage_options,
+            progress=progress,
+        )
+    _, paths, srcs = open_inputs(
+        sources,
+        storage_options,
+        bar=b.get("bar"),
+        ts_column=b.get("ts_column"),
+        symbol_column=b.get("symbol_column"),
+        columns=b.get("columns"),
+    )
     names = resolve_features(b.get("features"), srcs[0].columns)
     _check_inputs(out, m, srcs, names)
     previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
@@ -267,8 +305,10 @@ def append_cache(
         finish = staging.load("finish", kind=_Finish)
         if finish is None:
             if cache is None:
-                raise CacheError(f"{out}: its segment index is an append's and its manifest is not, and "
-                                 f"{staging.root} keeps no append to finish; rebuild the cache")
+                raise CacheError(
+                    f"{out}: its segment index is an append's and its manifest is not, and "
+                    f"{staging.root} keeps no append to finish; rebuild the cache"
+                )
             stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
             read_cols = required_columns(names, srcs[0].columns)
             described = [s.describe() for s in srcs]
@@ -276,25 +316,47 @@ def append_cache(
             del srcs
             placement, manifest, digests = _write(stage, staging, cache, scanned, paths, names, read_cols)
             record = {
-                "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "inputs": len(described), "bars": placement.new_bars, "stats": stats, "fingerprint": digest(wanted),
-                "append_to": previous, "shards_rewritten": len(placement.first_new),
+                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "inputs": len(described),
+                "bars": placement.new_bars,
+                "stats": stats,
+                "fingerprint": digest(wanted),
+                "append_to": previous,
+                "shards_rewritten": len(placement.first_new),
                 "shards_written": len(placement.touched) - len(placement.first_new),
                 "elapsed_s": round(time.perf_counter() - t0, 3),
             }
             old = cache.history()
-            finish = _Finish(placement.bars_per_symbol, placement.segments, placement.segment_split,
-                             list(placement.touched), list(digests), list(placement.grown), manifest,
-                             {"sources": [*old.get("sources", []), *described],
-                              "appends": [*old.get("appends", []), record]})
+            finish = _Finish(
+                placement.bars_per_symbol,
+                placement.segments,
+                placement.segment_split,
+                list(placement.touched),
+                list(digests),
+                list(placement.grown),
+                manifest,
+                {"sources": [*old.get("sources", []), *described], "appends": [*old.get("appends", []), record]},
+            )
             staging.save("finish", finish)
         staging.written = True
-        writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=finish.bars_per_symbol,
-                             shard_rows=int(m["layout"]["shard_rows"]), chunk_rows=int(m["layout"]["chunk_rows"]),
-                             codec=m["layout"]["codec"], storage_options=storage_options, create=False)
+        writer = CacheWriter(
+            staging.cache_path,
+            feature_names=names,
+            bars_per_symbol=finish.bars_per_symbol,
+            shard_rows=int(m["layout"]["shard_rows"]),
+            chunk_rows=int(m["layout"]["chunk_rows"]),
+            codec=m["layout"]["codec"],
+            storage_options=storage_options,
+            create=False,
+        )
         writer.write_history(finish.history)
-        writer.finish(finish.segments, finish.segment_split, finish.manifest, dict(zip(finish.shards, finish.digests)),
-                      symbols=finish.grown)
+        writer.finish(
+            finish.segments,
+            finish.segment_split,
+            finish.manifest,
+            dict(zip(finish.shards, finish.digests)),
+            symbols=finish.grown,
+        )
         staging.publish()
         staging.remove()
     return open_cache(out, storage_options)
@@ -327,8 +389,9 @@ def _finished(cache: Cache, srcs: list, stats: str) -> dict | None:
     return wanted if digest(wanted) == last.get("fingerprint") else None
 
 
-def _write(stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list[str], names: list[str],
-           read_cols: list[str]) -> tuple[_Placement, dict, list[str]]:
+def _write(
+    stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list[str], names: list[str], read_cols: list[str]
+) -> tuple[_Placement, dict, list[str]]:
     """Merge and place the scanned bars and write the shards they touch: the placement, the new
     manifest and the shards' digests."""
     m, b = cache.manifest, cache.manifest["build"]
@@ -339,13 +402,31 @@ def _write(stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list
     if not placement.new_bars:
         raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
     _stage_copy(cache, staging)
-    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=placement.bars_per_symbol,
-                         shard_rows=cache.shard_rows, chunk_rows=cache.chunk_rows, codec=m["layout"]["codec"],
-                         storage_options=cache.storage_options, create=False)
+    writer = CacheWriter(
+        staging.cache_path,
+        feature_names=names,
+        bars_per_symbol=placement.bars_per_symbol,
+        shard_rows=cache.shard_rows,
+        chunk_rows=cache.chunk_rows,
+        codec=m["layout"]["codec"],
+        storage_options=cache.storage_options,
+        create=False,
+    )
     ids, first_rows, counts = placement.clusters
-    work = ShardWork(staging.root, ids, first_rows, counts, placement.segments,
-                     placement.segment_split, names, writer, read_columns=read_cols, symbols=placement.symbols,
-                     tails=placement.tails, first_new=placement.first_new)
+    work = ShardWork(
+        staging.root,
+        ids,
+        first_rows,
+        counts,
+        placement.segments,
+        placement.segment_split,
+        names,
+        writer,
+        read_columns=read_cols,
+        symbols=placement.symbols,
+        tails=placement.tails,
+        first_new=placement.first_new,
+    )
     if m.get("stats"):  # frozen
         work.mean = np.asarray(m["stats"]["mean"]).astype(np.float32)
         work.std = np.asarray(m["stats"]["std"]).astype(np.float32)
@@ -356,8 +437,9 @@ def _write(stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list
     return placement, _manifest(cache, placement, merged, scanned, writer, stored), digests
 
 
-def _manifest(cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter,
-              stored: int) -> dict:
+def _manifest(
+    cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter, stored: int
+) -> dict:
     """The old manifest with the appended bars, segments and shards counted in."""
     m = cache.manifest
     names = m["splits"]["names"]
@@ -374,19 +456,23 @@ def _manifest(cache: Cache, placement: _Placement, merged: list[Merged], scanned
         "symbols": placement.symbols,
         "splits": {**m["splits"], "bars": split_bar_counts(placement.segments, placement.segment_split, names)},
         "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in known}},
-        "rolls": {**m.get("rolls", {}), **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls]
-                                           for x in merged if x.rolls}},
+        "rolls": {
+            **m.get("rolls", {}),
+            **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls] for x in merged if x.rolls},
+        },
         "counts": {
             **counts,
             "bars": n_bars,
             "records_read": counts["records_read"] + scanned.records,
             "symbols": len(placement.symbols),
-            "segments": int(len(placement.segments)),
+            "segments": len(placement.segments),
             "dropped": {k: int(v) for k, v in dropped.items()},
             "reordered": counts.get("reordered", 0) + scanned.reordered,
             "rolls": counts.get("rolls", 0) + sum(len(x.rolls) for x in merged),
-            "windows": {**w, "count": window_count(placement.segments, placement.segment_split, names, w["seq_len"],
-                                                   w["horizon"])},
+            "windows": {
+                **w,
+                "count": window_count(placement.segments, placement.segment_split, names, w["seq_len"], w["horizon"]),
+            },
         },
         "bytes": bytes_summary(stored, n_bars * cache.n_features * 4),
         "layout": {**m["layout"], "shards": writer.n_shards},

@@ -57,8 +57,16 @@ from .splits import SplitSpec, parse_split
 from .staging import Staging, digest, fingerprint, prepare
 from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
 
-__all__ = ["Merged", "Scanned", "build_cache", "connect", "merge_symbols", "open_inputs", "place_clusters",
-           "scan_inputs"]
+__all__ = [
+    "Merged",
+    "Scanned",
+    "build_cache",
+    "connect",
+    "merge_symbols",
+    "open_inputs",
+    "place_clusters",
+    "scan_inputs",
+]
 
 log = logging.getLogger("shardcache")
 _SKETCH = 65  # timestamps kept per run to place fraction splits
@@ -69,8 +77,17 @@ _SKETCH = 65  # timestamps kept per run to place fraction splits
 # path, see ``_run_path``), the global symbol id (filled in by the driver), rows and time range.
 # Runs travel as rows of one array per file, never as Python objects: a build holds every run
 # of every input between the scan and the merge, so their size is what grows with the data.
-_RUN = np.dtype([("file", "<i4"), ("piece", "<i4"), ("code", "<i4"), ("sym", "<i4"),
-                 ("n", "<i8"), ("ts_min", "<i8"), ("ts_max", "<i8")])
+_RUN = np.dtype(
+    [
+        ("file", "<i4"),
+        ("piece", "<i4"),
+        ("code", "<i4"),
+        ("sym", "<i4"),
+        ("n", "<i8"),
+        ("ts_min", "<i8"),
+        ("ts_max", "<i8"),
+    ]
+)
 
 
 @dataclass
@@ -172,10 +189,17 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
                 sketches.append(part_ts[np.linspace(0, len(rows) - 1, _SKETCH).round().astype(np.int64)])
         del piece, body
     drops = Counter(src.drops)
-    return _Scan(list(names), np.array(runs, dtype=_RUN),
-                 np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
-                 drops, reordered, records + sum(drops.values()), int(np.median(dts)) if dts else None,
-                 steps.most_common(1)[0][0] if steps else None, dict(src.symbology))
+    return _Scan(
+        list(names),
+        np.array(runs, dtype=_RUN),
+        np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
+        drops,
+        reordered,
+        records + sum(drops.values()),
+        int(np.median(dts)) if dts else None,
+        steps.most_common(1)[0][0] if steps else None,
+        dict(src.symbology),
+    )
 
 
 # -- stage 2: merge -----------------------------------------------------------------------
@@ -230,10 +254,23 @@ def _merge(job: tuple[int, str, list[_Run], str, int, np.ndarray, int | None]) -
         out.append(len(ts))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
-    tail = {"ts": last_ts, **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"},
-            **({} if last_inst is None else {"instrument": last_inst})}
-    return Merged(symbol, sym_idx, np.asarray(out, dtype=np.int64), n, np.concatenate(starts),
-                  np.concatenate(splits), dups, tail, rolls, first_ts=first_ts)
+    tail = {
+        "ts": last_ts,
+        **{c: table[c][-1].as_py() for c in table.column_names if c != "ts"},
+        **({} if last_inst is None else {"instrument": last_inst}),
+    }
+    return Merged(
+        symbol,
+        sym_idx,
+        np.asarray(out, dtype=np.int64),
+        n,
+        np.concatenate(starts),
+        np.concatenate(splits),
+        dups,
+        tail,
+        rolls,
+        first_ts=first_ts,
+    )
 
 
 def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -305,16 +342,24 @@ def build_cache(
         raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
     if codec not in CODECS:
         raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
-    check_options(seq_len=seq_len, horizon=horizon, shard_rows=shard_rows, chunk_rows=chunk_rows, workers=workers,
-                  bar=bar, max_gap=max_gap)
+    check_options(
+        seq_len=seq_len,
+        horizon=horizon,
+        shard_rows=shard_rows,
+        chunk_rows=chunk_rows,
+        workers=workers,
+        bar=bar,
+        max_gap=max_gap,
+    )
     spec = parse_split(split)
     if split_cuts_ns is not None:
         if stats_from is not None:
             raise ShardcacheError("--stats-from keeps its cache's split cut times: pass it or split_cuts_ns, not both")
         spec = spec.at(split_cuts_ns)
     stats_of = stats_source(spec, normalize)
-    specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, ts_column=ts_column,
-                                     symbol_column=symbol_column, columns=columns)
+    specs, paths, srcs = open_inputs(
+        sources, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column, columns=columns
+    )
     first = srcs[0]
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
@@ -324,9 +369,18 @@ def build_cache(
     frozen = None if stats_from is None else _frozen(stats_from, storage_options, names, normalize, spec)
     options = {
         "features": features if isinstance(features, (str, type(None))) else list(features),
-        "normalize": normalize, "split": spec.text, "max_gap": str(max_gap), "bar": bar,
-        "ts_column": ts_column, "symbol_column": symbol_column, "columns": list(columns) if columns else None,
-        "shard_rows": shard_rows, "chunk_rows": chunk_rows, "codec": codec, "seq_len": seq_len, "horizon": horizon,
+        "normalize": normalize,
+        "split": spec.text,
+        "max_gap": str(max_gap),
+        "bar": bar,
+        "ts_column": ts_column,
+        "symbol_column": symbol_column,
+        "columns": list(columns) if columns else None,
+        "shard_rows": shard_rows,
+        "chunk_rows": chunk_rows,
+        "codec": codec,
+        "seq_len": seq_len,
+        "horizon": horizon,
         **({} if frozen is None else {"stats_from": frozen.url}),
         **({} if split_cuts_ns is None else {"split_cuts_ns": spec.dates_ns}),
     }
@@ -339,8 +393,13 @@ def build_cache(
         sources_described = [s.describe() for s in srcs]  # the manifest's; the sources go after the scan
         scanned = scan_inputs(stage, srcs, staging.root, read_cols, sketch=bool(spec.fractions) and frozen is None)
         bar_ns = check_bar_sizes(srcs, scanned.steps, bar)
-        resampled = sorted({format_duration(s.interval) for s in srcs
-                            if getattr(s, "layout", None) == "ohlcv" and s.bar_ns != s.interval})
+        resampled = sorted(
+            {
+                format_duration(s.interval)
+                for s in srcs
+                if getattr(s, "layout", None) == "ohlcv" and s.bar_ns != s.interval
+            }
+        )
         del srcs, first
         dts, records_read, reordered, drops = scanned.dts, scanned.records, scanned.reordered, scanned.drops
         max_gap_ns = _resolve_max_gap(max_gap, bar_ns or (int(np.median(dts)) if dts else None))
@@ -356,8 +415,7 @@ def build_cache(
         split_bars = _split_bars(merged, len(spec.names))
         check_splits(spec, stats_of if frozen is None else None, dict(zip(spec.names, split_bars)))
         rolls = {m.symbol: m.rolls for m in merged if m.rolls}
-        work = _place(merged, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec,
-                       storage_options, staging)
+        work = _place(merged, names, read_cols, spec, n_bars, shard_rows, chunk_rows, codec, storage_options, staging)
         shards = work.writer.shard_ids
         stats = _zscore(stage, work, normalize, frozen)
         digests = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
@@ -365,7 +423,7 @@ def build_cache(
         work.writer.sweep()
         stored = stored_bytes(staging.cache_path, storage_options)
         manifest = {
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "shardcache_version": _version(),
             "feature_names": names,
             "symbols": [m.symbol for m in merged],
@@ -382,24 +440,34 @@ def build_cache(
             "rolls": rolls,  # symbol -> [[first bar of the new contract (ns), old instrument id, new id], ...]
             "tails": {m.symbol: m.tail for m in merged},
             "build": {
-                **options, "max_gap_ns": int(max_gap_ns), "bar_ns": bar_ns, "fingerprint": digest(wanted),
-                "duplicates": "keep the last record in input order", "out_of_order": "sorted by time",
+                **options,
+                "max_gap_ns": int(max_gap_ns),
+                "bar_ns": bar_ns,
+                "fingerprint": digest(wanted),
+                "duplicates": "keep the last record in input order",
+                "out_of_order": "sorted by time",
                 "workers": workers,
             },
             "counts": {
                 "bars": n_bars,
                 "records_read": records_read,
                 "symbols": len(merged),
-                "segments": int(len(work.segments)),
-                "dropped": {**{k: int(v) for k, v in drops.items()},
-                            **({"duplicate timestamp": sum(m.duplicates for m in merged)}
-                               if any(m.duplicates for m in merged) else {})},
+                "segments": len(work.segments),
+                "dropped": {
+                    **{k: int(v) for k, v in drops.items()},
+                    **(
+                        {"duplicate timestamp": sum(m.duplicates for m in merged)}
+                        if any(m.duplicates for m in merged)
+                        else {}
+                    ),
+                },
                 "reordered": reordered,
                 "rolls": sum(len(r) for r in rolls.values()),
                 **({"resampled": {"from": resampled, "to": format_duration(bar_ns)}} if resampled else {}),
                 **({"unmapped": unmapped} if unmapped else {}),
                 "windows": {
-                    "seq_len": seq_len, "horizon": horizon,
+                    "seq_len": seq_len,
+                    "horizon": horizon,
                     "count": window_count(work.segments, work.segment_split, spec.names, seq_len, horizon),
                 },
             },
@@ -435,8 +503,7 @@ def _zscore(stage: Any, work: ShardWork, normalize: str, frozen: Cache | None) -
         stats = frozen.manifest["stats"]
         mean, std, n_train = np.asarray(stats["mean"]), np.asarray(stats["std"]), int(stats["count"])
     else:
-        parts = stage(shard_stats, [(work, s) for s in work.writer.shard_ids], "stats", desc="statistics",
-                      unit="shard")
+        parts = stage(shard_stats, [(work, s) for s in work.writer.shard_ids], "stats", desc="statistics", unit="shard")
         mean, std, n_train = merge_moments(parts)
     work.mean, work.std = mean.astype(np.float32), std.astype(np.float32)
     return {"mean": mean.tolist(), "std": std.tolist(), "count": n_train}
@@ -452,8 +519,10 @@ def _split_bars(merged: list[Merged], n_splits: int) -> list[int]:
 
 
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
-    return [_Run(_run_path(staging, r), int(r["n"]), int(r["ts_min"]), int(r["ts_max"]),
-                 (int(r["file"]), int(r["piece"]))) for r in rows]
+    return [
+        _Run(_run_path(staging, r), int(r["n"]), int(r["ts_min"]), int(r["ts_max"]), (int(r["file"]), int(r["piece"])))
+        for r in rows
+    ]
 
 
 def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -467,13 +536,25 @@ def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]
             r["sym"] = np.array([ids[name] for name in s.symbols], dtype=np.int32)[r["sym"]]
         runs.append(r)
         sketches.append(s.sketch)
-    return (np.concatenate(runs) if runs else np.empty(0, _RUN),
-            np.concatenate(sketches) if sketches else np.empty((0, _SKETCH), np.int64), names)
+    return (
+        np.concatenate(runs) if runs else np.empty(0, _RUN),
+        np.concatenate(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
+        names,
+    )
 
 
-def _place(merged: list[Merged], names: list[str], read_cols: list[str], spec: SplitSpec, n_bars: int,
-          shard_rows: int | None, chunk_rows: int | None, codec: str, storage_options: dict | None,
-          staging: Staging) -> ShardWork:
+def _place(
+    merged: list[Merged],
+    names: list[str],
+    read_cols: list[str],
+    spec: SplitSpec,
+    n_bars: int,
+    shard_rows: int | None,
+    chunk_rows: int | None,
+    codec: str,
+    storage_options: dict | None,
+    staging: Staging,
+) -> ShardWork:
     """Lay each symbol's rows out in time order from its first virtual row, build the segment
     table and create the empty cache (or, on a resume, reopen the one already created)."""
     auto_shard, auto_chunk = default_chunking(len(names))
@@ -497,19 +578,37 @@ def _place(merged: list[Merged], names: list[str], read_cols: list[str], spec: S
         created = False
     if not created and not staging.local and staging.replace and fs.exists(fs_path):
         fs.rm(fs_path, recursive=True)
-    writer = CacheWriter(staging.cache_path, feature_names=names, bars_per_symbol=[m.n for m in merged],
-                         shard_rows=shard_rows, chunk_rows=chunk_rows, codec=codec, storage_options=storage_options,
-                         create=not created)
+    writer = CacheWriter(
+        staging.cache_path,
+        feature_names=names,
+        bars_per_symbol=[m.n for m in merged],
+        shard_rows=shard_rows,
+        chunk_rows=chunk_rows,
+        codec=codec,
+        storage_options=storage_options,
+        create=not created,
+    )
     staging.save("created", True)
     train = spec.names.index("train") if "train" in spec.names else None
     ids, first_row, counts = (np.concatenate(parts) for parts in zip(*placed))
-    return ShardWork(staging.root, ids, first_row, counts, segments, np.concatenate(seg_split).astype(np.int8), names,
-                  writer, train_split=train,
-                  read_columns=read_cols, symbols=[m.symbol for m in merged])
+    return ShardWork(
+        staging.root,
+        ids,
+        first_row,
+        counts,
+        segments,
+        np.concatenate(seg_split).astype(np.int8),
+        names,
+        writer,
+        train_split=train,
+        read_columns=read_cols,
+        symbols=[m.symbol for m in merged],
+    )
 
 
-def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: dict | None,
-                **kwargs: Any) -> tuple[list[str], list[str], list[Source]]:
+def open_inputs(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: dict | None, **kwargs: Any
+) -> tuple[list[str], list[str], list[Source]]:
     """The input specs as given, the files they name and those files opened (one schema for all)."""
     specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     paths = expand_inputs(specs, storage_options)
@@ -528,17 +627,32 @@ def open_inputs(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str
 def scan_inputs(stage: Any, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
     """Stage 1 over every input (``stage`` is ``Staging.run``): runs spilled, counts gathered; with
     ``sketch``, timestamps sampled from every run to place fraction splits."""
-    scans = stage(_scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan",
-                desc="read files", unit="file")
+    scans = stage(
+        _scan, [(i, s, staging, read_cols, sketch) for i, s in enumerate(srcs)], "scan", desc="read files", unit="file"
+    )
     unmapped = resolve_unmapped([s.path for s in srcs], [s.symbols for s in scans], [s.symbology for s in scans])
     runs, sketch, symbols = _gather_runs(scans)
-    return Scanned(runs, sketch, symbols, [s.median_dt for s in scans if s.median_dt],
-                   sum(s.records for s in scans), sum(s.reordered for s in scans),
-                   sum((s.drops for s in scans), Counter()), [s.step for s in scans], unmapped)
+    return Scanned(
+        runs,
+        sketch,
+        symbols,
+        [s.median_dt for s in scans if s.median_dt],
+        sum(s.records for s in scans),
+        sum(s.reordered for s in scans),
+        sum((s.drops for s in scans), Counter()),
+        [s.step for s in scans],
+        unmapped,
+    )
 
 
-def merge_symbols(stage: Any, staging: str, scanned: Scanned, max_gap_ns: int, cuts: Sequence[int],
-                  instruments: dict[str, int] | None = None) -> list[Merged]:
+def merge_symbols(
+    stage: Any,
+    staging: str,
+    scanned: Scanned,
+    max_gap_ns: int,
+    cuts: Sequence[int],
+    instruments: dict[str, int] | None = None,
+) -> list[Merged]:
     """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names).
 
     ``instruments`` (an append) gives a symbol's stored last instrument: a first bar on another one is a roll.
@@ -548,23 +662,45 @@ def merge_symbols(stage: Any, staging: str, scanned: Scanned, max_gap_ns: int, c
     bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(scanned.symbols) + 1))
     return stage(
         _merge,
-        [(j, sym, _runs_of(runs[by_sym[bounds[j]:bounds[j + 1]]], staging), staging, max_gap_ns,
-          np.asarray(cuts, dtype=np.int64), (instruments or {}).get(sym))
-         for j, sym in enumerate(scanned.symbols)],
-        "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
+        [
+            (
+                j,
+                sym,
+                _runs_of(runs[by_sym[bounds[j] : bounds[j + 1]]], staging),
+                staging,
+                max_gap_ns,
+                np.asarray(cuts, dtype=np.int64),
+                (instruments or {}).get(sym),
+            )
+            for j, sym in enumerate(scanned.symbols)
+        ],
+        "merge",
+        then=_drop_runs,
+        desc="sort symbols",
+        unit="symbol",
+    )
 
 
-def _frozen(stats_from: str | os.PathLike[str] | Cache, storage_options: dict | None, names: list[str],
-            normalize: str, spec: SplitSpec) -> Cache:
+def _frozen(
+    stats_from: str | os.PathLike[str] | Cache,
+    storage_options: dict | None,
+    names: list[str],
+    normalize: str,
+    spec: SplitSpec,
+) -> Cache:
     """The cache whose statistics and cut times a build reuses, checked against the build's options."""
     cache = open_cache(stats_from, storage_options)
     m = cache.manifest
     if cache.feature_names != names:
-        raise ShardcacheError(f"--stats-from {cache.url}: its features ({', '.join(cache.feature_names)}) are not "
-                              f"this build's ({', '.join(names)})")
+        raise ShardcacheError(
+            f"--stats-from {cache.url}: its features ({', '.join(cache.feature_names)}) are not "
+            f"this build's ({', '.join(names)})"
+        )
     if m.get("normalize") != normalize or m["splits"].get("spec") != spec.text:
-        raise ShardcacheError(f"--stats-from {cache.url}: built with --normalize {m.get('normalize')} --split "
-                              f"{m['splits'].get('spec')}, this build asks for {normalize} and {spec.text}")
+        raise ShardcacheError(
+            f"--stats-from {cache.url}: built with --normalize {m.get('normalize')} --split "
+            f"{m['splits'].get('spec')}, this build asks for {normalize} and {spec.text}"
+        )
     return cache
 
 

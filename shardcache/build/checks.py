@@ -17,14 +17,27 @@ from ..errors import ShardcacheError
 from .sources import Source, format_duration, parse_duration
 from .splits import SplitSpec
 
-__all__ = ["BUILD_OPTIONS", "check_options", "check_bar_sizes", "resolve_unmapped", "stats_source", "check_splits"]
+__all__ = ["BUILD_OPTIONS", "check_bar_sizes", "check_options", "check_splits", "resolve_unmapped", "stats_source"]
 
 log = logging.getLogger("shardcache")
 
 # The options a cache is built with, recorded in its manifest's "build": an append keeps them,
 # ``--stats recompute`` rebuilds with them.
-BUILD_OPTIONS = ("features", "normalize", "split", "max_gap", "bar", "ts_column", "symbol_column", "columns",
-                 "shard_rows", "chunk_rows", "codec", "seq_len", "horizon")
+BUILD_OPTIONS = (
+    "features",
+    "normalize",
+    "split",
+    "max_gap",
+    "bar",
+    "ts_column",
+    "symbol_column",
+    "columns",
+    "shard_rows",
+    "chunk_rows",
+    "codec",
+    "seq_len",
+    "horizon",
+)
 
 
 def _positive(flag: str, value: Any, *, zero: bool = False) -> None:
@@ -37,8 +50,16 @@ def _positive(flag: str, value: Any, *, zero: bool = False) -> None:
         raise ShardcacheError(f"{flag} {value}: must be {'0 or more' if zero else 'at least 1'}")
 
 
-def check_options(*, seq_len: int, horizon: int, shard_rows: int | None, chunk_rows: int | None,
-                  workers: int | None, bar: str | None, max_gap: str | int | None) -> None:
+def check_options(
+    *,
+    seq_len: int,
+    horizon: int,
+    shard_rows: int | None,
+    chunk_rows: int | None,
+    workers: int | None,
+    bar: str | None,
+    max_gap: str | int | None,
+) -> None:
     """Refuse malformed numeric and duration options before any input is read or anything is written."""
     _positive("--seq-len", seq_len)
     _positive("--horizon", horizon, zero=True)
@@ -77,19 +98,25 @@ def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: st
             size = step
             want = getattr(src, "bar_request", None)
             if want is not None and want < step:
-                raise ShardcacheError(f"--bar {bar}: {src.path} holds {format_duration(step)} bars; a coarser "
-                                      "input never gives finer bars")
+                raise ShardcacheError(
+                    f"--bar {bar}: {src.path} holds {format_duration(step)} bars; a coarser "
+                    "input never gives finer bars"
+                )
             if want is not None and want != step:
-                raise ShardcacheError(f"--bar {bar}: {src.path} holds {format_duration(step)} bars and "
-                                      f"{src.kind} bars are taken as they are; resample them before the build, "
-                                      "or drop --bar")
+                raise ShardcacheError(
+                    f"--bar {bar}: {src.path} holds {format_duration(step)} bars and "
+                    f"{src.kind} bars are taken as they are; resample them before the build, "
+                    "or drop --bar"
+                )
             src.bar_ns = step
         if size is not None:
             sizes.setdefault(size, src.path)
     if len(sizes) > 1:
         (a, path_a), (b, path_b) = list(sizes.items())[:2]
-        raise ShardcacheError(f"{path_b}: {format_duration(b)} bars, but {path_a} has {format_duration(a)} bars; one "
-                              "cache holds one bar size (build them apart, or resample DBN bars with --bar)")
+        raise ShardcacheError(
+            f"{path_b}: {format_duration(b)} bars, but {path_a} has {format_duration(a)} bars; one "
+            "cache holds one bar size (build them apart, or resample DBN bars with --bar)"
+        )
     return next(iter(sizes), None)
 
 
@@ -114,18 +141,31 @@ def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbolo
                 name = next(iter(other))
                 syms[syms.index(str(iid))] = name
                 named += 1
-                log.warning("%s: instrument %s has no symbol mapping here (%d records); named %s from another "
-                            "input's mappings", path, iid, n, name)
+                log.warning(
+                    "%s: instrument %s has no symbol mapping here (%d records); named %s from another input's mappings",
+                    path,
+                    iid,
+                    n,
+                    name,
+                )
             else:
-                log.warning("%s: instrument %s has no symbol mapping (%d records); kept as symbol '%s'",
-                            path, iid, n, iid)
+                log.warning(
+                    "%s: instrument %s has no symbol mapping (%d records); kept as symbol '%s'", path, iid, n, iid
+                )
         if info.get("outside"):
-            log.warning("%s: %d records dated outside their instrument's mapping dates; each took its nearest "
-                        "mapping", path, info["outside"])
+            log.warning(
+                "%s: %d records dated outside their instrument's mapping dates; each took its nearest mapping",
+                path,
+                info["outside"],
+            )
     if not records and not outside:
         return {}
-    return {"instruments": len(records), "records": int(sum(records.values())), "named_from_other_inputs": named,
-            "outside_mapping_dates": outside}
+    return {
+        "instruments": len(records),
+        "records": int(sum(records.values())),
+        "named_from_other_inputs": named,
+        "outside_mapping_dates": outside,
+    }
 
 
 def stats_source(spec: SplitSpec, normalize: str) -> str | None:
@@ -136,16 +176,20 @@ def stats_source(spec: SplitSpec, normalize: str) -> str | None:
     if spec.names == ["all"]:
         return "all"
     if "train" not in spec.names:
-        raise ShardcacheError(f"--split {spec.text!r}: --normalize zscore takes its statistics from a split named "
-                              "train, and this layout has none; name one train, or pass --normalize none")
+        raise ShardcacheError(
+            f"--split {spec.text!r}: --normalize zscore takes its statistics from a split named "
+            "train, and this layout has none; name one train, or pass --normalize none"
+        )
     return "train"
 
 
 def check_splits(spec: SplitSpec, stats_of: str | None, bars: dict[str, int]) -> None:
     """Refuse z-score statistics over an empty train split; warn about other splits with no bars."""
     if stats_of == "train" and not bars.get("train"):
-        raise ShardcacheError(f"--split {spec.text!r}: the train split has no bars, so --normalize zscore has no "
-                              "statistics; move the split dates later, or pass --normalize none")
+        raise ShardcacheError(
+            f"--split {spec.text!r}: the train split has no bars, so --normalize zscore has no "
+            "statistics; move the split dates later, or pass --normalize none"
+        )
     for name in spec.names:
         if len(spec.names) > 1 and not bars.get(name):
             log.warning("split %s has no bars (its dates are after all data?); it will give no windows", name)

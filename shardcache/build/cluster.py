@@ -40,8 +40,10 @@ def check_cluster(client: Any, staging_root: str, urls: Sequence[str]) -> None:
     a worker does not see, or ``memory://`` data."""
     private = [u for u in urls if u.startswith("memory://")]
     if private:
-        raise ShardcacheError(f"{private[0]}: memory:// lives inside one process; a distributed build needs "
-                              "inputs and output every worker can reach (shared paths or an object store)")
+        raise ShardcacheError(
+            f"{private[0]}: memory:// lives inside one process; a distributed build needs "
+            "inputs and output every worker can reach (shared paths or an object store)"
+        )
     seen = client.run(os.path.exists, os.path.join(staging_root, STATE))
     if not seen:
         raise ShardcacheError(f"--scheduler {client.scheduler.address}: the cluster has no workers")
@@ -51,7 +53,12 @@ def check_cluster(client: Any, staging_root: str, urls: Sequence[str]) -> None:
         raise ShardcacheError(
             f"staging folder {staging_root} is not visible on worker(s) {', '.join(blind[:3])}"
             f"{' ...' if len(blind) > 3 else ''}: it must be on a filesystem every worker mounts at the same "
-            f"path (put --out there, or for an object-store --out point TMPDIR there){hint}")
+            f"path (put --out there, or for an object-store --out point TMPDIR there){hint}"
+        )
     threads = sum(w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
-    log.info("building on %s: %d workers, %d threads (one input piece or shard per thread at a time)",
-             client.scheduler.address, len(seen), threads)
+    log.info(
+        "building on %s: %d workers, %d threads (one input piece or shard per thread at a time)",
+        client.scheduler.address,
+        len(seen),
+        threads,
+    )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from ..errors import ShardcacheError
 from ..format.writer import CacheWriter
@@ -77,8 +77,10 @@ def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
     tail = work.tails.get(row)
     if tail is None:
         return None
-    return {"ts": np.asarray([tail["ts"]], dtype=np.int64),
-            **{c: np.asarray([tail[c]], dtype=np.float64) for c in work.read_columns}}
+    return {
+        "ts": np.asarray([tail["ts"]], dtype=np.int64),
+        **{c: np.asarray([tail[c]], dtype=np.float64) for c in work.read_columns},
+    }
 
 
 def rows_features(work: ShardWork, a: int, b: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,8 +114,7 @@ def rows_features(work: ShardWork, a: int, b: int, shard: int) -> tuple[np.ndarr
     return feats, ts, work.segment_split[seg]
 
 
-def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray,
-                  what: str) -> None:
+def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray, what: str) -> None:
     """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
     or from a derived feature of extreme inputs."""
     bad = ~np.isfinite(feats)
@@ -124,7 +125,8 @@ def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray
     raise ShardcacheError(
         f"feature {work.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
         f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
-        "derived feature of extreme inputs; fix those bars or pick other --features")
+        "derived feature of extreme inputs; fix those bars or pick other --features"
+    )
 
 
 def shard_stats(job: tuple[ShardWork, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import ShardcacheError
 from .sources.base import DAY_NS
 
-__all__ = ["DERIVED", "DEFAULT_OHLCV", "resolve_features", "required_columns", "compute_features"]
+__all__ = ["DEFAULT_OHLCV", "DERIVED", "compute_features", "required_columns", "resolve_features"]
 
 Columns = Mapping[str, np.ndarray]
 
@@ -96,8 +96,7 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
             continue
         if name not in DERIVED:
             raise ShardcacheError(
-                f"unknown feature {name!r}; choose from {', '.join(DERIVED)} or a source column "
-                f"({', '.join(columns)})"
+                f"unknown feature {name!r}; choose from {', '.join(DERIVED)} or a source column ({', '.join(columns)})"
             )
         missing = [c for c in DERIVED[name][0] if c not in columns]
         if missing:
@@ -116,9 +115,7 @@ def required_columns(names: Sequence[str], columns: Sequence[str]) -> list[str]:
     return [c for c in columns if c in need]
 
 
-def compute_features(
-    names: Sequence[str], cols: Columns, ts: np.ndarray, starts: np.ndarray
-) -> np.ndarray:
+def compute_features(names: Sequence[str], cols: Columns, ts: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Feature matrix float32 ``(n, len(names))`` for consecutive rows.
 
     ``starts`` marks rows that begin a segment (row 0 must be marked unless the caller

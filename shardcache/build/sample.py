@@ -80,7 +80,7 @@ def _central_offset_hours(opening: dt.date) -> int:
 def session_minutes(trade_date: dt.date) -> np.ndarray:
     """Start times (ns, UTC) of the 1,380 Globex minutes of ``trade_date`` (17:00 CT the eve to 16:00 CT)."""
     opening = trade_date - dt.timedelta(days=1)
-    local_open = dt.datetime(opening.year, opening.month, opening.day, 17, tzinfo=dt.timezone.utc)
+    local_open = dt.datetime(opening.year, opening.month, opening.day, 17, tzinfo=dt.UTC)
     first = int(local_open.timestamp()) - 3600 * _central_offset_hours(opening)
     return first * 1_000_000_000 + np.arange(SESSION_MINUTES, dtype=np.int64) * MINUTE_NS
 
@@ -96,9 +96,7 @@ def _contracts(symbols: Sequence[str] | None) -> list[Contract]:
     return out
 
 
-def _day_bars(
-    rng: np.random.Generator, c: Contract, minutes: np.ndarray, last: float
-) -> tuple[np.ndarray, float]:
+def _day_bars(rng: np.random.Generator, c: Contract, minutes: np.ndarray, last: float) -> tuple[np.ndarray, float]:
     """One contract's bars for one session as ``ohlcv-1m`` records; returns them and the closing price."""
     period = np.searchsorted(_PERIODS, np.arange(SESSION_MINUTES), side="right") - 1
     sigma = c.daily_vol / np.sqrt(SESSION_MINUTES) * _VOLATILITY[period] * rng.lognormal(0.0, 0.3)

@@ -41,8 +41,10 @@ class SplitSpec:
         fractions were resolved to, so no bar changes split."""
         cuts = [int(c) for c in cuts_ns]
         if len(cuts) != len(self.names) - 1 or cuts != sorted(set(cuts)):
-            raise ShardcacheError(f"--split {self.text!r}: {len(cuts)} cut time(s) given where its "
-                                  f"{len(self.names)} splits need {len(self.names) - 1}, increasing")
+            raise ShardcacheError(
+                f"--split {self.text!r}: {len(cuts)} cut time(s) given where its "
+                f"{len(self.names)} splits need {len(self.names) - 1}, increasing"
+            )
         return SplitSpec(self.names, dates_ns=cuts, text=self.text)
 
 

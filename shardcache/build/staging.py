@@ -194,8 +194,15 @@ class Staging:
         for path in glob.glob(os.path.join(self.root, "done", f"{glob.escape(prefix)}-*")):
             _unlink(path)
 
-    def run(self, fn: Callable[[Any], Any], jobs: Sequence[Any], prefix: str, *,
-            then: Callable[[Any], None] | None = None, **kwargs: Any) -> list[Any]:
+    def run(
+        self,
+        fn: Callable[[Any], Any],
+        jobs: Sequence[Any],
+        prefix: str,
+        *,
+        then: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
         """``[fn(job) for job in jobs]`` as dask tasks, skipping tasks finished before a resume."""
         kind = _returns(fn)
         results = [self.load(prefix, i, kind) for i in range(len(jobs))]
@@ -254,12 +261,15 @@ class Staging:
             raise
         except OSError as exc:
             self.release()
-            raise ShardcacheError(f"{exc.filename or self.out}: {exc.strerror or exc}; the finished part is kept "
-                                  f"in {self.root}: run again with --resume to continue") from None
+            raise ShardcacheError(
+                f"{exc.filename or self.out}: {exc.strerror or exc}; the finished part is kept "
+                f"in {self.root}: run again with --resume to continue"
+            ) from None
         except BaseException:
             self.release()
-            log.warning("%s: %s stopped; the finished part is kept in %s: run again with --resume", self.out,
-                        what, self.root)
+            log.warning(
+                "%s: %s stopped; the finished part is kept in %s: run again with --resume", self.out, what, self.root
+            )
             raise
 
     def release(self) -> None:
@@ -374,27 +384,26 @@ _SAME = frozenset({"same", "same+replace"})
 _THERE = frozenset({"built", "complete", "other"})
 RULES: tuple[tuple[Any, ...], ...] = (
     # running staged                  out                                resume overwrite  outcome
-    (True,    None,                   None,                              None,  None,      "refuse:running"),
-    (False,   None,                   {"built"},                         True,  None,      "done"),
-    (False,   _KEPT,                  None,                              False, False,     "refuse:kept"),
-    (False,   {"other"},              None,                              True,  False,     "refuse:other"),
-    (False,   _SAME,                  {"missing", "incomplete"},         True,  None,      "resume"),
-    (False,   {"same+replace"},       None,                              True,  None,      "resume"),
-    (False,   {"same"},               None,                              True,  True,      "resume"),
-    (False,   {"same"},               None,                              True,  False,     "refuse:exists"),
-    (False,   None,                   {"incomplete"},                    None,  False,     "refuse:incomplete"),
-    (False,   None,                   _THERE,                            None,  False,     "refuse:exists"),
-    (False,   None,                   None,                              None,  None,      "fresh"),
+    (True, None, None, None, None, "refuse:running"),
+    (False, None, {"built"}, True, None, "done"),
+    (False, _KEPT, None, False, False, "refuse:kept"),
+    (False, {"other"}, None, True, False, "refuse:other"),
+    (False, _SAME, {"missing", "incomplete"}, True, None, "resume"),
+    (False, {"same+replace"}, None, True, None, "resume"),
+    (False, {"same"}, None, True, True, "resume"),
+    (False, {"same"}, None, True, False, "refuse:exists"),
+    (False, None, {"incomplete"}, None, False, "refuse:incomplete"),
+    (False, None, _THERE, None, False, "refuse:exists"),
+    (False, None, None, None, None, "fresh"),
 )
 _REFUSALS = {
     "running": "{out}: another build of this cache is running (it holds {root})",
-    "kept": "{out}: an interrupted build is kept in {root}; pass --resume to continue it or --overwrite to "
-            "start again",
+    "kept": "{out}: an interrupted build is kept in {root}; pass --resume to continue it or --overwrite to start again",
     "other": "{out}: the interrupted build in {root} used other inputs or options ({why}); rerun with the same "
-             "ones, or pass --overwrite to start again",
+    "ones, or pass --overwrite to start again",
     "exists": "{out}: already exists; pass --overwrite to replace it",
     "incomplete": "{out}: an incomplete cache (its build did not finish) and no build state to resume in "
-                  "{root}; pass --overwrite to build it again",
+    "{root}; pass --overwrite to build it again",
 }
 
 
@@ -402,14 +411,17 @@ def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) 
     """What a build does (``done``, ``resume``, ``fresh`` or ``refuse:<why>``): the first row of
     ``RULES`` that matches."""
     for *pattern, outcome in RULES:
-        if all(p is None or (v in p if isinstance(p, (set, frozenset)) else v == p)
-               for p, v in zip(pattern, (running, staged, out, resume, overwrite))):
+        if all(
+            p is None or (v in p if isinstance(p, (set, frozenset)) else v == p)
+            for p, v in zip(pattern, (running, staged, out, resume, overwrite))
+        ):
             return outcome
     raise AssertionError("RULES ends with a row that matches everything")
 
 
-def prepare(out: str, storage_options: dict | None, wanted: dict[str, Any], *,
-            resume: bool, overwrite: bool) -> Staging | Cache:
+def prepare(
+    out: str, storage_options: dict | None, wanted: dict[str, Any], *, resume: bool, overwrite: bool
+) -> Staging | Cache:
     """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache.
 
     Looks at the disk, then does what ``RULES`` says: continue an interrupted build
@@ -429,20 +441,34 @@ def prepare(out: str, storage_options: dict | None, wanted: dict[str, Any], *,
         raise ShardcacheError(f"{out}: cannot write here ({exc.strerror or exc})") from None
 
 
-def _act(held: Staging, locked: bool, running: bool, storage_options: dict | None, wanted: dict[str, Any],
-         resume: bool, overwrite: bool) -> Staging | Cache:
+def _act(
+    held: Staging,
+    locked: bool,
+    running: bool,
+    storage_options: dict | None,
+    wanted: dict[str, Any],
+    resume: bool,
+    overwrite: bool,
+) -> Staging | Cache:
     """``prepare``'s outcome, with the staging folder's lock in ``held`` (when ``locked``)."""
     root, out = held.root, held.out
     state = _read_state(root) if locked else None
     status, manifest = _out_state(out, storage_options)
     if status == "complete" and manifest.get("build", {}).get("fingerprint") == digest(wanted):
         status = "built"
-    staged = ("none" if state is None else "other" if state.get("fingerprint") != wanted
-              else "same+replace" if state.get("overwrite") else "same")
+    staged = (
+        "none"
+        if state is None
+        else "other"
+        if state.get("fingerprint") != wanted
+        else "same+replace"
+        if state.get("overwrite")
+        else "same"
+    )
     outcome = decide(running, staged, status, resume, overwrite)
     if outcome.startswith("refuse:"):
         why = _differences(state.get("fingerprint", {}), wanted) if state else ""
-        raise ShardcacheError(_REFUSALS[outcome[len("refuse:"):]].format(out=out, root=root, why=why))
+        raise ShardcacheError(_REFUSALS[outcome[len("refuse:") :]].format(out=out, root=root, why=why))
     if outcome == "done":
         if locked:  # killed while cleaning up after publishing
             held.remove()
@@ -454,8 +480,9 @@ def _act(held: Staging, locked: bool, running: bool, storage_options: dict | Non
     replace = staged == "same+replace" or overwrite or status == "incomplete"
     damaged = _damaged(root)
     if damaged:  # a task that consumed its inputs (a merge) cannot run again alone: start again
-        log.warning("%s: %d damaged marker(s) in %s (first %s); starting the build again", out, len(damaged),
-                    root, damaged[0])
+        log.warning(
+            "%s: %d damaged marker(s) in %s (first %s); starting the build again", out, len(damaged), root, damaged[0]
+        )
         return _fresh(root, out, {"fingerprint": wanted, "overwrite": replace}, fd)
     stage = Staging(root, out, {**state, "overwrite": replace}, fd)
     stage.resumed = True

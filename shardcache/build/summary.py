@@ -26,8 +26,9 @@ def split_bar_counts(segments: np.ndarray, segment_split: np.ndarray, names: Seq
     return {name: int(np.diff(segments[segment_split == i, 1:], axis=1).sum()) for i, name in enumerate(names)}
 
 
-def window_count(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int,
-                 horizon: int) -> int:
+def window_count(
+    segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int, horizon: int
+) -> int:
     """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
     return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
 

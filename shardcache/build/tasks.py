@@ -106,8 +106,14 @@ class Progress:
         if self._bar is not None:
             self._bar.update(n)
         elif self.show and self.total and self.done / self.total >= self._next_log:
-            log.info("%s: %d/%d (%.0f%%) after %.1f s", self.desc, self.done, self.total,
-                     100 * self.done / self.total, time.perf_counter() - self._t0)
+            log.info(
+                "%s: %d/%d (%.0f%%) after %.1f s",
+                self.desc,
+                self.done,
+                self.total,
+                100 * self.done / self.total,
+                time.perf_counter() - self._t0,
+            )
             while self._next_log <= self.done / self.total:
                 self._next_log += 0.1
 
@@ -116,7 +122,7 @@ class Progress:
             self._bar.close()
             self._bar = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -162,7 +168,9 @@ def run_tasks(
         with _Count(prefix, progress):
             # graphs of at most _BATCH tasks: the scheduler's state stays bounded with 10,000s of files
             for lo in range(0, len(items), _BATCH):
-                tasks = [dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{lo + i}")
-                         for i, item in enumerate(items[lo : lo + _BATCH])]
+                tasks = [
+                    dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{lo + i}")
+                    for i, item in enumerate(items[lo : lo + _BATCH])
+                ]
                 results += dask.compute(*tasks, scheduler="threads", num_workers=workers or None)
         return results

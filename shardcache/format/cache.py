@@ -88,16 +88,20 @@ class Cache:
         try:
             local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
         except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
-            raise CacheError(f"{self.url}: the segment table (segments) is damaged: "
-                             f"{describe_damage(exc)}; rebuild the cache") from None
+            raise CacheError(
+                f"{self.url}: the segment table (segments) is damaged: {describe_damage(exc)}; rebuild the cache"
+            ) from None
         self.local_segments = local
         sym = local[:, 0]
         if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
-            raise CacheError(f"{self.url}: the segment index names symbols the manifest does not have; "
-                             "rebuild the cache")
+            raise CacheError(
+                f"{self.url}: the segment index names symbols the manifest does not have; rebuild the cache"
+            )
         if len(sym) and (local[:, 2] > self.bars_per_symbol[sym]).any():  # an append's index, an older manifest
-            raise CacheError(f"{self.url}: the segment index and the manifest disagree (an append is being "
-                             "written to this object store); open the cache again")
+            raise CacheError(
+                f"{self.url}: the segment index and the manifest disagree (an append is being "
+                "written to this object store); open the cache again"
+            )
         virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
         order = np.argsort(virtual[:, 1], kind="stable")
         self.segments = virtual[order]
@@ -158,8 +162,9 @@ class Cache:
             except KeyError:
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
             except ValueError as exc:  # damaged metadata (zarr.json that is not JSON, a bad field)
-                raise CacheError(f"{self.url}: {self.groups[i]}/{name} cannot be opened "
-                                 f"({describe_damage(exc)}); rebuild the cache") from None
+                raise CacheError(
+                    f"{self.url}: {self.groups[i]}/{name} cannot be opened ({describe_damage(exc)}); rebuild the cache"
+                ) from None
         return arr
 
     def _decoder(self, i: int) -> ShardDecoder:
@@ -174,8 +179,10 @@ class Cache:
             except FileNotFoundError:
                 raise CacheError(f"{self.url}: {self.groups[i]}/features is missing; rebuild the cache") from None
             except (ValueError, TypeError, KeyError) as exc:  # damaged metadata (not JSON, a bad field)
-                raise CacheError(f"{self.url}: {self.groups[i]}/features cannot be opened "
-                                 f"({describe_damage(exc)}); rebuild the cache") from None
+                raise CacheError(
+                    f"{self.url}: {self.groups[i]}/features cannot be opened "
+                    f"({describe_damage(exc)}); rebuild the cache"
+                ) from None
         return dec
 
     # -- manifest views ------------------------------------------------------------------
@@ -276,8 +283,10 @@ class Cache:
         key = sym * (int(chunk.max()) + 1) + chunk  # one number per (symbol, chunk)
         order = np.argsort(key, kind="stable")
         first = np.flatnonzero(np.diff(key[order], prepend=-1))  # each group's first place in ``order``
-        groups = [(int(sym[order[a]]), int(chunk[order[a]]), order[a:b])
-                  for a, b in zip(first.tolist(), [*first[1:].tolist(), len(order)])]
+        groups = [
+            (int(sym[order[a]]), int(chunk[order[a]]), order[a:b])
+            for a, b in zip(first.tolist(), [*first[1:].tolist(), len(order)])
+        ]
         with self._times_lock:
             have = {(i, c): self._times[(i, c)] for i, c, _ in groups if (i, c) in self._times}
 
@@ -330,8 +339,10 @@ class Cache:
         except (MissingShard, ChunkError) as exc:
             shard = base // self.shard_rows + exc.shard  # type: ignore[attr-defined]
             problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
-            raise CacheError(f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
-                             "`shardcache verify` lists every damaged shard; rebuild the cache") from None
+            raise CacheError(
+                f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
+                "`shardcache verify` lists every damaged shard; rebuild the cache"
+            ) from None
         self._check_same()
         return block
 
@@ -359,7 +370,7 @@ class Cache:
         )
 
 
-def open_cache(path: "str | os.PathLike[str] | Cache", storage_options: dict | None = None) -> Cache:
+def open_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | None = None) -> Cache:
     """Open a complete cache built by ``build-cache``; refuse incomplete, old- or newer-format caches."""
     if isinstance(path, Cache):
         return path

@@ -71,17 +71,26 @@ def _layout(metadata: ArrayV3Metadata) -> dict[str, Any]:
     rows, f = meta["chunk_grid"]["configuration"]["chunk_shape"]
     chunk_rows, cf = cfg["chunk_shape"]
     ok = (
-        np.dtype(meta["data_type"]) == np.float32 and cf == f
-        and len(shape) == 2 and shape[1] == f and rows % chunk_rows == 0
-        and inner[0] == "bytes" and inner[-1] == "crc32c" and len(inner) <= 3
-        and (len(inner) == 2 or inner[1] in _DECODERS) and index == ["bytes", "crc32c"]
+        np.dtype(meta["data_type"]) == np.float32
+        and cf == f
+        and len(shape) == 2
+        and shape[1] == f
+        and rows % chunk_rows == 0
+        and inner[0] == "bytes"
+        and inner[-1] == "crc32c"
+        and len(inner) <= 3
+        and (len(inner) == 2 or inner[1] in _DECODERS)
+        and index == ["bytes", "crc32c"]
         and all(c.get("configuration", {}).get("endian", "little") == "little" for c in cfg["codecs"][:1])
     )
     if not ok:
         raise ValueError(f"not the layout build-cache writes: {sharding}")
     return {
-        "shard_rows": int(rows), "chunk_rows": int(chunk_rows), "n_features": int(f),
-        "codec": _DECODERS[inner[1]]() if len(inner) == 3 else None, "index_at_end": cfg["index_location"] == "end",
+        "shard_rows": int(rows),
+        "chunk_rows": int(chunk_rows),
+        "n_features": int(f),
+        "codec": _DECODERS[inner[1]]() if len(inner) == 3 else None,
+        "index_at_end": cfg["index_location"] == "end",
     }
 
 
@@ -126,7 +135,7 @@ class ShardDecoder:
         self._bind(array.store_path.store, array.store_path.path, array.metadata)
 
     @classmethod
-    def open(cls, store: Store, path: str) -> "ShardDecoder":
+    def open(cls, store: Store, path: str) -> ShardDecoder:
         """The decoder of the array at ``path`` in ``store``, from its ``zarr.json`` alone: one read (a
         plain file read from a local store), without zarr's array opening and its event-loop hop.
         FileNotFoundError if there is no array there, ValueError if its metadata is not readable."""

@@ -132,6 +132,7 @@ def spanned_shards(first: np.ndarray, last: np.ndarray, shard_rows: int) -> np.n
 
 def gather(coros: list[Any], limit: int = 64) -> None:
     """Run ``coros`` on zarr's event loop, ``limit`` at a time (metadata writes of many symbols)."""
+
     async def run() -> None:
         gate = asyncio.Semaphore(limit)
 
@@ -139,8 +140,11 @@ def gather(coros: list[Any], limit: int = 64) -> None:
             async with gate:
                 await c
 
-        failed = [r for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
-                  if isinstance(r, BaseException)]
+        failed = [
+            r
+            for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+            if isinstance(r, BaseException)
+        ]
         if failed:
             raise failed[0]
 

@@ -21,4 +21,4 @@ def is_local(path: str) -> bool:
 
 def local_path(path: str) -> str:
     """The filesystem path of a plain path or a ``file://`` URL."""
-    return path[len("file://"):] if path.startswith("file://") else path
+    return path.removeprefix("file://")

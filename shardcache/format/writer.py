@@ -13,7 +13,17 @@ import zarr
 from zarr.core.sync import sync
 
 from ..errors import CacheError
-from .layout import ATTR, FORMAT_VERSION, TIME_ATTRS, compressors, gather, group_path, open_group, shard_digest, symbol_bases
+from .layout import (
+    ATTR,
+    FORMAT_VERSION,
+    TIME_ATTRS,
+    compressors,
+    gather,
+    group_path,
+    open_group,
+    shard_digest,
+    symbol_bases,
+)
 from .paths import is_url, local_path
 
 __all__ = ["CacheWriter"]
@@ -121,25 +131,42 @@ class CacheWriter:
         have = set(symbols.group_keys())
         sizes = list(enumerate(self.bars_per_symbol.tolist()))
         grow = [(i, n) for i, n in sizes if str(i) in have]
-        gather([self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
-                + [self._agrow(symbols._async_group, i, n) for i, n in grow])
+        gather(
+            [self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
+            + [self._agrow(symbols._async_group, i, n) for i, n in grow]
+        )
 
     async def _acreate_symbol(self, symbols: Any, name: str, n: int) -> None:
         g = await symbols.require_group(name)
         f = max(self.n_features, 1)
         await asyncio.gather(
-            g.create_array("features", shape=(n, self.n_features), dtype="float32", chunks=(self.chunk_rows, f),
-                           shards=(self.shard_rows, f), compressors=compressors(self.codec), fill_value=np.nan,
-                           dimension_names=("time", "feature")),
-            g.create_array("time", shape=(n,), dtype="int64", chunks=(self.shard_rows,),
-                           compressors=compressors("zstd"), fill_value=0, dimension_names=("time",),
-                           attributes=dict(TIME_ATTRS)),
+            g.create_array(
+                "features",
+                shape=(n, self.n_features),
+                dtype="float32",
+                chunks=(self.chunk_rows, f),
+                shards=(self.shard_rows, f),
+                compressors=compressors(self.codec),
+                fill_value=np.nan,
+                dimension_names=("time", "feature"),
+            ),
+            g.create_array(
+                "time",
+                shape=(n,),
+                dtype="int64",
+                chunks=(self.shard_rows,),
+                compressors=compressors("zstd"),
+                fill_value=0,
+                dimension_names=("time",),
+                attributes=dict(TIME_ATTRS),
+            ),
             self._anames(g, f),
         )
 
     async def _anames(self, g: Any, f: int) -> None:
-        names = await g.create_array("feature", shape=(self.n_features,), dtype=str, chunks=(f,),
-                                     dimension_names=("feature",))
+        names = await g.create_array(
+            "feature", shape=(self.n_features,), dtype=str, chunks=(f,), dimension_names=("feature",)
+        )
         if self.n_features:
             await names.setitem(..., np.asarray(self.feature_names, dtype=str))
 
@@ -185,8 +212,10 @@ class CacheWriter:
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Virtual rows ``[start, stop)`` (one symbol) as stored: features and timestamps (an append keeps them)."""
         i, a, b = self._local(start, stop)
-        return (np.asarray(self._array(i, "features")[a:b], dtype=np.float32),
-                np.asarray(self._array(i, "time")[a:b], dtype=np.int64))
+        return (
+            np.asarray(self._array(i, "features")[a:b], dtype=np.float32),
+            np.asarray(self._array(i, "time")[a:b], dtype=np.int64),
+        )
 
     def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> str:
         """Write shard ``shard`` whole (rows and timestamps) and return its digest."""
@@ -205,9 +234,16 @@ class CacheWriter:
 
     async def _asmall(self, g: Any, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
         """(Re)create a small one-chunk array (its old objects already released)."""
-        arr = await g.create_array(name, shape=data.shape, dtype=data.dtype,
-                                   chunks=tuple(max(1, n) for n in data.shape), compressors=compressors("zstd"),
-                                   fill_value=0, overwrite=True, dimension_names=dims)
+        arr = await g.create_array(
+            name,
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=tuple(max(1, n) for n in data.shape),
+            compressors=compressors("zstd"),
+            fill_value=0,
+            overwrite=True,
+            dimension_names=dims,
+        )
         if data.size:
             await arr.setitem(..., data)
 
@@ -217,8 +253,14 @@ class CacheWriter:
         self._release("history/zarr.json")
         self.root.require_group("history").attrs.update(history)
 
-    def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: dict, digests: dict[int, str],
-               symbols: Any = None) -> None:
+    def finish(
+        self,
+        segments: np.ndarray,
+        segment_split: np.ndarray,
+        manifest: dict,
+        digests: dict[int, str],
+        symbols: Any = None,
+    ) -> None:
         """Write the symbols' segment tables and shard digests, the root segment index, then the
         manifest marked complete (the last write).
 
@@ -243,7 +285,7 @@ class CacheWriter:
 
         async def one(i: int) -> None:
             g = await groups.getitem(str(i))
-            mine = local[bounds[i]:bounds[i + 1]]
+            mine = local[bounds[i] : bounds[i + 1]]
             for name, col, dtype in zip(_SEGMENT_ARRAYS, (1, 2, 3), ("int64", "int64", "int8")):
                 await self._asmall(g, name, mine[:, col].astype(dtype), ("segment",))
             feats = await g.getitem("features")
@@ -263,7 +305,6 @@ class CacheWriter:
             "symbols": list(manifest["symbols"]),
             "groups": [group_path(i) for i in range(len(self.bars_per_symbol))],
             "bars_per_symbol": self.bars_per_symbol.tolist(),
-            "layout": {"shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows,
-                       **manifest.get("layout", {})},
+            "layout": {"shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows, **manifest.get("layout", {})},
             "complete": True,
         }

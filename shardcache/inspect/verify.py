@@ -70,8 +70,12 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""
         return {
-            "path": self.path, "ok": self.ok, "shards": self.shards, "rows": self.rows,
-            "digests_checked": self.digests_checked, "bad_shards": self.bad_shards,
+            "path": self.path,
+            "ok": self.ok,
+            "shards": self.shards,
+            "rows": self.rows,
+            "digests_checked": self.digests_checked,
+            "bad_shards": self.bad_shards,
             "problems": [{"key": p.key, "problem": p.problem} for p in self.problems],
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -79,13 +83,14 @@ class VerifyReport:
     def format(self) -> str:
         """The report for people: one line per problem, then a verdict."""
         lines = [str(p) for p in self.problems]
-        what = (f"{self.shards} shards, {self.rows:,} rows, {self.digests_checked} digests checked "
-                f"in {self.elapsed_s:.1f} s")
+        what = (
+            f"{self.shards} shards, {self.rows:,} rows, {self.digests_checked} digests checked "
+            f"in {self.elapsed_s:.1f} s"
+        )
         if self.ok:
             lines.append(f"{self.path}: OK ({what})")
         else:
-            lines.append(f"{self.path}: {len(self.problems)} problem(s), {len(self.bad_shards)} bad shard(s) "
-                         f"({what})")
+            lines.append(f"{self.path}: {len(self.problems)} problem(s), {len(self.bad_shards)} bad shard(s) ({what})")
         return "\n".join(lines)
 
 
@@ -118,8 +123,9 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
     if t.shape != (n,):
         problems.append(Problem(f"{path}/time", f"shape {t.shape}, manifest says {(n,)}"))
     if f.shards is None or f.shards[0] != cache.shard_rows:
-        problems.append(Problem(f"{path}/features", f"shards of {f.shards and f.shards[0]} rows, manifest says "
-                                                    f"{cache.shard_rows}"))
+        problems.append(
+            Problem(f"{path}/features", f"shards of {f.shards and f.shards[0]} rows, manifest says {cache.shard_rows}")
+        )
     if t.chunks[0] != cache.shard_rows:
         problems.append(Problem(f"{path}/time", f"chunks of {t.chunks[0]} rows, manifest says {cache.shard_rows}"))
     index = cache.local_segments[cache.local_segments[:, 0] == i]
@@ -128,23 +134,37 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
         problems.append(Problem("segments", f"{sym}'s segments do not cover its rows 0-{n}"))
     gaps = np.flatnonzero(index[1:, 1] != index[:-1, 2])
     if len(gaps):
-        problems.append(Problem("segments", f"{len(gaps)} gap(s) or overlap(s) in {sym}'s rows, first after row "
-                                            f"{int(index[gaps[0], 2])}"))
+        problems.append(
+            Problem(
+                "segments",
+                f"{len(gaps)} gap(s) or overlap(s) in {sym}'s rows, first after row {int(index[gaps[0], 2])}",
+            )
+        )
     empty = np.flatnonzero(index[:, 2] <= index[:, 1])
     if len(empty):
-        problems.append(Problem("segments", f"{len(empty)} empty or reversed segment(s) of {sym}, first at row "
-                                            f"{int(index[empty[0], 1])}"))
+        problems.append(
+            Problem(
+                "segments",
+                f"{len(empty)} empty or reversed segment(s) of {sym}, first at row {int(index[empty[0], 1])}",
+            )
+        )
     if len(index) and (index[:, 3].min() < 0 or index[:, 3].max() >= len(cache.split_names)):
         problems.append(Problem("segments", f"split ids outside 0-{len(cache.split_names) - 1}"))
     try:
-        table = np.stack([np.asarray(cache.array(i, name)[...], dtype=np.int64)
-                          for name in ("segment_start", "segment_stop", "segment_split")], axis=1).reshape(-1, 3)
+        table = np.stack(
+            [
+                np.asarray(cache.array(i, name)[...], dtype=np.int64)
+                for name in ("segment_start", "segment_stop", "segment_split")
+            ],
+            axis=1,
+        ).reshape(-1, 3)
     except Exception as exc:  # missing or damaged
         problems.append(Problem(f"{path}/segment_start", f"unreadable ({describe_damage(exc)})"))
     else:
         if not np.array_equal(table, index[:, 1:]):
-            problems.append(Problem(f"{path}/segment_start", "the symbol's segment table differs from the root "
-                                                             "segments index"))
+            problems.append(
+                Problem(f"{path}/segment_start", "the symbol's segment table differs from the root segments index")
+            )
     digests = f.attrs.get("digests")
     expected = -(-n // cache.shard_rows)
     if digests is not None and len(digests) != expected:
@@ -157,18 +177,27 @@ def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
     """Counts and the root segment index against the manifest."""
     m = cache.manifest
     if len(cache.groups) != len(cache.symbols) or len(cache.bars_per_symbol) != len(cache.symbols):
-        problems.append(Problem("manifest", f"{len(cache.groups)} groups and {len(cache.bars_per_symbol)} bar "
-                                            f"counts for {len(cache.symbols)} symbols"))
+        problems.append(
+            Problem(
+                "manifest",
+                f"{len(cache.groups)} groups and {len(cache.bars_per_symbol)} bar "
+                f"counts for {len(cache.symbols)} symbols",
+            )
+        )
     if int(cache.bars_per_symbol.sum()) != cache.n_bars:
-        problems.append(Problem("manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, "
-                                            f"counts say {cache.n_bars}"))
+        problems.append(
+            Problem(
+                "manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, counts say {cache.n_bars}"
+            )
+        )
     expected = m.get("counts", {}).get("segments")
     if expected is not None and expected != len(cache.segments):
         problems.append(Problem("segments", f"{len(cache.segments)} segments, manifest says {expected}"))
 
 
-def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | None = None, *,
-                 progress: bool = False) -> VerifyReport:
+def verify_cache(
+    path: str | os.PathLike[str] | Cache, storage_options: dict | None = None, *, progress: bool = False
+) -> VerifyReport:
     """Re-read every shard of the cache at ``path`` and report what is wrong (see the module docstring)."""
     t0 = time.perf_counter()
     cache = open_cache(path, storage_options)
@@ -186,8 +215,9 @@ def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | N
                 if feats is not None and digests is not None:
                     checked += 1
                     if shard_digest(feats.astype(np.float32, copy=False)) != digests[k]:
-                        problems.append(Problem(cache.shard_key(shard),
-                                                "rows differ from the digest recorded at build time"))
+                        problems.append(
+                            Problem(cache.shard_key(shard), "rows differ from the digest recorded at build time")
+                        )
                 ts = _read(cache, shard, "time", a, b, problems)
                 if ts is not None and len(ts):
                     ts = ts.astype(np.int64, copy=False)
@@ -195,9 +225,13 @@ def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | N
                     if prev is not None and ts[0] <= prev:
                         bad = np.r_[0, bad]
                     if len(bad):
-                        problems.append(Problem(cache.shard_key(shard, "time"),
-                                                f"timestamps not strictly increasing at {len(bad)} row(s), first "
-                                                f"at row {a + int(bad[0])} of {cache.symbols[i]}"))
+                        problems.append(
+                            Problem(
+                                cache.shard_key(shard, "time"),
+                                f"timestamps not strictly increasing at {len(bad)} row(s), first "
+                                f"at row {a + int(bad[0])} of {cache.symbols[i]}",
+                            )
+                        )
                     prev = int(ts[-1])
                 else:
                     prev = None
@@ -206,8 +240,9 @@ def verify_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | N
     return VerifyReport(cache.url, cache.n_shards, cache.n_bars, checked, problems, time.perf_counter() - t0)
 
 
-def compare_caches(a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] | Cache,
-                   storage_options: dict | None = None) -> list[str]:
+def compare_caches(
+    a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] | Cache, storage_options: dict | None = None
+) -> list[str]:
     """How two caches differ, array for array and in the manifest (less build times); [] when identical.
 
     Reads one shard of each at a time, e.g. to check that a resumed build equals a clean one.
@@ -215,8 +250,9 @@ def compare_caches(a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] 
     ca, cb = open_cache(a, storage_options), open_cache(b, storage_options)
     out = []
     ma, mb = ({k: v for k, v in c.manifest.items() if k not in _VOLATILE} for c in (ca, cb))
-    out += [f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb))
-            if ma.get(k) != mb.get(k)]
+    out += [
+        f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb)) if ma.get(k) != mb.get(k)
+    ]
     if ca.history().get("sources") != cb.history().get("sources"):
         out.append("history['sources'] differs")
     for name in ("segments", "segment_split", "bars_per_symbol"):

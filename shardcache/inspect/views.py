@@ -59,13 +59,22 @@ class ShardInfo:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record, with the time range also as ISO 8601 UTC strings."""
         return {
-            "symbol": self.symbol, "symbol_id": self.symbol_id, "group": self.group, "shard": self.shard,
-            "key": self.key, "start": self.start, "stop": self.stop, "rows": self.rows,
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
+            "symbol": self.symbol,
+            "symbol_id": self.symbol_id,
+            "group": self.group,
+            "shard": self.shard,
+            "key": self.key,
+            "start": self.start,
+            "stop": self.stop,
+            "rows": self.rows,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
             "first_time": str(np.datetime64(self.first_ts, "ns")),
             "last_time": str(np.datetime64(self.last_ts, "ns")),
-            "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes,
-            "ratio": None if self.ratio is None else round(self.ratio, 3), "missing": self.missing,
+            "raw_bytes": self.raw_bytes,
+            "stored_bytes": self.stored_bytes,
+            "ratio": None if self.ratio is None else round(self.ratio, 3),
+            "missing": self.missing,
         }
 
 
@@ -91,15 +100,28 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     stop = np.minimum(start + rows, bars[symbol])
     times = _symbol_times(cache, np.flatnonzero(counts))
     names, groups = cache.symbols, list(cache.manifest["groups"])
-    keys = [f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())]  # zarr's default key encoding
+    keys = [
+        f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())
+    ]  # zarr's default key encoding
     stored = _stored_sizes(cache, keys)
     out = []
     for i, k, a, b, key in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist(), keys):
         t0, t1 = int(times[i][a]), int(times[i][b - 1])
-        out.append(ShardInfo(
-            symbol=names[i], symbol_id=i, group=groups[i], shard=k, key=key, start=a, stop=b,
-            first_ts=t0, last_ts=t1, raw_bytes=(b - a) * cache.n_features * 4, stored_bytes=stored.get(key),
-        ))
+        out.append(
+            ShardInfo(
+                symbol=names[i],
+                symbol_id=i,
+                group=groups[i],
+                shard=k,
+                key=key,
+                start=a,
+                stop=b,
+                first_ts=t0,
+                last_ts=t1,
+                raw_bytes=(b - a) * cache.n_features * 4,
+                stored_bytes=stored.get(key),
+            )
+        )
     return out
 
 
@@ -122,8 +144,10 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
                     arr = await root.getitem(f"{groups[i]}/time")
                     return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
                 except Exception as exc:  # a missing key, a damaged chunk (codecs raise several types)
-                    raise CacheError(f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
-                                     "`shardcache verify` lists the damage; rebuild the cache") from None
+                    raise CacheError(
+                        f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
+                        "`shardcache verify` lists the damage; rebuild the cache"
+                    ) from None
 
         return await asyncio.gather(*(one(i) for i in ids.tolist()))
 
@@ -137,7 +161,7 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
     object store is listed once under ``symbols/`` (one paginated listing, not a request per key).
     """
     if "://" not in cache.url or cache.url.startswith("file://"):
-        root = cache.url[len("file://"):] if cache.url.startswith("file://") else cache.url
+        root = cache.url.removeprefix("file://")
         sizes = {}
         for key in keys:
             try:
@@ -151,7 +175,7 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
         found = fs.find(root + "symbols", detail=True)
     except FileNotFoundError:
         return {}
-    return {p[len(root):]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
+    return {p[len(root) :]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
 
 
 def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
@@ -169,7 +193,7 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "bars": cache.n_bars,
         "symbols": cache.symbols,
         "bars_per_symbol": [int(n) for n in cache.bars_per_symbol],
-        "segments": int(len(cache.segments)),
+        "segments": len(cache.segments),
         "shards": int(_shard_counts(cache).sum()),
         "features": cache.feature_names,
         "stats": cache.stats,
@@ -203,15 +227,16 @@ def _open_kwargs(cache: Cache) -> dict[str, Any]:
     import zarr
 
     kwargs: dict[str, Any] = {"chunks": {"time": cache.shard_rows}, "zarr_format": 3}
-    root = zarr.open_group(cache.url, mode="r", zarr_format=3, storage_options=cache.storage_options
-                           if "://" in cache.url else None)
+    root = zarr.open_group(
+        cache.url, mode="r", zarr_format=3, storage_options=cache.storage_options if "://" in cache.url else None
+    )
     kwargs["consolidated"] = root.metadata.consolidated_metadata is not None
     if cache.storage_options and "://" in cache.url:
         kwargs["storage_options"] = cache.storage_options
     return kwargs
 
 
-def _labelled(ds: "xarray.Dataset", cache: Cache, i: int, split: bool) -> "xarray.Dataset":
+def _labelled(ds: xarray.Dataset, cache: Cache, i: int, split: bool) -> xarray.Dataset:
     """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``
     and, with ``split``, the split name of every bar (from the symbol's segment table)."""
     coords: dict[str, Any] = {"symbol": cache.symbols[i]}
@@ -241,7 +266,7 @@ def _symbol_id(cache: Cache, symbol: str | int) -> int:
         raise CacheError(f"{cache.url}: no symbol {symbol!r}") from None
 
 
-def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> "xarray.Dataset":
+def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> xarray.Dataset:
     """One symbol as a lazy ``xarray.Dataset``: ``xr.open_zarr(CACHE, group=path)`` plus labels.
 
     ``features (time, feature)`` over a datetime64 ``time`` index, one dask chunk per shard, so
@@ -257,7 +282,7 @@ def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> "xa
     return _labelled(ds, cache, i, split=True)
 
 
-def to_xarray(cache: Cache | str | os.PathLike[str]) -> "xarray.DataTree":
+def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     """The whole cache as a lazy ``xarray.DataTree``: ``xr.open_datatree(CACHE, engine="zarr")`` with
     one node per symbol (``tree[cache.manifest["groups"][i]]``), each labelled with its ``symbol``
     and the feature statistics (``open_symbol`` adds the split per bar). The root's attributes

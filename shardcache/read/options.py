@@ -18,9 +18,23 @@ import torch.distributed as dist
 from ..format.cache import Cache, open_cache
 from .plan import WindowSpec
 
-__all__ = ["AUTO_CPU_FRACTION", "AUTO_CUDA_FRACTION", "Batch", "CUDA_WORKERS", "MAX_DECODERS", "MetaBatch",
-           "check_device", "check_split", "columns", "count", "default_decoders", "open_for_reading", "parse_budget",
-           "rank_world", "window_spec"]
+__all__ = [
+    "AUTO_CPU_FRACTION",
+    "AUTO_CUDA_FRACTION",
+    "CUDA_WORKERS",
+    "MAX_DECODERS",
+    "Batch",
+    "MetaBatch",
+    "check_device",
+    "check_split",
+    "columns",
+    "count",
+    "default_decoders",
+    "open_for_reading",
+    "parse_budget",
+    "rank_world",
+    "window_spec",
+]
 
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
@@ -56,8 +70,18 @@ def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_budget(value: int | str | None, device: torch.device) -> int | None:
@@ -134,8 +158,11 @@ def count(name: str, value: Any, minimum: int) -> int:
 def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: Any, features: Any, target: Any) -> WindowSpec:
     """The ``WindowSpec`` given, or one made of the separate settings (None: the default), not both."""
     if isinstance(seq_len, WindowSpec):
-        beside = [n for n, v in zip(("horizon", "stride", "features", "target"), (horizon, stride, features, target))
-                  if v is not None]
+        beside = [
+            n
+            for n, v in zip(("horizon", "stride", "features", "target"), (horizon, stride, features, target))
+            if v is not None
+        ]
         if beside:
             raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
@@ -150,5 +177,7 @@ def check_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-CUDA_WORKERS = ("device='cuda' needs num_workers=0: the stream's own threads decode and copy to the GPU "
-                 "(worker processes cannot share its CUDA tensors)")
+CUDA_WORKERS = (
+    "device='cuda' needs num_workers=0: the stream's own threads decode and copy to the GPU "
+    "(worker processes cannot share its CUDA tensors)"
+)

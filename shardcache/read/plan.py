@@ -31,8 +31,21 @@ from numpy.random import default_rng  # imported with the plan, not lazily at th
 
 from ..format.layout import spanned_shards
 
-__all__ = ["EpochPlan", "PoolLayout", "Ranges", "Run", "SegmentTable", "WindowSpec", "as_spec", "make_plan",
-           "n_windows", "no_windows_error", "pool_layout", "reader_runs", "valid_ranges"]
+__all__ = [
+    "EpochPlan",
+    "PoolLayout",
+    "Ranges",
+    "Run",
+    "SegmentTable",
+    "WindowSpec",
+    "as_spec",
+    "make_plan",
+    "n_windows",
+    "no_windows_error",
+    "pool_layout",
+    "reader_runs",
+    "valid_ranges",
+]
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ class WindowSpec:
 
 def _horizon(value: Any) -> int | tuple[int, ...]:
     """A horizon as an int or a tuple of ints, each >= 0 (the same rule for both)."""
+
     def ok(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= 0
 
@@ -91,8 +105,9 @@ def _horizon(value: Any) -> int | tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def as_spec(seq_len: "int | WindowSpec", horizon: int | Sequence[int] | None = None,
-            stride: int | None = None) -> WindowSpec:
+def as_spec(
+    seq_len: int | WindowSpec, horizon: int | Sequence[int] | None = None, stride: int | None = None
+) -> WindowSpec:
     """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left
     unset), else a spec of the three (None: 1)."""
     if isinstance(seq_len, WindowSpec):
@@ -151,9 +166,7 @@ class Ranges:
         """Every valid start (for tests and map-style access)."""
         if len(self.start) == 0:
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate(
-            [s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)]
-        )
+        return np.concatenate([s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)])
 
 
 @dataclass(frozen=True)
@@ -180,7 +193,10 @@ def _split_segments(cache: Any, split: str | None) -> np.ndarray:
 
 
 def valid_ranges(
-    cache: Any, seq_len: "int | WindowSpec", horizon: int | Sequence[int] | None = None, stride: int | None = None,
+    cache: Any,
+    seq_len: int | WindowSpec,
+    horizon: int | Sequence[int] | None = None,
+    stride: int | None = None,
     split: str | None = None,
 ) -> Ranges:
     """Valid window starts of ``cache`` (anything with ``segments``, ``segment_split`` and
@@ -196,7 +212,11 @@ def valid_ranges(
 
 
 def n_windows(
-    cache: Any, seq_len: "int | WindowSpec", *, horizon: int | Sequence[int] | None = None, stride: int | None = None,
+    cache: Any,
+    seq_len: int | WindowSpec,
+    *,
+    horizon: int | Sequence[int] | None = None,
+    stride: int | None = None,
     split: str | None = None,
 ) -> int:
     """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all; an unset
@@ -302,8 +322,7 @@ class EpochPlan:
         """Pool ``g``'s served order of its ``n`` windows: a permutation (shuffled) or ``arange``,
         cut to ``pool_from:pool_to``."""
         rank, pool = (int(v) for v in self.pool_key[g])
-        order = default_rng([self.seed, self.epoch, rank, pool, 1]).permutation(n) if self.shuffle \
-            else np.arange(n)
+        order = default_rng([self.seed, self.epoch, rank, pool, 1]).permutation(n) if self.shuffle else np.arange(n)
         return order[int(self.pool_from[g]) : int(self.pool_to[g])]
 
     def pool_windows(self, g: int, ranges: Ranges, shard_rows: int) -> np.ndarray:
@@ -344,14 +363,29 @@ def make_plan(
     plans = [_fresh_plan(ranges, n_rows, shard_rows, rank=r, world=w0, **kw) for r in range(w0)]
     worlds = [int(w) for w, _ in history[1:]] + [world]
     for (_, done), nxt in zip(history, worlds):
-        parts = [p for plan in plans for p in _parts(plan, int(plan.batch_bounds[min(int(done), plan.n_batches)]),
-                                                       plan.n_windows)]
+        parts = [
+            p
+            for plan in plans
+            for p in _parts(plan, int(plan.batch_bounds[min(int(done), plan.n_batches)]), plan.n_windows)
+        ]
         plans = _deal(parts, nxt, plans[0], drop_last)
     return plans[rank]
 
 
-def _fresh_plan(ranges: Ranges, n_rows: int, shard_rows: int, *, batch_size: int, shuffle: bool, seed: int,
-                epoch: int, rank: int, world: int, mix: int, drop_last: bool) -> EpochPlan:
+def _fresh_plan(
+    ranges: Ranges,
+    n_rows: int,
+    shard_rows: int,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world: int,
+    mix: int,
+    drop_last: bool,
+) -> EpochPlan:
     """An epoch's plan from its start (see ``make_plan``).
 
     Only shards holding a window start are visited, so rows may be sparse (a format-2 cache
@@ -450,18 +484,25 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
                 p = parts[k]
                 mine.append(p._replace(frm=p.frm + lo - int(cum[k]), to=p.frm + hi - int(cum[k])))
         lens = [len(p.shards) for p in mine]
-        plans.append(EpochPlan(
-            shards=np.concatenate([p.shards for p in mine]) if mine else np.zeros(0, np.int64),
-            lo=np.concatenate([p.lo for p in mine]) if mine else np.zeros(0, np.int64),
-            hi=np.concatenate([p.hi for p in mine]) if mine else np.zeros(0, np.int64),
-            pool_bounds=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
-            pool_key=np.stack([p.key for p in mine]).astype(np.int64) if mine else np.zeros((0, 2), np.int64),
-            pool_from=np.array([p.frm for p in mine], np.int64),
-            pool_to=np.array([p.to for p in mine], np.int64),
-            batch_bounds=bounds,
-            n_windows=int(bounds[-1]),
-            batch_size=bs, dropped=like.dropped, shuffle=like.shuffle, seed=like.seed, epoch=like.epoch, rank=r,
-        ))
+        plans.append(
+            EpochPlan(
+                shards=np.concatenate([p.shards for p in mine]) if mine else np.zeros(0, np.int64),
+                lo=np.concatenate([p.lo for p in mine]) if mine else np.zeros(0, np.int64),
+                hi=np.concatenate([p.hi for p in mine]) if mine else np.zeros(0, np.int64),
+                pool_bounds=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                pool_key=np.stack([p.key for p in mine]).astype(np.int64) if mine else np.zeros((0, 2), np.int64),
+                pool_from=np.array([p.frm for p in mine], np.int64),
+                pool_to=np.array([p.to for p in mine], np.int64),
+                batch_bounds=bounds,
+                n_windows=int(bounds[-1]),
+                batch_size=bs,
+                dropped=like.dropped,
+                shuffle=like.shuffle,
+                seed=like.seed,
+                epoch=like.epoch,
+                rank=r,
+            )
+        )
     return plans
 
 
@@ -481,9 +522,17 @@ class PoolLayout:
     and shuffle while they decode.
     """
 
-    def __init__(self, pool: int, lo: np.ndarray, hi: np.ndarray, at: np.ndarray, starts: np.ndarray | None = None,
-                 rows: np.ndarray | None = None, *,
-                 served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+    def __init__(
+        self,
+        pool: int,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        at: np.ndarray,
+        starts: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        *,
+        served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
         if (starts is None) != (rows is None) or (starts is None) == (served is None):
             raise TypeError("PoolLayout takes starts and rows, or served to make them")
         self.pool, self.lo, self.hi, self.at = int(pool), lo, hi, at

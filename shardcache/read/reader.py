@@ -55,7 +55,7 @@ import torch
 from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
 from .resident import Resident, mapped
 
-__all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Ready", "Reader", "one_thread_here"]
+__all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -110,8 +110,14 @@ class _Pool:
     blocks still to decode (``todo``, in the resident's numbering) and ``blocks`` every block
     the pool reads."""
 
-    def __init__(self, layout: PoolLayout, arena: tuple[torch.Tensor, torch.Tensor], seq_len: int,
-                 blocks: np.ndarray | None = None, todo: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        layout: PoolLayout,
+        arena: tuple[torch.Tensor, torch.Tensor],
+        seq_len: int,
+        blocks: np.ndarray | None = None,
+        todo: np.ndarray | None = None,
+    ) -> None:
         self.layout, (self.x, self.y) = layout, arena
         self.blocks, self.todo = blocks, todo
         n, f = self.x.shape
@@ -174,8 +180,9 @@ class _Outputs:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
         slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
         if slot is None:
-            slot = tuple(mapped(shape, dtype, populate=True, huge=False)
-                         for shape, dtype in zip(self.shapes, self.dtypes))
+            slot = tuple(
+                mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)
+            )
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
         return [torch.from_numpy(a[:n]) for a in slot]
@@ -225,8 +232,16 @@ class Reader:
     """
 
     def __init__(
-        self, spec: ReadSpec, plan: EpochPlan, batches: range, capacity: int, *,
-        decoders: int = 0, run_windows: int = 1, outputs: Any = None, resident: Resident | None = None,
+        self,
+        spec: ReadSpec,
+        plan: EpochPlan,
+        batches: range,
+        capacity: int,
+        *,
+        decoders: int = 0,
+        run_windows: int = 1,
+        outputs: Any = None,
+        resident: Resident | None = None,
         ahead: int = RUNS_AHEAD,
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
@@ -255,8 +270,16 @@ class Reader:
                 t.record_stream(self.copy_stream)
                 t.record_stream(self.gather_stream)
         runs = self.run_windows
-        self.outputs = None if self.cuda else outputs if outputs is not None else _Outputs(
-            [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)], [np.float32, np.float32], keep=RUNS_AHEAD + 3,
+        self.outputs = (
+            None
+            if self.cuda
+            else outputs
+            if outputs is not None
+            else _Outputs(
+                [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)],
+                [np.float32, np.float32],
+                keep=RUNS_AHEAD + 3,
+            )
         )
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
         chunk = _GRAIN // (spec.seq_len * spec.nx)
@@ -417,7 +440,11 @@ class Reader:
         x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
         arr = s.cache.read_rows(lo, hi)
         hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
-        hy = hx if pool.y is pool.x else torch.from_numpy(arr if s.ycols is None else np.ascontiguousarray(arr[:, s.ycols]))
+        hy = (
+            hx
+            if pool.y is pool.x
+            else torch.from_numpy(arr if s.ycols is None else np.ascontiguousarray(arr[:, s.ycols]))
+        )
         host = [hx.pin_memory()] + ([] if hy is hx else [hy.pin_memory()])
         with torch.cuda.stream(self.copy_stream):
             x.copy_(host[0], non_blocking=True)

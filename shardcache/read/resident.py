@@ -73,7 +73,7 @@ class BlockTable:
     block: np.ndarray
 
     @classmethod
-    def of(cls, ranges: Ranges, shard_rows: int) -> "BlockTable":
+    def of(cls, ranges: Ranges, shard_rows: int) -> BlockTable:
         """The blocks of every shard of ``ranges`` (a split's valid starts)."""
         ids = spanned_shards(ranges.start, ranges.start + ranges.stride * (ranges.count - 1), shard_rows)
         a, b = ranges.count_below(ids * shard_rows), ranges.count_below((ids + 1) * shard_rows)
@@ -91,7 +91,7 @@ class BlockTable:
         return int((self.hi - self.lo).sum())
 
 
-def resident_bytes(spec: "ReadSpec") -> int:
+def resident_bytes(spec: ReadSpec) -> int:
     """Bytes of the arena that holds every bar a stream's windows read (every column it reads)."""
     return BlockTable.of(spec.ranges, spec.cache.shard_rows).n_rows * spec.row_bytes
 
@@ -105,7 +105,7 @@ class Resident:
     drops the arena even while a pass's iterator is still referenced (that pass then fails).
     """
 
-    def __init__(self, spec: "ReadSpec", shard_rows: int) -> None:
+    def __init__(self, spec: ReadSpec, shard_rows: int) -> None:
         self.table = BlockTable.of(spec.ranges, shard_rows)
         n, nx, device, seq_len = self.table.n_rows, spec.nx, spec.device, spec.seq_len
 
@@ -131,8 +131,9 @@ class Resident:
         """Drop the arena (``close()``): memory goes back once no gather is under way."""
         self.x = self.y = self.windows = self.yn = None  # type: ignore[assignment]
 
-    def served(self, plan: EpochPlan, g: int, ranges: Ranges,
-               starts: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    def served(
+        self, plan: EpochPlan, g: int, ranges: Ranges, starts: bool = True
+    ) -> tuple[np.ndarray | None, np.ndarray]:
         """Pool ``g``'s window starts in served order (None unless ``starts``) and the same windows'
         arena rows (one offset per piece, then the pool's order: ``plan.pool_windows``' order)."""
         t = self.table
@@ -143,14 +144,16 @@ class Resident:
         rows = (first + np.repeat(t.at[k] - t.lo[k], [len(p) for p in parts]))[order]
         return (first[order] if starts else None), rows
 
-    def pool_layout(self, plan: EpochPlan, g: int, ranges: Ranges,
-                    skip: set[int]) -> tuple[PoolLayout, np.ndarray, np.ndarray]:
+    def pool_layout(
+        self, plan: EpochPlan, g: int, ranges: Ranges, skip: set[int]
+    ) -> tuple[PoolLayout, np.ndarray, np.ndarray]:
         """Pool ``g`` of ``plan`` read from the arena: its layout (the blocks still to decode, not
         in ``skip``, and every window's arena row in served order), its blocks and those to decode."""
         t = self.table
         blocks = t.block[plan.shards[int(plan.pool_bounds[g]) : int(plan.pool_bounds[g + 1])]]
-        todo = np.asarray([k for k in dict.fromkeys(blocks.tolist()) if not self.done[k] and k not in skip],
-                          dtype=np.int64)
+        todo = np.asarray(
+            [k for k in dict.fromkeys(blocks.tolist()) if not self.done[k] and k not in skip], dtype=np.int64
+        )
         starts, rows = self.served(plan, g, ranges)
         layout = PoolLayout(int(g), t.lo[todo], t.hi[todo], t.at[todo], starts, rows)  # type: ignore[arg-type]
         return layout, blocks, todo
@@ -160,7 +163,7 @@ class Resident:
         """Every block is decoded: a pass reads nothing from the cache."""
         return bool(self.done.all())
 
-    def batches(self, spec: "ReadSpec", plan: EpochPlan, batches: range) -> Iterator[tuple[int, Batch | MetaBatch]]:
+    def batches(self, spec: ReadSpec, plan: EpochPlan, batches: range) -> Iterator[tuple[int, Batch | MetaBatch]]:
         """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
         caller's thread into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
         dev = self.x.device

@@ -128,8 +128,13 @@ class WorkerRing:
         if i is None:
             return None
         slot, n = self.slots[i], x.shape[0]
-        if (y.data_ptr() != slot.arrays[1].ctypes.data or not x.is_contiguous() or not y.is_contiguous()
-                or tuple(x.shape[1:]) != self.shapes[0][1:] or tuple(y.shape) != (n, *self.shapes[1][1:])):
+        if (
+            y.data_ptr() != slot.arrays[1].ctypes.data
+            or not x.is_contiguous()
+            or not y.is_contiguous()
+            or tuple(x.shape[1:]) != self.shapes[0][1:]
+            or tuple(y.shape) != (n, *self.shapes[1][1:])
+        ):
             return None
         with self.lock:
             gen = int(self.g[0, i]) + 1
@@ -198,8 +203,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _arrive(key: str, pid: int, i: int, gen: int, n: int, shapes: tuple, news: tuple | None,
-            meta: tuple | None) -> Batch | MetaBatch:
+def _arrive(
+    key: str, pid: int, i: int, gen: int, n: int, shapes: tuple, news: tuple | None, meta: tuple | None
+) -> Batch | MetaBatch:
     """Unpickled in the main process: the batch as tensors over this process's mapping of the slot."""
     with _LOCK:
         ring = _RINGS.get(key)
@@ -211,8 +217,10 @@ def _arrive(key: str, pid: int, i: int, gen: int, n: int, shapes: tuple, news: t
                 ring = _RINGS[key] = _MainRing(pid, gens)
             ring.slots[i] = _Slot(storage, shapes)
         if ring is None or i not in ring.slots:
-            raise RuntimeError(f"shardcache: a batch from DataLoader worker {pid} refers to shared memory this "
-                               "process never received (was the stream closed while its workers ran?)")
+            raise RuntimeError(
+                f"shardcache: a batch from DataLoader worker {pid} refers to shared memory this "
+                "process never received (was the stream closed while its workers ran?)"
+            )
         ring.seen[i] = gen
         x, y = ring.slots[i].tensors(n)
         _release_locked()

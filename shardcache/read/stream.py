@@ -86,8 +86,20 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..format.cache import Cache
 from .dataset import WindowDataset
-from .options import (CUDA_WORKERS, Batch, MetaBatch, check_device, check_split, columns, count, default_decoders,
-                      open_for_reading, parse_budget, rank_world, window_spec)
+from .options import (
+    CUDA_WORKERS,
+    Batch,
+    MetaBatch,
+    check_device,
+    check_split,
+    columns,
+    count,
+    default_decoders,
+    open_for_reading,
+    parse_budget,
+    rank_world,
+    window_spec,
+)
 from .plan import EpochPlan, WindowSpec, make_plan, no_windows_error, valid_ranges
 from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
 from .resident import Resident, resident_bytes
@@ -159,9 +171,17 @@ class WindowStream(IterableDataset):
         if not ranges.total():
             raise no_windows_error(self.cache, self.spec, self.split)
         self.read_spec = ReadSpec(
-            self.cache, ranges, self.spec.seq_len, self.spec.horizons, isinstance(self.spec.horizon, tuple),
-            xcols, ycols, len(xcols) if xcols is not None else self.cache.n_features,
-            len(ycols) if ycols is not None else self.cache.n_features, self.device, bool(meta),
+            self.cache,
+            ranges,
+            self.spec.seq_len,
+            self.spec.horizons,
+            isinstance(self.spec.horizon, tuple),
+            xcols,
+            ycols,
+            len(xcols) if xcols is not None else self.cache.n_features,
+            len(ycols) if ycols is not None else self.cache.n_features,
+            self.device,
+            bool(meta),
         )
         self._state = torch.zeros(_WORKERS + _MAX_WORKERS, dtype=torch.int64).share_memory_()
         self._state[_SEED], self._state[_CUR] = int(seed), -1
@@ -249,8 +269,9 @@ class WindowStream(IterableDataset):
             raise ValueError(f"a resume can chain {_MAX_HISTORY} checkpoints of one epoch, not {len(history)}")
         st = self._state
         st[_ANCHOR], st[_MAIN], st[_CUR], st[_DONE], st[_HLEN] = int(epoch), 0, -1, 0, len(history)
-        st[_HIST : _HIST + 2 * len(history)] = torch.tensor([int(v) for pair in history for v in pair],
-                                                            dtype=torch.int64)
+        st[_HIST : _HIST + 2 * len(history)] = torch.tensor(
+            [int(v) for pair in history for v in pair], dtype=torch.int64
+        )
         st[_WORKERS:] = 0
 
     def _plan(self, epoch: int, history: tuple, rank: int, world: int) -> EpochPlan:
@@ -259,9 +280,18 @@ class WindowStream(IterableDataset):
             if len(self._plans) > 4:
                 self._plans.clear()
             self._plans[key] = make_plan(
-                self.read_spec.ranges, self.cache.n_rows, self.cache.shard_rows, batch_size=self.batch_size,
-                shuffle=self.shuffle, seed=self.seed, epoch=epoch, rank=rank, world=world, mix=self.mix,
-                drop_last=self.drop_last, history=history,
+                self.read_spec.ranges,
+                self.cache.n_rows,
+                self.cache.shard_rows,
+                batch_size=self.batch_size,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=epoch,
+                rank=rank,
+                world=world,
+                mix=self.mix,
+                drop_last=self.drop_last,
+                history=history,
             )
         return self._plans[key]
 
@@ -327,9 +357,17 @@ class WindowStream(IterableDataset):
     def _signature(self) -> dict[str, Any]:
         """The settings that fix the epoch's batches: a saved position means nothing without them."""
         h = self.spec.horizon
-        return {"seq_len": self.seq_len, "horizon": list(h) if isinstance(h, tuple) else h, "stride": self.stride,
-                "split": self.split, "batch_size": self.batch_size, "shuffle": self.shuffle, "mix": self.mix,
-                "drop_last": self.drop_last, "n_windows": self.read_spec.ranges.total()}
+        return {
+            "seq_len": self.seq_len,
+            "horizon": list(h) if isinstance(h, tuple) else h,
+            "stride": self.stride,
+            "split": self.split,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "mix": self.mix,
+            "drop_last": self.drop_last,
+            "n_windows": self.read_spec.ranges.total(),
+        }
 
     def _begin_pass(self) -> tuple[int, tuple, int, int]:
         """Start a pass in the main process: its epoch, resume history, rank and world."""
@@ -405,9 +443,17 @@ class WindowStream(IterableDataset):
                     yield gathered
                 return
         capacity = self._capacity(plan, workers) if resident is None else resident.nbytes
-        reader = Reader(spec, plan, batches, capacity, decoders=self.decoders, run_windows=run,
-                        outputs=self._worker_ring() if in_worker else None, resident=resident,
-                        ahead=1 if in_worker else RUNS_AHEAD)
+        reader = Reader(
+            spec,
+            plan,
+            batches,
+            capacity,
+            decoders=self.decoders,
+            run_windows=run,
+            outputs=self._worker_ring() if in_worker else None,
+            resident=resident,
+            ahead=1 if in_worker else RUNS_AHEAD,
+        )
         self._readers.add(reader)
         try:
             reader.start()
@@ -464,7 +510,7 @@ class WindowStream(IterableDataset):
             self._resident = None
         forget(self._ship_id)
 
-    def __enter__(self) -> "WindowStream":
+    def __enter__(self) -> WindowStream:
         return self
 
     def __exit__(self, *exc: object) -> None:

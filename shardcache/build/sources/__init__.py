@@ -33,15 +33,31 @@ from typing import Any
 
 from ...errors import SourceError
 from ...format.paths import is_url, local_path
-from .base import (DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece, format_duration,
-                   parse_duration)
+from .base import (
+    DBN_MAGIC,
+    PARQUET_MAGIC,
+    PRICE_COLUMNS,
+    ZSTD_MAGIC,
+    Source,
+    clean_piece,
+    format_duration,
+    parse_duration,
+)
 from .csv import CsvSource
 from .dbn import DbnSource
 from .files import find_urls, open_input
 from .parquet import ParquetSource
 
-__all__ = ["Source", "open_source", "open_sources", "expand_inputs", "clean_piece", "PRICE_COLUMNS", "parse_duration",
-           "format_duration"]
+__all__ = [
+    "PRICE_COLUMNS",
+    "Source",
+    "clean_piece",
+    "expand_inputs",
+    "format_duration",
+    "open_source",
+    "open_sources",
+    "parse_duration",
+]
 
 INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".pq", ".csv", ".csv.gz")
 _LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.pq, *.csv, *.csv.gz"
@@ -144,8 +160,13 @@ def open_source(
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
     head = _sniff(path, storage_options)
-    tabular = {"ts_column": ts_column, "symbol_column": symbol_column, "columns": columns, "bar": bar,
-               "storage_options": storage_options}
+    tabular = {
+        "ts_column": ts_column,
+        "symbol_column": symbol_column,
+        "columns": columns,
+        "bar": bar,
+        "storage_options": storage_options,
+    }
     if head.startswith(PARQUET_MAGIC):
         return ParquetSource(path, **tabular)
     lower = path.lower()

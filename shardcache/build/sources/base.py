@@ -18,8 +18,21 @@ from ...errors import SourceError
 from ...format.paths import is_url
 from .files import stat_input
 
-__all__ = ["Source", "clean_piece", "keep_rows", "refuse_empty_columns", "parse_duration", "format_duration",
-           "PRICE_COLUMNS", "DAY_NS", "TS_MIN", "TS_MAX", "ZSTD_MAGIC", "PARQUET_MAGIC", "DBN_MAGIC"]
+__all__ = [
+    "DAY_NS",
+    "DBN_MAGIC",
+    "PARQUET_MAGIC",
+    "PRICE_COLUMNS",
+    "TS_MAX",
+    "TS_MIN",
+    "ZSTD_MAGIC",
+    "Source",
+    "clean_piece",
+    "format_duration",
+    "keep_rows",
+    "parse_duration",
+    "refuse_empty_columns",
+]
 
 PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
 TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
@@ -166,5 +179,8 @@ def refuse_empty_columns(path: str, columns: Sequence[str], finite: set[str], ro
     if rows and empty:
         others = [c for c in columns if c in finite]
         hint = f"leave it out with --columns {','.join(others)}" if others else "this file has no usable values"
-        raise SourceError(path, f"column{'s' if len(empty) > 1 else ''} {', '.join(repr(c) for c in empty)} "
-                                f"{'are' if len(empty) > 1 else 'is'} entirely null or NaN; {hint}")
+        raise SourceError(
+            path,
+            f"column{'s' if len(empty) > 1 else ''} {', '.join(repr(c) for c in empty)} "
+            f"{'are' if len(empty) > 1 else 'is'} entirely null or NaN; {hint}",
+        )

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ...errors import SourceError
-from ...errors import one_line
+from ...errors import SourceError, one_line
 from .files import open_input
 from .table import TabularSource
 
@@ -38,8 +37,9 @@ class CsvSource(TabularSource):
         """A block reader; with ``columns``, the value columns are read as float64 whatever the first
         block suggested (a column of whole numbers may hold a fraction further down)."""
         raw = open_input(self.path, self.storage_options)
-        stream = pa.input_stream(pa.PythonFile(raw, mode="r"),
-                                 compression="gzip" if self.path.lower().endswith(".gz") else None)
+        stream = pa.input_stream(
+            pa.PythonFile(raw, mode="r"), compression="gzip" if self.path.lower().endswith(".gz") else None
+        )
         types = {n: pa.float64() for n in self._source_name.values()} if columns else None
         convert = pcsv.ConvertOptions(include_columns=columns, column_types=types, timestamp_parsers=[pcsv.ISO8601])
         try:

@@ -52,14 +52,13 @@ import databento_dbn as dbn
 import numpy as np
 import pyarrow as pa
 
-from ...errors import SourceError
-from ...errors import one_line
+from ...errors import SourceError, one_line
 from ...format.paths import is_url
 from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
 from .files import open_input
 from .symbology import Symbols
 
-__all__ = ["DbnSource", "SCHEMAS", "UNDEF_PRICE", "record_dtype"]
+__all__ = ["SCHEMAS", "UNDEF_PRICE", "DbnSource", "record_dtype"]
 
 UNDEF_PRICE = np.int64(dbn.UNDEF_PRICE)
 LATE_NS = 60_000_000_000
@@ -70,24 +69,45 @@ _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 # (name, numpy format, byte offset) of the record fields, after the DBN specification.
 _HEADER = [
-    ("length", "u1", 0), ("rtype", "u1", 1), ("publisher_id", "<u2", 2),
-    ("instrument_id", "<u4", 4), ("ts_event", "<u8", 8),
+    ("length", "u1", 0),
+    ("rtype", "u1", 1),
+    ("publisher_id", "<u2", 2),
+    ("instrument_id", "<u4", 4),
+    ("ts_event", "<u8", 8),
 ]
 _TRADE = [
-    ("price", "<i8", 16), ("size", "<u4", 24), ("action", "S1", 28), ("side", "S1", 29),
-    ("flags", "u1", 30), ("depth", "u1", 31), ("ts_recv", "<u8", 32), ("ts_in_delta", "<i4", 40),
+    ("price", "<i8", 16),
+    ("size", "<u4", 24),
+    ("action", "S1", 28),
+    ("side", "S1", 29),
+    ("flags", "u1", 30),
+    ("depth", "u1", 31),
+    ("ts_recv", "<u8", 32),
+    ("ts_in_delta", "<i4", 40),
     ("sequence", "<u4", 44),
 ]
 _LEVEL = [
-    ("bid_px", "<i8", 48), ("ask_px", "<i8", 56), ("bid_sz", "<u4", 64), ("ask_sz", "<u4", 68),
-    ("bid_ct", "<u4", 72), ("ask_ct", "<u4", 76),
+    ("bid_px", "<i8", 48),
+    ("ask_px", "<i8", 56),
+    ("bid_sz", "<u4", 64),
+    ("ask_sz", "<u4", 68),
+    ("bid_ct", "<u4", 72),
+    ("ask_ct", "<u4", 76),
 ]
 _OHLCV_FIELDS = [
-    ("open", "<i8", 16), ("high", "<i8", 24), ("low", "<i8", 32), ("close", "<i8", 40), ("volume", "<u8", 48),
+    ("open", "<i8", 16),
+    ("high", "<i8", 24),
+    ("low", "<i8", 32),
+    ("close", "<i8", 40),
+    ("volume", "<u8", 48),
 ]
 _BBO = [
-    ("price", "<i8", 16), ("size", "<u4", 24), ("side", "S1", 29), ("flags", "u1", 30),
-    ("ts_recv", "<u8", 32), ("sequence", "<u4", 44),
+    ("price", "<i8", 16),
+    ("size", "<u4", 24),
+    ("side", "S1", 29),
+    ("flags", "u1", 30),
+    ("ts_recv", "<u8", 32),
+    ("sequence", "<u4", 44),
 ]
 _LAYOUTS: dict[str, tuple[list, int]] = {
     "ohlcv": (_OHLCV_FIELDS, 56),
@@ -109,11 +129,32 @@ SCHEMAS: dict[str, tuple[str, int | None, tuple[int, ...]]] = {
     "bbo-1s": ("bbo", SECOND, (0xC3,)),
     "bbo-1m": ("bbo", MINUTE, (0xC4,)),
 }
-_RTYPE_NAMES = {0x00: "trades", 0x01: "mbp-1", 0x0A: "mbp-10", 0x11: "ohlcv", 0x12: "status", 0x13: "definition",
-                0x14: "imbalance", 0x15: "error", 0x16: "symbol mapping", 0x17: "system", 0x18: "statistics",
-                0x20: "ohlcv-1s", 0x21: "ohlcv-1m", 0x22: "ohlcv-1h", 0x23: "ohlcv-1d", 0x24: "ohlcv-eod",
-                0xA0: "mbo", 0xB1: "cmbp-1", 0xC0: "cbbo-1s", 0xC1: "cbbo-1m", 0xC2: "tcbbo", 0xC3: "bbo-1s",
-                0xC4: "bbo-1m", 0xC5: "tbbo"}
+_RTYPE_NAMES = {
+    0x00: "trades",
+    0x01: "mbp-1",
+    0x0A: "mbp-10",
+    0x11: "ohlcv",
+    0x12: "status",
+    0x13: "definition",
+    0x14: "imbalance",
+    0x15: "error",
+    0x16: "symbol mapping",
+    0x17: "system",
+    0x18: "statistics",
+    0x20: "ohlcv-1s",
+    0x21: "ohlcv-1m",
+    0x22: "ohlcv-1h",
+    0x23: "ohlcv-1d",
+    0x24: "ohlcv-eod",
+    0xA0: "mbo",
+    0xB1: "cmbp-1",
+    0xC0: "cbbo-1s",
+    0xC1: "cbbo-1m",
+    0xC2: "tcbbo",
+    0xC3: "bbo-1s",
+    0xC4: "bbo-1m",
+    0xC5: "tbbo",
+}
 _SUPPORTED = "shardcache builds from ohlcv-*, trades, tbbo, mbp-1, bbo-1s, bbo-1m"
 _OHLCV = ["open", "high", "low", "close", "volume"]
 _COLUMNS = {
@@ -346,8 +387,14 @@ class DbnSource(Source):
 
     kind = "dbn"
 
-    def __init__(self, path: str, *, bar: str | None = None, columns: list[str] | None = None,
-                 storage_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        bar: str | None = None,
+        columns: list[str] | None = None,
+        storage_options: dict | None = None,
+    ) -> None:
         self.storage_options = storage_options
         with _Stream(path, storage_options) as stream:
             self.version, meta = _read_metadata(path, stream)
@@ -441,13 +488,20 @@ class DbnSource(Source):
         recs = raw[mine[:, None] + np.arange(size)].view(self.dtype).reshape(len(mine))
         return recs, o
 
-    def _table(self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray],
-               symbols: Symbols) -> pa.Table:
+    def _table(
+        self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: Symbols
+    ) -> pa.Table:
         cols = {}
         for name in self.columns:
             cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
-        return pa.table({"symbol": symbols.column(codes), "ts": pa.array(ts, pa.int64()), **cols,
-                         "instrument": pa.array(iid.astype(np.int64), pa.int64())})
+        return pa.table(
+            {
+                "symbol": symbols.column(codes),
+                "ts": pa.array(ts, pa.int64()),
+                **cols,
+                "instrument": pa.array(iid.astype(np.int64), pa.int64()),
+            }
+        )
 
     def _bars_table(self, f: dict[str, np.ndarray] | None, symbols: Symbols) -> pa.Table | None:
         if f is None or not len(f["bar"]):
@@ -477,8 +531,11 @@ class DbnSource(Source):
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
         # read by the build, to name unmapped ids from other files; string keys keep it plain JSON
-        self.symbology = {"unmapped": {str(i): n for i, n in symbols.unmapped_records.items()},
-                          "outside": symbols.outside, "ids": {str(i): n for i, n in symbols.mapped.items()}}
+        self.symbology = {
+            "unmapped": {str(i): n for i, n in symbols.unmapped_records.items()},
+            "outside": symbols.outside,
+            "ids": {str(i): n for i, n in symbols.mapped.items()},
+        }
 
     def _emit(self, table: pa.Table | None, max_rows: int) -> Iterator[pa.Table]:
         if table is None:

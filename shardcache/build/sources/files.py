@@ -18,7 +18,7 @@ import fsspec
 from ...errors import SourceError
 from ...format.paths import is_url, local_path
 
-__all__ = ["url_fs", "open_input", "stat_input", "find_urls"]
+__all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 
 
 def url_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
@@ -44,8 +44,9 @@ def stat_input(path: str, storage_options: dict | None = None) -> tuple[int, int
         return st.st_size, st.st_mtime_ns
     fs, p = url_fs(path, storage_options)
     info = fs.info(p)
-    version = next((info[k] for k in ("ETag", "etag", "LastModified", "mtime", "updated", "created") if info.get(k)),
-                   "")
+    version = next(
+        (info[k] for k in ("ETag", "etag", "LastModified", "mtime", "updated", "created") if info.get(k)), ""
+    )
     return int(info.get("size") or 0), str(version).strip('"')
 
 

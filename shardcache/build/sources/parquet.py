@@ -12,13 +12,12 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...errors import SourceError
-from ...errors import one_line
+from ...errors import SourceError, one_line
 from ...format.paths import is_url
 from .files import open_input, url_fs
 from .table import SYMBOL_NAMES, TS_NAMES, TabularSource
 
-__all__ = ["ParquetSource", "TS_NAMES", "SYMBOL_NAMES"]
+__all__ = ["SYMBOL_NAMES", "TS_NAMES", "ParquetSource"]
 
 
 class ParquetSource(TabularSource):

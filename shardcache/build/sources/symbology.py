@@ -134,6 +134,9 @@ def _refuse_parents(path: str, rows: list[tuple[int, int, int, str]]) -> None:
             if a != b and s1 < e0:
                 ids = sorted({iid for _, _, iid in spans})
                 shown = ", ".join(map(str, ids[:6])) + (f", ... ({len(ids)} in all)" if len(ids) > 6 else "")
-                raise SourceError(path, f"symbol '{name}' maps {len(ids)} instruments at once (ids {shown}): a "
-                                        "parent symbol; request the contracts by raw symbol (stype_in raw_symbol, "
-                                        "e.g. ESH4) or one continuous series (stype_in continuous, e.g. ES.c.0)")
+                raise SourceError(
+                    path,
+                    f"symbol '{name}' maps {len(ids)} instruments at once (ids {shown}): a "
+                    "parent symbol; request the contracts by raw symbol (stype_in raw_symbol, "
+                    "e.g. ESH4) or one continuous series (stype_in continuous, e.g. ES.c.0)",
+                )

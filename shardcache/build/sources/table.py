@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from ...errors import SourceError
 from .base import DAY_NS, TS_MAX, TS_MIN, Source, clean_piece, parse_duration, refuse_empty_columns
 
-__all__ = ["TabularSource", "TS_NAMES", "SYMBOL_NAMES"]
+__all__ = ["SYMBOL_NAMES", "TS_NAMES", "TabularSource"]
 
 TS_NAMES = ("ts_event", "timestamp", "time", "ts", "datetime")
 SYMBOL_NAMES = ("symbol", "instrument_id", "ticker")
@@ -57,16 +57,20 @@ def _is_numeric(t: pa.DataType) -> bool:
 
 def _is_time(t: pa.DataType) -> bool:
     types = pa.types
-    return (types.is_timestamp(t) or types.is_date(t) or types.is_integer(t) or types.is_string(t)
-            or types.is_large_string(t))
+    return (
+        types.is_timestamp(t)
+        or types.is_date(t)
+        or types.is_integer(t)
+        or types.is_string(t)
+        or types.is_large_string(t)
+    )
 
 
 def _is_symbol(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     types = pa.types
-    return (types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t)
-            or types.is_floating(t))
+    return types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t) or types.is_floating(t)
 
 
 def _is_bytes(t: pa.DataType) -> bool:
@@ -83,9 +87,16 @@ def _int_unit(values: np.ndarray) -> str | None:
 class TabularSource(Source):
     """A table of bars with detected columns (see the module docstring); Parquet and CSV subclass it."""
 
-    def __init__(self, path: str, *, ts_column: str | None = None, symbol_column: str | None = None,
-                 columns: list[str] | None = None, bar: str | None = None,
-                 storage_options: dict | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        ts_column: str | None = None,
+        symbol_column: str | None = None,
+        columns: list[str] | None = None,
+        bar: str | None = None,
+        storage_options: dict | None = None,
+    ) -> None:
         self.path = path
         self.storage_options = storage_options
         schema = self._schema()
@@ -97,12 +108,18 @@ class TabularSource(Source):
             raise SourceError(path, f"no timestamp column (looked for {', '.join(TS_NAMES)}; use --ts-column)")
         ts_type = self._types[self.ts_column]
         if not _is_time(ts_type):
-            raise SourceError(path, f"timestamp column '{self.ts_column}' has type {ts_type}; expected a "
-                                    "timestamp, a date, ISO-8601 text or integers since the epoch (s, ms, us or ns)")
+            raise SourceError(
+                path,
+                f"timestamp column '{self.ts_column}' has type {ts_type}; expected a "
+                "timestamp, a date, ISO-8601 text or integers since the epoch (s, ms, us or ns)",
+            )
         self.symbol_column = self._find(symbol_column, SYMBOL_NAMES, "symbol", "--symbol-column", names)
         if self.symbol_column is not None and not _is_symbol(self._types[self.symbol_column]):
-            raise SourceError(path, f"symbol column '{self.symbol_column}' has type "
-                                    f"{self._types[self.symbol_column]}; expected strings or integers")
+            raise SourceError(
+                path,
+                f"symbol column '{self.symbol_column}' has type "
+                f"{self._types[self.symbol_column]}; expected strings or integers",
+            )
         self.fixed_symbol = None if self.symbol_column else _symbol_from_path(path)
         keys = {self.ts_column, self.symbol_column}
         lookalikes = {n for n in names if n.lower() in TS_NAMES + SYMBOL_NAMES}
@@ -139,23 +156,30 @@ class TabularSource(Source):
         seen = Counter(n for n in names)
         twice = [n for n, k in seen.items() if k > 1]
         if twice:
-            raise SourceError(self.path, f"duplicate column name{'s' if len(twice) > 1 else ''} "
-                                         f"{', '.join(repr(n) for n in twice)}; rename the columns so each "
-                                         "name appears once")
+            raise SourceError(
+                self.path,
+                f"duplicate column name{'s' if len(twice) > 1 else ''} "
+                f"{', '.join(repr(n) for n in twice)}; rename the columns so each "
+                "name appears once",
+            )
         folded: dict[str, list[str]] = {}
         for n in names:
             folded.setdefault(n.lower(), []).append(n)
         clash = next((group for group in folded.values() if len(group) > 1), None)
         if clash:
-            raise SourceError(self.path, f"columns {', '.join(repr(n) for n in clash)} differ only in case; "
-                                         "rename one, or pick the columns with --columns")
+            raise SourceError(
+                self.path,
+                f"columns {', '.join(repr(n) for n in clash)} differ only in case; "
+                "rename one, or pick the columns with --columns",
+            )
 
     @staticmethod
     def _by_case(name: str, names: list[str]) -> str | None:
         return next((n for n in names if n.lower() == name.lower()), None)
 
-    def _find(self, given: str | None, candidates: tuple[str, ...], what: str, flag: str,
-              names: list[str]) -> str | None:
+    def _find(
+        self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]
+    ) -> str | None:
         """The column the user named (which must exist) or the one candidate present (ignoring case)."""
         if given is not None:
             if given not in self._types:
@@ -177,8 +201,7 @@ class TabularSource(Source):
         if max_rows < 1:
             raise ValueError("max_rows must be positive")
         self.drops.clear()
-        wanted = [self.ts_column, *([self.symbol_column] if self.symbol_column else []),
-                  *self._source_name.values()]
+        wanted = [self.ts_column, *([self.symbol_column] if self.symbol_column else []), *self._source_name.values()]
         finite: set[str] = set()
         rows = timed = named = 0
         for batch in self._batches(max_rows, wanted):
@@ -191,14 +214,18 @@ class TabularSource(Source):
         if rows and not timed:
             raise SourceError(self.path, f"timestamp column '{self.ts_column}' is entirely null")
         if rows and self.symbol_column and not named:
-            raise SourceError(self.path, f"symbol column '{self.symbol_column}' is entirely null; "
-                                         "name another with --symbol-column")
+            raise SourceError(
+                self.path, f"symbol column '{self.symbol_column}' is entirely null; name another with --symbol-column"
+            )
         refuse_empty_columns(self.path, self.columns, finite, rows)
 
     def _piece(self, batch: pa.RecordBatch, finite: set[str]) -> tuple[pa.Table, int, int]:
         n = batch.num_rows
-        sym = self._symbols(batch.column(self.symbol_column)) if self.symbol_column else \
-            pa.repeat(pa.scalar(self.fixed_symbol, pa.string()), n)
+        sym = (
+            self._symbols(batch.column(self.symbol_column))
+            if self.symbol_column
+            else pa.repeat(pa.scalar(self.fixed_symbol, pa.string()), n)
+        )
         ts_col = batch.column(self.ts_column)
         cols = {"symbol": sym, "ts": pa.array(self._ts_ns(ts_col), pa.int64())}
         cols.update((name, self._value(name, batch.column(actual))) for name, actual in self._source_name.items())
@@ -223,16 +250,20 @@ class TabularSource(Source):
             try:
                 return col.cast(pa.binary()).cast(pa.string())
             except pa.ArrowInvalid:
-                raise SourceError(self.path, f"symbol column '{name}' holds bytes that are not UTF-8 text; "
-                                             "write the symbols as strings") from None
+                raise SourceError(
+                    self.path,
+                    f"symbol column '{name}' holds bytes that are not UTF-8 text; write the symbols as strings",
+                ) from None
         if pa.types.is_floating(t):
             values = col.to_numpy(zero_copy_only=False)
             valid = ~np.isnan(values)
             whole = valid & (values == np.round(values)) & (np.abs(values) < _EXACT)
             if (valid & ~whole).any():
                 bad = float(values[valid & ~whole][0])
-                raise SourceError(self.path, f"symbol column '{name}' holds {bad!r}, not a whole number; "
-                                             "symbols must be text or whole numbers")
+                raise SourceError(
+                    self.path,
+                    f"symbol column '{name}' holds {bad!r}, not a whole number; symbols must be text or whole numbers",
+                )
             ints = pa.array(np.where(valid, values, 0).astype(np.int64), mask=~valid)
             return ints.cast(pa.string())
         return col.cast(pa.string())
@@ -251,8 +282,7 @@ class TabularSource(Source):
         else:
             scale = None
         if pa.types.is_unsigned_integer(t):
-            ints = pc.if_else(pc.greater(col.cast(pa.uint64()), np.iinfo(np.int64).max), None,
-                              col).cast(pa.int64())
+            ints = pc.if_else(pc.greater(col.cast(pa.uint64()), np.iinfo(np.int64).max), None, col).cast(pa.int64())
         elif pa.types.is_date32(t):
             ints = col.cast(pa.int32()).cast(pa.int64())
         else:
@@ -275,18 +305,24 @@ class TabularSource(Source):
                 continue
         head = col.slice(0, 10_000).to_pylist()  # an example for the message, found in bounded time
         bad = next((v for v in head if v is not None and not _iso(v)), head[0])
-        raise SourceError(self.path, f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
-                                     "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps "
-                                     "or integers since the epoch")
+        raise SourceError(
+            self.path,
+            f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
+            "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps "
+            "or integers since the epoch",
+        )
 
     def _int_scale(self, values: np.ndarray) -> int:
         """ns per unit of integer timestamps: detected from the first values read, then kept for the file."""
         if self._unit is None and len(values):
             self._unit = _int_unit(values)
             if self._unit is None:
-                raise SourceError(self.path, f"timestamp column '{self.ts_column}' holds integers around "
-                                             f"{int(np.median(values))}, which are not seconds, ms, us or ns "
-                                             "since the epoch in 1980-2100; what unit are they in?")
+                raise SourceError(
+                    self.path,
+                    f"timestamp column '{self.ts_column}' holds integers around "
+                    f"{int(np.median(values))}, which are not seconds, ms, us or ns "
+                    "since the epoch in 1980-2100; what unit are they in?",
+                )
         return _NS_PER[self._unit or "ns"]
 
     def _value(self, name: str, col: pa.Array) -> pa.Array:
@@ -298,16 +334,21 @@ class TabularSource(Source):
             if top > _EXACT:
                 others = [c for c in self._source_name if c != name]
                 hint = f"leave it out with --columns {','.join(others)}" if others else "convert it to float first"
-                raise SourceError(self.path, f"column '{self._source_name[name]}' holds integers above 2**53 "
-                                             f"(up to {top:.0f}), which float64 features cannot hold exactly "
-                                             f"(the file is not corrupt); {hint}")
+                raise SourceError(
+                    self.path,
+                    f"column '{self._source_name[name]}' holds integers above 2**53 "
+                    f"(up to {top:.0f}), which float64 features cannot hold exactly "
+                    f"(the file is not corrupt); {hint}",
+                )
         if pa.types.is_float64(t) or pa.types.is_float32(t):
             return col
         try:
             return col.cast(pa.float32() if pa.types.is_float16(t) else pa.float64())
         except pa.ArrowInvalid as exc:
-            raise SourceError(self.path, f"column '{self._source_name[name]}' ({t}) cannot be read as numbers "
-                                         f"({str(exc).splitlines()[0]})") from None
+            raise SourceError(
+                self.path,
+                f"column '{self._source_name[name]}' ({t}) cannot be read as numbers ({str(exc).splitlines()[0]})",
+            ) from None
 
 
 def _iso(text: str) -> bool:
