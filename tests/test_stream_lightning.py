@@ -16,7 +16,6 @@ from shardcache.read.plan import n_windows
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_path, monkeypatch, workers):
     L = pytest.importorskip("lightning")
