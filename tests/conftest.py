@@ -54,6 +54,10 @@ SLOW_TESTS = {  # file -> test function -> why
     },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
     "test_read_options.py": {"test_a_pinned_process_streams_with_one_decoder": "a pinned Python process"},
+    "test_docs.py": {  # the fast tier checks every page's blocks and markers without running them
+        "test_blocks_run_as_written": "every block of a page: builds, trainings, servers and a DDP job",
+        "test_readme_figures_are_a_run_of_the_full_sample": "shardcache demo on the 360-day sample",
+    },
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
         "test_default_sample_every_row_and_timestamp": "the full 360-day sample, decoded twice",

@@ -1,5 +1,5 @@
 """Never lose or corrupt data: killed builds resume to the same cache, readers never see a partial
-one, incomplete caches are refused, and bad inputs end in one clean line (see the README, "Bad inputs")."""
+one, incomplete caches are refused, and bad inputs end in one clean line (see docs/bad-inputs.md)."""
 
 from __future__ import annotations
 
