@@ -1,5 +1,6 @@
-# Entry points that work on a fresh machine: `make demo`, `make test` (everything, as CI) and
-# `make test-fast` (`pytest -m "not slow"`, the loop while developing). All install every extra.
+# Entry points that work on a fresh machine: `make demo`, `make test` (the docs site in strict mode,
+# then every test, as CI), `make test-fast` (`pytest -m "not slow"`, the loop while developing) and
+# `make docs` (the site into site/). All install every extra.
 # TORCH sets the torch requirement installed first (the CPU build here; pick yours elsewhere).
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
@@ -8,7 +9,7 @@ TORCH ?= torch==2.13.0
 PEERS ?= .venv-peers
 PEERS_ARGS ?= --features 9,64,256 --rounds 2
 
-.PHONY: demo test test-fast bench bench-peers clean
+.PHONY: demo docs test test-fast bench bench-peers clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,7 +21,11 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/shardcache demo
 
-test: $(VENV)/.installed
+# strict: a warning (a broken link or anchor, a docstring mkdocstrings cannot read) fails the build
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+test: $(VENV)/.installed docs
 	$(PY) -m pytest -q -ra
 
 test-fast: $(VENV)/.installed
@@ -44,4 +49,4 @@ bench-peers: $(PEERS)/.installed
 	$(PEERS)/bin/python tools/bench.py --peers $(PEERS_ARGS)
 
 clean:
-	rm -rf $(VENV) $(PEERS) data/sample
+	rm -rf $(VENV) $(PEERS) data/sample site

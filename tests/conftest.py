@@ -42,7 +42,10 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_sigkill_anywhere_then_resume_gives_the_same_cache": "a SIGKILL loop",
         "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
     },
-    "test_append.py": {"test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop"},
+    "test_append.py": {
+        "test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop",
+        "test_append_killed_at_random_points_never_changes_a_file_of_the_cache": "a SIGKILL loop over a CLI process",
+    },
     "test_append_truth.py": {
         "test_a_killed_object_store_append_run_again_records_its_inputs_once": "a SIGKILL loop on an S3 server",
     },
@@ -51,8 +54,22 @@ SLOW_TESTS = {  # file -> test function -> why
     },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
     "test_read_options.py": {"test_a_pinned_process_streams_with_one_decoder": "a pinned Python process"},
+    "test_docs.py": {  # the fast tier checks every page's blocks and markers without running them
+        "test_blocks_run_as_written": "every block of a page: builds, trainings, servers and a DDP job",
+        "test_readme_figures_are_a_run_of_the_full_sample": "shardcache demo on the 360-day sample",
+    },
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
+        "test_default_sample_every_row_and_timestamp": "the full 360-day sample, decoded twice",
+    },
+    "test_sample.py": {"test_default_sample_size": "the full 360-day sample"},
+    "test_notebook.py": {  # also slow by their fixture (this_python_kernel); named so a rename is caught
+        "test_notebook_runs_and_draws_its_figures": "a notebook kernel",
+        "test_notebook_builds_a_small_cache_when_there_is_none": "a notebook kernel",
+    },
+    "test_stream_ddp.py": {"test_ranks_are_disjoint_and_cover_the_epoch": "DDP ranks spawned"},
+    "test_stream_lightning.py": {
+        "test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check": "Lightning trainers and workers",
     },
 }
 
@@ -60,11 +77,16 @@ SLOW_TESTS = {  # file -> test function -> why
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the slow tier; a name in SLOW_TESTS that its test file no longer defines is an error,
-    so a renamed test cannot drop into the fast tier unnoticed."""
+    so a renamed test cannot drop into the fast tier unnoticed, and so is a ``slow`` mark set in a test
+    file: this is the one place that says what is slow."""
     modules = {}
     for item in items:
         file, name = item.path.name, getattr(item, "originalname", item.name)
         modules.setdefault(file, item.module)
+        if item.get_closest_marker("slow"):
+            raise pytest.UsageError(
+                f"{file}::{name} is marked slow in its file; declare it in tests/conftest.py SLOW_TESTS"
+            )
         why = SLOW_TESTS.get(file, {}).get(name) or next(
             (w for f, w in SLOW_FIXTURES.items() if f in getattr(item, "fixturenames", ())), None
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import make_cache, stored_rows, synthetic_bars
+from helpers.kills import APPEND_KILLS, in_child, kill_after, kill_before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
 from shardcache.build import append as append_mod
@@ -317,48 +318,20 @@ def test_append_on_s3(files, tmp_path, s3_bucket):
     assert verify_cache(url, options).ok
 
 
-def _always(args) -> bool:
-    return True
-
-
-def _key(key: str):
-    """A kill predicate for ``CacheWriter._release(self, key)``."""
-    return lambda args: args[1] == key
-
-
-# where a kill lands: (object, function, killed after the call (else before), for which calls)
-APPEND_KILLS = {
-    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
-    "grow: an array's metadata unshared, not rewritten": (
-        append_mod.CacheWriter,
-        "_release",
-        True,
-        _key("symbols/0/features/zarr.json"),
-    ),
-    "finish: segments written, manifest not": (append_mod.CacheWriter, "finish", False, _always),
-    "finish: the root metadata unshared, not rewritten": (append_mod.CacheWriter, "_release", True, _key("zarr.json")),
-    "publish: complete, not swapped in": (append_mod.Staging, "publish", False, _always),
-}
-
-
 def _killed_append(point: str, files: list[Path], out: Path) -> None:
-    from test_reliability import _after, _before
-
     obj, name, after, when = APPEND_KILLS[point]
-    (_after if after else _before)(obj, name, when)
+    (kill_after if after else kill_before)(obj, name, when)
     append_cache(files, out, workers=1, progress=False)
 
 
 @pytest.mark.parametrize("point", list(APPEND_KILLS))
 def test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes(point, files, tmp_path):
-    from test_reliability import _in_child
-
     out, old, want = tmp_path / "c.zarr", tmp_path / "old.zarr", tmp_path / "want.zarr"
     build_cache(files[:10], out, **OPTS)
     shutil.copytree(out, old)
     shutil.copytree(out, want)
     append_cache(files[10:], want, progress=False)
-    assert _in_child(_killed_append, point, files[10:], out) == -signal.SIGKILL
+    assert in_child(_killed_append, point, files[10:], out) == -signal.SIGKILL
     assert compare_caches(old, out) == [] and verify_cache(out).ok  # readers still see the old cache, whole
     with pytest.raises(ShardcacheError, match="interrupted build is kept in .*--resume"):
         build_cache(files, out, **OPTS)  # a build of the same --out is told about the staged append
@@ -384,7 +357,6 @@ def _append_cmd(files: list[Path], out: Path) -> list[str]:
     ]
 
 
-@pytest.mark.slow
 def test_append_killed_at_random_points_never_changes_a_file_of_the_cache(files, tmp_path):
     """A real ``build-cache --append`` process, SIGKILLed at random times: while it runs and after
     it dies every file of the original cache (shards, metadata, history) keeps its bytes; then

@@ -15,7 +15,9 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 import pytest
-from test_input_truth import DAY0, HOUR, MIN, T0, bars, cli, dbn_file
+from helpers.cli import cli
+from helpers.inputs import DAY0, HOUR, MIN, T0, bars, dbn_file
+from helpers.kills import APPEND_KILLS, in_child, kill_after, kill_before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, open_cache
 from shardcache.build.append import append_cache
@@ -127,26 +129,15 @@ def test_fixed_cut_times_are_checked_before_any_input_is_read(tmp_path):
 
 
 def _killed_s3_append(point: str, files: list[Path], url: str, options: dict) -> None:
-    from test_append import APPEND_KILLS
-    from test_reliability import _after, _before
-
     obj, name, after, when = APPEND_KILLS[point]
-    (_after if after else _before)(obj, name, when)
+    (kill_after if after else kill_before)(obj, name, when)
     append_cache(files, url, workers=1, storage_options=options, progress=False)
 
 
-def _kill_points() -> list[str]:
-    from test_append import APPEND_KILLS
-
-    return list(APPEND_KILLS)
-
-
-@pytest.mark.parametrize("point", _kill_points())
+@pytest.mark.parametrize("point", list(APPEND_KILLS))
 def test_a_killed_object_store_append_run_again_records_its_inputs_once(point, tmp_path, s3_bucket):
     """On an object store an append writes in place, its history before the manifest: run again after
     a SIGKILL, it must not add its sources and its append record a second time."""
-    from test_reliability import _in_child
-
     bucket, options = s3_bucket
     files = make_sample(tmp_path / "dbn", days=5, seed=4)
     opts = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=1, progress=False)
@@ -154,7 +145,7 @@ def test_a_killed_object_store_append_run_again_records_its_inputs_once(point, t
     first = build_cache(files[:3], url, storage_options=options, **opts).n_bars
     build_cache(files[:3], want, **opts)
     append_cache(files[3:], want, progress=False)
-    assert _in_child(_killed_s3_append, point, files[3:], url, options) == -signal.SIGKILL
+    assert in_child(_killed_s3_append, point, files[3:], url, options) == -signal.SIGKILL
     if point.startswith("finish: the root metadata"):  # the segment index is the append's, the manifest not yet
         with pytest.raises(CacheError, match="the segment index and the manifest disagree"):
             open_cache(url, options)

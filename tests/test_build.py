@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import databento_dbn as dbn
@@ -13,6 +11,7 @@ import numpy as np
 import pytest
 import zarr
 from helpers import stored_rows
+from helpers.cli import run_cli
 
 from shardcache import ShardcacheError, open_cache
 from shardcache.build.builder import build_cache
@@ -55,14 +54,6 @@ def expected_arrays(per_symbol: dict[str, list[tuple[int, list[float]]]]) -> tup
     return np.asarray(ts, dtype=np.int64), np.asarray(rows, dtype=np.float32)
 
 
-def run_cli(*args: str, prog: str = "build-cache") -> subprocess.CompletedProcess:
-    code = (
-        "import sys; from shardcache.cli import main, build_cache_main; "
-        f"sys.exit({'build_cache_main' if prog == 'build-cache' else 'main'}(sys.argv[1:]))"
-    )
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def small_sample(tmp_path_factory) -> list[Path]:
     return make_sample(tmp_path_factory.mktemp("dbn"), days=21, seed=3)
@@ -91,7 +82,6 @@ def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
     np.testing.assert_array_equal(first[:, 1], cache.bases[first[:, 0]])  # symbol i starts at its virtual base
 
 
-@pytest.mark.slow
 def test_default_sample_every_row_and_timestamp(tmp_path):
     files = make_sample(tmp_path / "dbn")
     cache = build_cache(

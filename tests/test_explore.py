@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from parquet_cache import build_raw, make_bars, write_parquet
+from helpers.parquet import build_raw, make_bars, write_parquet
 
 from shardcache import CacheError, open_cache
 from shardcache.cli import main
@@ -184,7 +184,6 @@ def test_xarray_views_without_xarray_say_what_to_install(cache_path, monkeypatch
         to_xarray(cache_path)
 
 
-@pytest.mark.slow
 def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_path, capsys):
     import s3fs
 

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
+from helpers.parquet import SourceBars, build_raw, make_bars, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from parquet_cache import SourceBars, build_raw, make_bars, write_parquet
 from zarr.storage import LocalStore, WrapperStore
 
 xr = pytest.importorskip("xarray")

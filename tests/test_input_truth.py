@@ -21,47 +21,12 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
+from helpers.cli import cli
+from helpers.inputs import DAY0, HOUR, MIN, T0, bars, dbn_file
 
 from shardcache import WindowDataset, WindowStream, build_cache
-from shardcache.build.sample import _Interval, _Mapping, _records, write_dbn
-from shardcache.cli import build_cache_main, main
-
-MIN = 60 * 10**9
-HOUR = 60 * MIN
-DAY0 = dt.date(2024, 3, 4)
-T0 = int(np.datetime64("2024-03-04T22:00", "ns").astype(np.int64))  # two hours before midnight UTC
-
-
-def dbn_file(path: Path, schema: str, recs: dict | np.ndarray, mappings: list, stype: dbn.SType) -> Path:
-    """A DBN v3 file with the given symbol mappings (``[(key, [(start, end, symbol)]), ...]``); a
-    structured ``recs`` is written byte for byte (record types included)."""
-    recs = recs if isinstance(recs, np.ndarray) else _records(schema, recs)
-    ts = recs["ts_event"].view(np.int64)
-    meta = dbn.Metadata(
-        dataset="GLBX.MDP3",
-        start=int(ts.min()),
-        end=int(ts.max()) + 1,
-        stype_in=stype,
-        stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=dbn.Schema.from_str(schema),
-        symbols=[k for k, _ in mappings],
-        mappings=[_Mapping(k, [_Interval(a, b, s) for a, b, s in ivs]) for k, ivs in mappings],
-        version=3,
-    )
-    path.write_bytes(bytes(meta.encode()) + recs.tobytes())
-    return path
-
-
-def bars(ts: np.ndarray, close: np.ndarray, iid: np.ndarray | int) -> dict:
-    return {
-        "ts_event": ts,
-        "instrument_id": np.broadcast_to(iid, ts.shape).copy(),
-        "open": close,
-        "high": close + 0.25,
-        "low": close - 0.25,
-        "close": close,
-        "volume": np.full(len(ts), 10.0),
-    }
+from shardcache.build.sample import _records, write_dbn
+from shardcache.cli import build_cache_main
 
 
 def times(cache, rows: np.ndarray) -> np.ndarray:
@@ -70,13 +35,6 @@ def times(cache, rows: np.ndarray) -> np.ndarray:
         return np.asarray(cache.bar_times(rows))
     lo = int(rows.min())
     return np.asarray(cache.ts[lo : int(rows.max()) + 1])[rows - lo]
-
-
-def cli(capsys, *args: str, prog: str = "build-cache") -> tuple[int, str, str]:
-    """Run the CLI in this process: a traceback would fail the test, not hide in a return code."""
-    rc = build_cache_main(list(args)) if prog == "build-cache" else main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def refused(capsys, out: Path, *args: str) -> str:

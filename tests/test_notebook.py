@@ -50,7 +50,6 @@ def this_python_kernel(tmp_path, monkeypatch) -> str:
     return "python3"
 
 
-@pytest.mark.slow
 def test_notebook_runs_and_draws_its_figures(small_cache, this_python_kernel, monkeypatch):
     monkeypatch.setenv("SHARDCACHE_CACHE", str(small_cache))
     nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -66,7 +65,6 @@ def test_notebook_runs_and_draws_its_figures(small_cache, this_python_kernel, mo
     assert f"Cache('{small_cache}'" in text and "symbols/1/features/c/1/0" in text  # symbol 1's second shard
 
 
-@pytest.mark.slow
 def test_notebook_builds_a_small_cache_when_there_is_none(tmp_path, this_python_kernel, monkeypatch):
     monkeypatch.setenv("SHARDCACHE_CACHE", str(tmp_path / "nothing-here.zarr"))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the notebook's temporary cache goes

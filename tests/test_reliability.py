@@ -1,5 +1,5 @@
 """Never lose or corrupt data: killed builds resume to the same cache, readers never see a partial
-one, incomplete caches are refused, and bad inputs end in one clean line (see the README, "Bad inputs")."""
+one, incomplete caches are refused, and bad inputs end in one clean line (see docs/bad-inputs.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.kills import die as _die
+from helpers.kills import in_child as _in_child
+from helpers.kills import kill_after as _after
+from helpers.kills import kill_before as _before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
 from shardcache.build import builder, staging
@@ -44,54 +48,6 @@ def clean(files, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("clean") / "c.zarr"
     build_cache(files, out, **OPTS)
     return out
-
-
-def _in_child(target, *args, timeout: float = 120) -> int | None:
-    """Run ``target(*args)`` in a forked process (cheap: no second import of torch) and wait for it."""
-    proc = mp.get_context("fork").Process(target=_child, args=(target, *args))
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    return proc.exitcode
-
-
-def _child(target, *args) -> None:
-    import dask.threaded
-
-    dask.threaded.default_pool = None  # the parent's worker threads do not survive the fork
-    dask.threaded.pools.clear()
-    target(*args)
-
-
-def _die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _after(obj, name: str, when) -> None:
-    """Patch ``obj.name`` to be killed right after a call for which ``when(args)`` holds."""
-    orig = getattr(obj, name)
-
-    def wrapped(*args, **kwargs):
-        result = orig(*args, **kwargs)
-        if when(args):
-            _die()
-        return result
-
-    setattr(obj, name, wrapped)
-
-
-def _before(obj, name: str, when) -> None:
-    """Patch ``obj.name`` to be killed right before a call for which ``when(args)`` holds."""
-    orig = getattr(obj, name)
-
-    def wrapped(*args, **kwargs):
-        if when(args):
-            _die()
-        return orig(*args, **kwargs)
-
-    setattr(obj, name, wrapped)
 
 
 def _drop_one_then_die(job) -> None:

@@ -117,7 +117,6 @@ def test_deterministic_by_seed_and_a_prefix_of_longer_samples(tmp_path: Path, we
     assert set(bars(sorted((tmp_path / "c").iterdir()))["symbol"]) == {"ESH3", "ZZZ9"}
 
 
-@pytest.mark.slow
 def test_default_sample_size(tmp_path: Path) -> None:
     paths = make_sample(tmp_path)
     assert len(paths) == DEFAULT_TRADE_DATES

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from helpers import brute_starts, ddp_rank, stored_rows
-from test_build import run_cli
+from helpers.cli import run_cli
 
 from shardcache import ShardcacheError, WindowStream, open_cache
 from shardcache.build.builder import build_cache

@@ -380,7 +380,6 @@ def test_a_second_build_of_an_object_store_output_is_refused_while_the_first_run
     _refused_while_running(files, f"memory://{tmp_path.name}/c.zarr", tmp_path, capsys, [])
 
 
-@pytest.mark.slow
 def test_a_second_build_to_s3_is_refused_while_the_first_runs(files, tmp_path, capsys, s3_bucket):
     bucket, options = s3_bucket
     out = f"{bucket}/c.zarr"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import brute_starts, make_cache, synthetic_bars
+from helpers.stream import rows_of
 from numpy.lib.stride_tricks import sliding_window_view
-from stream_helpers import rows_of
 
 import shardcache.read.stream as stream_mod
 from shardcache.errors import CacheError

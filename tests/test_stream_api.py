@@ -10,8 +10,8 @@ import psutil
 import pytest
 import torch
 from helpers import brute_starts, make_cache, synthetic_bars
+from helpers.stream import rows_of, window_rows
 from numpy.lib.stride_tricks import sliding_window_view
-from stream_helpers import rows_of, window_rows
 from torch.utils.data import DataLoader
 
 from shardcache.read.plan import WindowSpec, n_windows

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import torch.multiprocessing as mp
 from helpers import brute_starts
-from stream_helpers import ddp_stream_made_before_init
+from helpers.stream import ddp_stream_made_before_init
 
 from shardcache.read.stream import WindowStream
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_are_disjoint_and_cover_the_epoch(monkeypatch, tmp_path, stream_bars, stream_cache, world):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):

@@ -1,4 +1,4 @@
-"""The README's LightningDataModule under a real Lightning Trainer (CPU, a few steps): every
+"""The docs' LightningDataModule (docs/getting-started.md) under a real Lightning Trainer (CPU, a few steps): every
 validation pass sees the whole val split, successive training epochs see different orders."""
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from shardcache import build_cache
 from shardcache.build.sample import make_sample
 from shardcache.read.plan import n_windows
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_path, monkeypatch, workers):
     L = pytest.importorskip("lightning")
-    section = README.read_text().split("### With Lightning", 1)[1]
+    section = PAGE.read_text().split("## With Lightning", 1)[1]
     classes, run = re.findall(r"```python\n(.*?)```", section, re.DOTALL)[:2]
     cache = build_cache(
         make_sample(tmp_path / "dbn", days=4),
@@ -30,7 +29,7 @@ def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_p
     )
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(classes, "README.md", "exec"), scope)
+    exec(compile(classes, str(PAGE), "exec"), scope)
     seen: dict[str, list] = {"train": [], "val": []}
 
     def key(x):  # a window's fingerprint: its last input bar
@@ -56,7 +55,7 @@ def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_p
     run = run.replace("limit_train_batches=200", "limit_train_batches=3")
     run = run.replace('Bars("data/sample/cache.zarr")', f'Bars("data/sample/cache.zarr", workers={workers})')
     run += "\ntrainer.save_checkpoint('last.ckpt')\n"
-    exec(compile(run, "README.md", "exec"), {**scope, "L": L})
+    exec(compile(run, str(PAGE), "exec"), {**scope, "L": L})
     val_windows = n_windows(cache, 60, split="val")
     sanity, passes = seen["val"][0], seen["val"][1:]
     assert sanity[0] and len(sanity[1]) == 2 * 256 and len(passes) == 3

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 from helpers import brute_starts, make_cache, run_helper, synthetic_bars
-from stream_helpers import rows_of
+from helpers.stream import rows_of
 from torch.utils.data import DataLoader, get_worker_info
 
 from shardcache.format.cache import Cache

@@ -1,4 +1,13 @@
-"""Test helpers: small format-3 caches written straight from numpy arrays with the real ``CacheWriter``.
+"""Shared test helpers, one package (test files never import each other). What lives where:
+
+* this module: small format-3 caches written straight from numpy arrays with the real ``CacheWriter``
+  (``synthetic_bars``, ``make_cache``), ``stored_rows`` read back with plain zarr, the ``brute_starts``
+  oracle, the DDP rank ``ddp_rank`` and ``run_helper`` (``python -m helpers COMMAND``, see ``__main__``);
+* ``helpers.stream``: window rows from a batch's metadata, a DDP rank given a stream made before init;
+* ``helpers.parquet``: bars per symbol written to one Parquet file and built with raw features;
+* ``helpers.inputs``: hand-made DBN files (symbol mappings, schemas) and their bars;
+* ``helpers.cli``: the CLI run in this process (``cli``) or in a new one (``run_cli``);
+* ``helpers.kills``: a function run in a forked child that SIGKILLs itself at a chosen call.
 
 ``synthetic_bars`` makes bars with several symbols, gaps and train/val/test splits whose
 feature 0 is the row number (exact in float32 below 2**24), so a window's content names
@@ -187,15 +196,15 @@ def brute_starts(bars: Bars, seq_len: int, horizon: int, stride: int, split: str
     return np.sort(np.asarray(out, dtype=np.int64))
 
 
-# ---- code run in other processes: DDP ranks and the ``python tests/helpers.py`` commands ----
+# ---- code run in other processes: DDP ranks and the ``python -m helpers`` commands ----
 
 
 def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: str, kwargs: dict) -> None:
     """One ``torch.distributed`` (gloo) rank: stream one epoch, check batch counts agree, save indices."""
     import torch
     import torch.distributed as dist
-    from stream_helpers import rows_of
 
+    from helpers.stream import rows_of
     from shardcache.read.stream import WindowStream
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -213,63 +222,14 @@ def ddp_rank(rank: int, world: int, cache_path: str, init_file: str, out_dir: st
         dist.destroy_process_group()
 
 
-def _resume(cache_path: str, state_file: str, workers: int, out: str, kwargs: dict) -> None:
-    """Load a saved state into a fresh stream and save the indices of the rest of the epoch."""
-    import torch
-    from stream_helpers import rows_of
-
-    from shardcache.read.stream import WindowStream
-
-    with open(state_file) as f:
-        state = json.load(f)
-    with WindowStream(cache_path, meta=True, **kwargs) as ds:
-        ds.load_state_dict(state)
-        ds.set_epoch(state["epoch"])
-        idx = rows_of(ds.cache, ds.loader(workers))
-        np.save(out, torch.cat(idx).numpy() if idx else np.zeros(0, np.int64))
-
-
-def _stream_rss(cache_path: str, limit: int, out: str, kwargs: dict) -> None:
-    """Peak RSS growth while streaming ``limit`` batches (the stream's plan included)."""
-    import psutil
-
-    from shardcache.read.stream import WindowStream
-
-    proc = psutil.Process()
-    cache = Cache(cache_path)
-    base = peak = proc.memory_info().rss
-    ds = WindowStream(cache, **kwargs)
-    n = 0
-    for i, (x, y) in enumerate(ds):
-        n += len(x)
-        peak = max(peak, proc.memory_info().rss)
-        if i + 1 == limit:
-            break
-    batch_bytes = x.numel() * 4 + y.numel() * 4
-    with open(out, "w") as f:
-        capacity = ds._capacity(ds.plan(), 1)
-        json.dump({"peak": peak - base, "capacity": capacity, "batch_bytes": batch_bytes, "windows": n}, f)
-    ds.close()
-
-
 def run_helper(command: str, *args: object, timeout: float = 120) -> None:
-    """Run ``python tests/helpers.py COMMAND ARGS...`` in a new interpreter; raise if it fails."""
+    """Run ``python -m helpers COMMAND ARGS...`` (``helpers/__main__.py``) in a new interpreter; raise if it fails."""
     import subprocess
     import sys
 
-    argv = [sys.executable, os.path.abspath(__file__), command, *map(str, args)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-m", "helpers", command, *map(str, args)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode:
         raise AssertionError(f"{command} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-
-
-if __name__ == "__main__":
-    import sys
-
-    cmd, rest = sys.argv[1], sys.argv[2:]
-    if cmd == "resume":
-        _resume(rest[0], rest[1], int(rest[2]), rest[3], json.loads(rest[4]))
-    elif cmd == "stream-rss":
-        _stream_rss(rest[0], int(rest[1]), rest[2], json.loads(rest[3]))
-    else:
-        raise SystemExit(f"unknown command {cmd}")
