@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.random import default_rng  # imported with the plan, not lazily at the first shuffle
 
+from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.layout import spanned_shards
 
 __all__ = [
@@ -69,14 +70,14 @@ class WindowSpec:
         for name in ("features", "target"):
             value = getattr(self, name)
             if isinstance(value, str):
-                raise TypeError(f"{name} must be a list of feature names, not a string")
+                raise OptionTypeError(f"{name} must be a list of feature names, not a string")
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
         object.__setattr__(self, "horizon", _horizon(self.horizon))
         for name in ("seq_len", "stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an int >= 1")
+                raise OptionError(name, value, "must be an int >= 1")
             object.__setattr__(self, name, int(value))
 
     @property
@@ -101,7 +102,7 @@ def _horizon(value: Any) -> int | tuple[int, ...]:
     many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
     values = list(value) if many else []
     if not values or not all(map(ok, values)):
-        raise ValueError(f"horizon={value!r}: must be an int >= 0 or a non-empty sequence of them")
+        raise OptionError("horizon", value, "must be an int >= 0 or a non-empty sequence of them")
     return tuple(int(v) for v in values)
 
 
@@ -113,7 +114,7 @@ def as_spec(
     if isinstance(seq_len, WindowSpec):
         beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
         if beside:
-            raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
+            raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
     return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride)
 
@@ -229,13 +230,17 @@ def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueEr
     seg = _split_segments(cache, split)
     where = f" in split {split!r}" if split not in (None, "all") else ""
     if not len(seg):
-        return ValueError(f"no window: the cache has no bars{where}")
+        if where:
+            return OptionError("split", split, "no window: the cache has no bars in this split")
+        return CacheError(f"{getattr(cache, 'url', 'the cache')}: no window: the cache has no bars")
     k = int(np.argmax(seg[:, 2] - seg[:, 1]))
     symbols = getattr(cache, "symbols", None)
     sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
-    return ValueError(
-        f"no window: seq_len={spec.seq_len} with horizon={spec.horizon} spans {spec.span} bars, but the longest "
-        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon"
+    return OptionError(
+        "seq_len",
+        spec.seq_len,
+        f"no window: with horizon={spec.horizon} a window spans {spec.span} bars, but the longest "
+        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon",
     )
 
 
@@ -355,8 +360,15 @@ def make_plan(
     rank had delivered, in their original order.
     """
     if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world size {world}")
-    kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, mix=mix, drop_last=drop_last)
+        raise OptionError("rank", rank, f"outside world size {world}")
+    kw = {
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+        "seed": seed,
+        "epoch": epoch,
+        "mix": mix,
+        "drop_last": drop_last,
+    }
     if not history:
         return _fresh_plan(ranges, n_rows, shard_rows, rank=rank, world=world, **kw)
     w0 = int(history[0][0])
@@ -393,7 +405,7 @@ def _fresh_plan(
     """
     ids = _start_shards(ranges, shard_rows)
     if len(ids) and ids[-1] * shard_rows >= n_rows:
-        raise ValueError(f"window starts reach shard {int(ids[-1])}, past {n_rows} rows")
+        raise CacheError(f"window starts reach shard {int(ids[-1])}, past the cache's {n_rows} rows; rebuild the cache")
     per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
     order = np.flatnonzero(per_shard)
     if shuffle:
@@ -534,7 +546,7 @@ class PoolLayout:
         served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         if (starts is None) != (rows is None) or (starts is None) == (served is None):
-            raise TypeError("PoolLayout takes starts and rows, or served to make them")
+            raise OptionTypeError("PoolLayout takes starts and rows, or served to make them")
         self.pool, self.lo, self.hi, self.at = int(pool), lo, hi, at
         self._served = None if starts is None else (starts, rows)
         self._make = served
