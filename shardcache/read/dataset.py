@@ -83,7 +83,7 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
             try:
                 return self._gather(np.arange(*index.indices(self._n), dtype=np.int64))
             except TypeError:
-                raise OptionTypeError(f"window index {index!r}: a slice's bounds must be ints or None") from None
+                raise _refused(index, "a slice's bounds must be ints or None") from None
         return self._gather(self._positions(_index_array(index)))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Batch]:

@@ -264,7 +264,11 @@ class Planner:
         """Refuse a resume history that is not a position inside epoch ``epoch``: at each checkpoint
         fewer batches delivered per rank than that stage of the epoch has."""
         for k, (world, done) in enumerate(history):
-            self.check_world(world)
+            if world > self.n_windows:
+                raise StateError(
+                    f"state_dict history {[list(h) for h in history]!r}: world size {world} has more ranks than "
+                    f"the {self.n_windows:,} windows of {self.what}"
+                )
             n = self.batches(Pass(epoch=epoch, history=tuple(history[:k]), world=world))
             if done >= n:
                 raise StateError(
