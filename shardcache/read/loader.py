@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch.utils.data import DataLoader, get_worker_info
 
@@ -26,7 +26,7 @@ def _worker_init(board: SharedPass, user_init: Callable[[int], None] | None, wor
     """``worker_init_fn`` of a ``loader()``: the worker's stream takes each pass from ``board``."""
     info = get_worker_info()
     assert info is not None
-    info.dataset.passes.follow(board)  # type: ignore[union-attr]
+    cast("WindowStream", info.dataset).passes.follow(board)
     if user_init is not None:
         user_init(worker_id)
 

@@ -75,7 +75,7 @@ class MetaBatch(NamedTuple):
 
     x: torch.Tensor
     y: torch.Tensor
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # the public field name shadows tuple.index
     symbol: torch.Tensor
     time: torch.Tensor
     target_time: torch.Tensor
@@ -204,8 +204,9 @@ def check_split(cache: Cache, split: str | None) -> str | None:
 def cache_digest(cache: Cache) -> str:
     """Names a cache's content as a stream reads it, for a ``state_dict``: its bar count (an append
     changes it) and a digest of its build fingerprint, features, symbols and segment table."""
-    build = cache.manifest.get("build") or {}
-    h = hashlib.sha256(json.dumps([build.get("fingerprint"), cache.feature_names, cache.symbols]).encode())
+    build = cache.manifest.get("build")
+    fingerprint = build.get("fingerprint") if isinstance(build, dict) else None
+    h = hashlib.sha256(json.dumps([fingerprint, cache.feature_names, cache.symbols]).encode())
     h.update(np.ascontiguousarray(cache.local_segments, dtype=np.int64).tobytes())
     return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
 

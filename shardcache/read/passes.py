@@ -63,6 +63,10 @@ _ANCHOR, _HLEN, _HIST = 0, 1, 2
 _WORKERS = _HIST + 2 * MAX_HISTORY
 
 
+def _in_shared_memory(t: torch.Tensor) -> torch.Tensor:
+    return t.share_memory_()  # type: ignore[no-untyped-call,no-any-return]  # torch leaves it untyped
+
+
 def check_history(history: Any) -> History:
     """``history`` as a ``History``: pairs of ints, world >= 1 and delivered >= 0, at most ``MAX_HISTORY``."""
     try:
@@ -87,7 +91,7 @@ class PassState:
     """The pass count and position of one stream, shared with its DataLoader workers (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._shared = torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64).share_memory_()
+        self._shared = _in_shared_memory(torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64))
         self._owner = os.getpid()  # the process whose passes this state counts (and its DataLoader workers)
         self.main_passes = 0  # passes begun in the main process since the pin
         self.current: Pass | None = None  # the main process's current pass
@@ -130,7 +134,7 @@ class PassState:
         """In a process that is not the state's owner nor its DataLoader worker (a stream pickled to
         ``mp.spawn`` ranks), take a private copy: ranks must not count each other's passes."""
         if self._owner != os.getpid():
-            self._shared, self._owner = self._shared.clone().share_memory_(), os.getpid()
+            self._shared, self._owner = _in_shared_memory(self._shared.clone()), os.getpid()
 
     def pin(self, epoch: int, history: History = ()) -> None:
         """Make the next pass ``epoch``, continuing ``history``; every count starts again."""
@@ -193,7 +197,7 @@ class SharedPass:
     start or resume (its encoding: epoch, rank, world, n, then the n history pairs)."""
 
     def __init__(self) -> None:
-        self._shared = torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64).share_memory_()
+        self._shared = _in_shared_memory(torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64))
 
     def write(self, p: Pass) -> None:
         flat = [v for pair in p.history for v in pair]

@@ -209,7 +209,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
     @property
     def batch_windows(self) -> int:
         """The most windows a batch holds: ``batch_size``, or every window when there are fewer."""
-        return min(self.batch_size, self.planner.n_windows)
+        return min(self.order.batch_size, self.planner.n_windows)
 
     @property
     def rank(self) -> int:
