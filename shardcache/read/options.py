@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import OptionError, OptionTypeError
+from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
-from .plan import WindowSpec
+from .plan import WindowSpec, split_segments
 
 __all__ = [
     "AUTO_CPU_FRACTION",
@@ -41,6 +41,7 @@ __all__ = [
     "columns",
     "count",
     "default_decoders",
+    "no_windows_error",
     "open_for_reading",
     "parse_budget",
     "rank_world",
@@ -206,6 +207,25 @@ def cache_digest(cache: Cache) -> str:
     h = hashlib.sha256(json.dumps([fingerprint, cache.feature_names, cache.symbols]).encode())
     h.update(np.ascontiguousarray(cache.local_segments, dtype=np.int64).tobytes())
     return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
+
+
+def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueError:
+    """The error of a stream with no window: the longest segment against the window's span."""
+    seg = split_segments(cache, split)
+    where = f" in split {split!r}" if split not in (None, "all") else ""
+    if not len(seg):
+        if where:
+            return OptionError("split", split, "no window: the cache has no bars in this split")
+        return CacheError(f"{getattr(cache, 'url', 'the cache')}: no window: the cache has no bars")
+    k = int(np.argmax(seg[:, 2] - seg[:, 1]))
+    symbols = getattr(cache, "symbols", None)
+    sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
+    return OptionError(
+        "seq_len",
+        spec.seq_len,
+        f"no window: with horizon={spec.horizon} a window spans {spec.span} bars, but the longest "
+        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon",
+    )
 
 
 def default_decoders(readers: int = 1) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,9 +42,9 @@ __all__ = [
     "as_spec",
     "make_plan",
     "n_windows",
-    "no_windows_error",
     "pool_layout",
     "reader_runs",
+    "split_segments",
     "valid_ranges",
 ]
 
@@ -182,7 +182,7 @@ class SegmentTable:
         return None if split is None else self.split_names.index(split)
 
 
-def _split_segments(cache: Any, split: str | None) -> np.ndarray:
+def split_segments(cache: Any, split: str | None) -> np.ndarray:
     """The ``(symbol, start, stop)`` segments of ``split`` (every split for None or ``"all"``
     when no split has that name)."""
     seg = np.asarray(cache.segments, dtype=np.int64).reshape(-1, 3)
@@ -203,7 +203,7 @@ def valid_ranges(
     """Valid window starts of ``cache`` (anything with ``segments``, ``segment_split`` and
     ``split_id``) for the read-time window shape (a ``WindowSpec`` or its first fields; None: 1)."""
     spec = as_spec(seq_len, horizon, stride)
-    seg = _split_segments(cache, split)
+    seg = split_segments(cache, split)
     span, stride = spec.span, spec.stride
     start, stop = seg[:, 1], seg[:, 2]
     count = np.where(stop - start >= span, (stop - span - start) // stride + 1, 0)
@@ -223,25 +223,6 @@ def n_windows(
     """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all; an unset
     ``horizon``/``stride`` is 1)."""
     return valid_ranges(cache, seq_len, horizon, stride, split).total()
-
-
-def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueError:
-    """The error of a stream with no window: the longest segment against the window's span."""
-    seg = _split_segments(cache, split)
-    where = f" in split {split!r}" if split not in (None, "all") else ""
-    if not len(seg):
-        if where:
-            return OptionError("split", split, "no window: the cache has no bars in this split")
-        return CacheError(f"{getattr(cache, 'url', 'the cache')}: no window: the cache has no bars")
-    k = int(np.argmax(seg[:, 2] - seg[:, 1]))
-    symbols = getattr(cache, "symbols", None)
-    sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
-    return OptionError(
-        "seq_len",
-        spec.seq_len,
-        f"no window: with horizon={spec.horizon} a window spans {spec.span} bars, but the longest "
-        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon",
-    )
 
 
 @dataclass(frozen=True)
@@ -361,18 +342,12 @@ def make_plan(
     """
     if not 0 <= rank < world:
         raise OptionError("rank", rank, f"outside world size {world}")
-    kw = {
-        "batch_size": batch_size,
-        "shuffle": shuffle,
-        "seed": seed,
-        "epoch": epoch,
-        "mix": mix,
-        "drop_last": drop_last,
-    }
+    fresh = partial(_fresh_plan, ranges, n_rows, shard_rows, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    fresh = partial(fresh, epoch=epoch, mix=mix, drop_last=drop_last)
     if not history:
-        return _fresh_plan(ranges, n_rows, shard_rows, rank=rank, world=world, **kw)
+        return fresh(rank=rank, world=world)
     w0 = int(history[0][0])
-    plans = [_fresh_plan(ranges, n_rows, shard_rows, rank=r, world=w0, **kw) for r in range(w0)]
+    plans = [fresh(rank=r, world=w0) for r in range(w0)]
     worlds = [int(w) for w, _ in history[1:]] + [world]
     for (_, done), nxt in zip(history, worlds):
         parts = [

@@ -53,14 +53,13 @@ import numpy as np
 import torch
 
 from ..errors import StreamClosedError
-from .options import columns
+from .options import columns, no_windows_error
 from .plan import (
     EpochPlan,
     PoolLayout,
     Ranges,
     Run,
     WindowSpec,
-    no_windows_error,
     pool_layout,
     reader_runs,
     valid_ranges,
