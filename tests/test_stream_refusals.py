@@ -266,3 +266,21 @@ def test_read_raises_no_bare_builtin_errors():
                 if isinstance(exc, ast.Name) and exc.id in ("ValueError", "TypeError", "RuntimeError", "KeyError"):
                     bare.append(f"{path.name}:{node.lineno} {exc.id}")
     assert bare == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"seed": -1}, OptionError, r"^seed=-1: must be an int >= 0$"),
+        ({"seed": 1.5}, OptionError, r"^seed=1\.5: must be an int >= 0$"),
+        ({"seed": 2**64}, OptionError, r"^seed=18446744073709551616: must be an int below 2\*\*62$"),
+        ({"device": "gpu"}, OptionError, r"^device='gpu': not a torch device \("),
+        ({"split": 3}, OptionTypeError, r"^split=3: must be a split name \(a str\) or 'all'$"),
+    ],
+)
+def test_other_settings_are_refused_in_one_line_naming_them(stream_cache, kwargs, error, match):
+    with pytest.raises(error, match=match) as e:
+        WindowStream(stream_cache, 10, **{"split": "all", **kwargs})
+    assert "\n" not in str(e.value)
+    with pytest.raises(OptionError, match=r"^num_workers=-1: must be an int >= 0$"):
+        WindowStream(stream_cache, 10, split="all").loader(-1)
