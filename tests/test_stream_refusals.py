@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 from helpers import make_cache, synthetic_bars
-from parquet_cache import SourceBars, build_raw, make_bars, write_parquet
-from stream_helpers import rows_of
+from helpers.parquet import SourceBars, build_raw, make_bars, write_parquet
+from helpers.stream import rows_of
 
 from shardcache import append_cache
 from shardcache.errors import OptionError, OptionTypeError, ShardcacheError, StateError, StreamClosedError
