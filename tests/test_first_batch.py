@@ -43,7 +43,7 @@ def test_no_later_pool_is_decoded_before_the_first_batch_is_taken(stream_cache):
     with WindowStream(stream_cache, 10, split="all", batch_size=16, mix=1, prefetch=4) as s:
         it = iter(s)
         first = next(it)
-        (reader,) = list(s._readers)
+        (reader,) = list(s.resources.readers)
         assert len(s.plan().pool_bounds) > 3 and set(reader.pools) == {0}  # the next pools wait for
         # the consumer's second request
         rest = list(it)

@@ -28,7 +28,7 @@ def _same(got: list, want: list) -> bool:
 
 
 def _rings(ds: WindowStream) -> list:
-    return [r for k, r in ship._RINGS.items() if k.startswith(ds._ship_id)]
+    return [r for k, r in ship._RINGS.items() if k.startswith(ds.resources.ship_id)]
 
 
 def test_kept_batches_are_never_overwritten(stream_cache):

@@ -57,7 +57,7 @@ def test_several_horizons_against_sliding_window_view(stream_bars, stream_cache,
         assert np.array_equal(y[:, j], f[p + 16 - 1 + h])
     m = WindowDataset(stream_cache, 16, horizon=horizon, split="all", target=["f2"])
     for i in range(0, len(m), 331):
-        xi, yi = m[i]
+        _xi, yi = m[i]
         assert yi.shape == (len(horizon), 1)
         assert np.array_equal(yi.numpy()[:, 0], f[m.row(i) + 15 + np.asarray(horizon), 2])
 
@@ -154,7 +154,7 @@ def _with_rank(monkeypatch, rank, world):
     "w1,w2,done,batch", [(2, 1, 3, 64), (1, 2, 5, 50), (4, 2, 2, 33), (1, 2, 0, 64), (2, 3, 4, 40)]
 )
 def test_elastic_resume_serves_the_rest_once_on_equal_batches(monkeypatch, stream_cache, w1, w2, done, batch):
-    kw = dict(split="all", batch_size=batch, seed=3, meta=True, mix=2)
+    kw = {"split": "all", "batch_size": batch, "seed": 3, "meta": True, "mix": 2}
     whole, delivered, states = [], [], []
     for r in range(w1):  # the checkpointed run: every rank in lockstep, `done` batches each
         _with_rank(monkeypatch, r, w1)
@@ -184,7 +184,7 @@ def test_elastic_resume_serves_the_rest_once_on_equal_batches(monkeypatch, strea
 
 
 def test_a_resumed_epoch_can_be_checkpointed_again(monkeypatch, stream_cache):
-    kw = dict(split="all", batch_size=64, seed=1, meta=True)
+    kw = {"split": "all", "batch_size": 64, "seed": 1, "meta": True}
     _with_rank(monkeypatch, 0, 1)
     ref = WindowStream(stream_cache, 10, **kw)
     want = torch.cat(rows_of(ref.cache, ref)).numpy()
@@ -266,3 +266,31 @@ def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_
     cols = [3, 1] if features else slice(None)
     wins = np.moveaxis(sliding_window_view(stream_bars.features, 14, axis=0), -1, 1)[p]
     assert np.array_equal(x.numpy(), wins[:, :, cols])
+
+
+@pytest.mark.parametrize("horizon", [2, (1, 5)])
+def test_meta_gives_the_target_bars_time_beside_the_last_input_bars(stream_bars, stream_cache, horizon):
+    """``time`` is the last input bar's, ``target_time`` each target bar's: ``horizon`` counts stored
+    rows, so the target bar is read, not computed from ``time``. The same in-process, from a
+    resident arena, and through DataLoader workers (``ship``)."""
+    hs = horizon if isinstance(horizon, tuple) else (horizon,)
+
+    def check(batches):
+        n = 0
+        for b in batches:
+            assert type(b).__name__ == "MetaBatch" and b._fields[-2:] == ("time", "target_time")
+            start = b.x[:, 0, 0].numpy().astype(np.int64)  # feature 0 is the bar's row in the sources
+            want = np.stack([stream_bars.ts[start + 19 + h] for h in hs], axis=1)
+            assert b.target_time.dtype == torch.int64 and b.target_time.shape == (len(start), *b.y.shape[1:-1])
+            assert np.array_equal(b.target_time.numpy(), want if isinstance(horizon, tuple) else want[:, 0])
+            assert np.array_equal(b.time.numpy(), stream_bars.ts[start + 19])
+            assert (b.target_time.numpy().reshape(len(start), -1) > b.time.numpy()[:, None]).all()
+            n += len(start)
+        return n
+
+    kw = {"horizon": horizon, "split": "val", "batch_size": 50, "meta": True}
+    total = check(WindowStream(stream_cache, 20, **kw))
+    resident = WindowStream(stream_cache, 20, memory_budget="1GiB", **kw)
+    assert check(resident) == check(resident) == total  # decoding, then gathering from the arena
+    with WindowStream(stream_cache, 20, **kw) as s:
+        assert check(DataLoader(s, batch_size=None, num_workers=1)) == total

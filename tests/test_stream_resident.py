@@ -33,9 +33,9 @@ def same(a, b):
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(seq_len=16, batch_size=64, meta=True),
-        dict(seq_len=9, horizon=(1, 4), batch_size=50, features=["f3", "f0"], target=["f1"], mix=2),
-        dict(seq_len=30, stride=3, split="train", batch_size=7, shuffle=False, decoders=0),
+        {"seq_len": 16, "batch_size": 64, "meta": True},
+        {"seq_len": 9, "horizon": (1, 4), "batch_size": 50, "features": ["f3", "f0"], "target": ["f1"], "mix": 2},
+        {"seq_len": 30, "stride": 3, "split": "train", "batch_size": 7, "shuffle": False, "decoders": 0},
     ],
 )
 def test_resident_passes_give_the_streamed_batches(stream_cache, reads, kw):
@@ -47,7 +47,7 @@ def test_resident_passes_give_the_streamed_batches(stream_cache, reads, kw):
     streamed = WindowStream(stream_cache, seq_len, **kw)
     assert resident.resident and not streamed.resident
     got = passes(resident, 3)
-    assert 0 < len(reads) <= len(resident._resident.table.shards)  # epoch 0: each block once
+    assert 0 < len(reads) <= len(resident.resources.resident.table.shards)  # epoch 0: each block once
     del reads[:]
     want = passes(streamed, 3)
     assert len(reads) >= 3 * len(streamed.plan().shards)
@@ -63,9 +63,9 @@ def test_a_complete_pass_reads_nothing_and_starts_no_thread(stream_cache, reads)
         break  # a peek: its blocks are decoded, the rest are not
     n_peek = len(reads)
     sum(len(x) for x, _ in ds)  # the rest of the blocks
-    table = ds._resident.table
+    table = ds.resources.resident.table
     assert n_peek < len(reads) and len(set(reads)) == len(reads) <= len(table.shards) + n_peek
-    assert ds._resident.complete
+    assert ds.resources.resident.complete
     del reads[:]
     it = iter(ds)
     next(it)
@@ -93,7 +93,7 @@ def test_the_budget_chooses_resident_or_streamed(stream_cache, reads):
     )
     assert two.resident and two._resident_bytes == table.n_rows * 3 * 4  # inputs and targets: two arenas
     same(passes(on, 2), passes(off, 2))
-    assert on._resident is not None and off._resident is None
+    assert on.resources.resident is not None and off.resources.resident is None
     with pytest.raises(ValueError, match="memory_budget"):  # a worker streams: the budget must hold its pools
         WindowStream(stream_cache, 20, split="train", batch_size=64, memory_budget=need).loader(1)
 
@@ -101,7 +101,7 @@ def test_the_budget_chooses_resident_or_streamed(stream_cache, reads):
 def test_ranks_and_elastic_resume_keep_their_windows(monkeypatch, stream_cache):
     """Two ranks (RANK/WORLD_SIZE) cover each window once per resident epoch, as streamed; a
     checkpoint taken mid-epoch at world 2 resumes at world 1 with the streamed batches."""
-    kw = dict(split="all", batch_size=40, meta=True, seed=3)
+    kw = {"split": "all", "batch_size": 40, "meta": True, "seed": 3}
     monkeypatch.setenv("WORLD_SIZE", "2")
     rows = {}
     for rank in (0, 1):
@@ -120,7 +120,7 @@ def test_ranks_and_elastic_resume_keep_their_windows(monkeypatch, stream_cache):
     monkeypatch.setenv("RANK", "0")
     res, ref = WindowStream(stream_cache, 14, memory_budget=BIG, **kw), WindowStream(stream_cache, 14, **kw)
     passes(res, 1)  # decodes every block: the resumed pass below is a gathering one
-    assert res._resident.complete
+    assert res.resources.resident.complete
     res.load_state_dict(state)
     ref.load_state_dict(state)
     same(passes(res, 2), passes(ref, 2))
@@ -131,7 +131,7 @@ def test_close_and_dropping_the_stream_free_the_arena(stream_cache):
     sum(len(x) for x, _ in ds)
     it = iter(ds)
     next(it)
-    arena = weakref.ref(ds._resident.x)
+    arena = weakref.ref(ds.resources.resident.x)
     ds.close()
     gc.collect()
     assert arena() is None
@@ -139,7 +139,7 @@ def test_close_and_dropping_the_stream_free_the_arena(stream_cache):
         next(it)
     ds = WindowStream(stream_cache, 10, split="all", batch_size=64, memory_budget=BIG)
     sum(len(x) for x, _ in ds)
-    arena = weakref.ref(ds._resident.x)
+    arena = weakref.ref(ds.resources.resident.x)
     del ds
     gc.collect()
     assert arena() is None
@@ -159,7 +159,7 @@ def test_workers_stream_as_before_with_the_same_batches(stream_cache):
     """A DataLoader worker never holds the arena: it streams, and serves the resident batches."""
     ds = WindowStream(stream_cache, 10, split="all", batch_size=64, memory_budget=BIG, meta=True)
     inproc = passes(ds, 2)
-    assert ds._resident.complete
+    assert ds.resources.resident.complete
     ds.set_epoch(0)
     workers = [tuple(t.numpy() for t in b) for b in ds.loader(1)]
     same(inproc[:1], [workers])

@@ -1,11 +1,15 @@
 """``WindowDataset``: the map-style twin of ``WindowStream`` for evaluation and random access.
 
 ``ds[i]`` is the ``i``-th valid window in row order, with the stream's window settings and
-split rule; the last few decoded shard blocks are kept, so nearby indices cost no zarr call.
+split rule; ``ds[a:b]``, ``ds[[i, j, ...]]`` (a list, a numpy array or a 1-d tensor of ints) are
+the same windows stacked into one batch, gathered shard by shard. A ``DataLoader(ds,
+batch_size=B)`` asks for each batch at once (torch's ``__getitems__``). The last few decoded
+shard blocks are kept, so nearby indices cost no zarr call.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -15,18 +19,22 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import OptionTypeError
 from ..format.cache import Cache
-from .options import Batch, check_split, columns, open_for_reading, window_spec
-from .plan import WindowSpec, no_windows_error, valid_ranges
+from .options import Batch, check_split, open_for_reading, window_spec
+from .plan import WindowSpec
+from .reader import ReadSpec
 
 __all__ = ["WindowDataset"]
 
 _LRU_BLOCKS = 4
+_INDEX_FORMS = "an int, a slice, or a sequence of ints (a list, a numpy array, a 1-d integer tensor)"
 
 
-class WindowDataset(Dataset):
+class WindowDataset(Dataset):  # type: ignore[type-arg]
     """Map-style windows in row order: ``ds[i]`` is ``Batch(x [seq_len, F], y [T])`` of the ``i``-th
-    valid window (``y [len(horizon), T]`` for a sequence of horizons).
+    valid window (``y [len(horizon), T]`` for a sequence of horizons); negative ``i`` counts from
+    the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
 
     Takes the window settings of ``WindowStream`` (keyword-only after ``seq_len``, the same
     split rule). Keeps the last few decoded shard blocks, so nearby indices cost no zarr call.
@@ -42,18 +50,16 @@ class WindowDataset(Dataset):
         stride: int | None = None,
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
-        storage_options: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.cache = open_for_reading(cache, storage_options)
         self.split = check_split(self.cache, split)
-        self._ranges = valid_ranges(self.cache, self.spec, split=self.split)
+        self._read = ReadSpec.of(self.cache, self.spec, self.split, torch.device("cpu"), meta=False)
+        self._ranges = self._read.ranges
         self._n = self._ranges.total()
-        if not self._n:
-            raise no_windows_error(self.cache, self.spec, self.split)
-        self._xcols = columns(self.cache, self.spec.features, "features")
-        self._ycols = columns(self.cache, self.spec.target, "target")
-        self._ysteps = [self.spec.seq_len - 1 + h for h in self.spec.horizons]
+        self._x_steps = np.arange(self.spec.seq_len, dtype=np.int64)  # a window's rows from its first
+        self._y_steps = self._read.target_steps  # its target rows, one per horizon
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
     seq_len = property(lambda self: self.spec.seq_len)
@@ -65,18 +71,51 @@ class WindowDataset(Dataset):
 
     def row(self, i: int) -> int:
         """Start row of window ``i`` in the cache's row space (``cache.locate`` names its symbol and row)."""
-        if not -self._n <= i < self._n:
-            raise IndexError(f"window {i} out of range for {self._n} windows")
-        return int(self._ranges.start_at(np.asarray([i % self._n]))[0])
+        return int(self._ranges.start_at(self._positions(np.asarray([_scalar(i)])))[0])
 
-    def __getitem__(self, i: int) -> Batch:
-        p = self.row(i)
-        row0, block = self._block(p // self.cache.shard_rows)
-        w = block[p - row0 : p - row0 + self.seq_len]
-        t = block[[p - row0 + k for k in self._ysteps]]
-        x = w if self._xcols is None else w[:, self._xcols]
-        y = t if self._ycols is None else t[:, self._ycols]
-        return Batch(torch.tensor(x), torch.tensor(y if isinstance(self.spec.horizon, tuple) else y[0]))
+    def __getitem__(self, index: Any) -> Batch:
+        """One window (an int index), or the windows of a slice or a sequence of ints, stacked."""
+        i = _scalar(index, sequence_ok=True)
+        if i is not None:
+            b = self._gather(self._positions(np.asarray([i])))
+            return Batch(b.x[0], b.y[0])
+        if isinstance(index, slice):
+            try:
+                return self._gather(np.arange(*index.indices(self._n), dtype=np.int64))
+            except TypeError:
+                raise _refused(index, "a slice's bounds must be ints or None") from None
+        return self._gather(self._positions(_index_array(index)))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
+        """The windows of ``indices`` as a list of samples, gathered together (torch's DataLoader
+        calls this with each batch's indices and collates the list)."""
+        b = self[indices]
+        return [Batch(x, y) for x, y in zip(b.x, b.y)]
+
+    def _positions(self, pos: np.ndarray) -> np.ndarray:
+        """``pos`` (int64) checked against the window count, negatives counted from the end."""
+        bad = (pos < -self._n) | (pos >= self._n)
+        if bad.any():
+            raise IndexError(f"window {int(pos[np.argmax(bad)])} out of range for {self._n} windows")
+        return pos % self._n if len(pos) else pos
+
+    def _gather(self, pos: np.ndarray) -> Batch:
+        """Windows at positions ``pos`` (checked), stacked: each shard's block read once, its windows
+        copied out of it together."""
+        r, n = self._read, len(pos)
+        rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
+        x = np.empty((n, r.seq_len, r.nx), np.float32)
+        y = np.empty((n, len(r.horizons), r.ny), np.float32)
+        shard = rows // self.cache.shard_rows
+        order = np.argsort(shard, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard[order])) + 1
+        for sel in np.split(order, cuts) if n else []:
+            row0, block = self._block(int(shard[sel[0]]))
+            local = rows[sel] - row0
+            ix, iy = local[:, None] + self._x_steps, local[:, None] + self._y_steps
+            x[sel] = block[ix] if r.xcols is None else block[ix[..., None], r.xcols]
+            y[sel] = block[iy] if r.ycols is None else block[iy[..., None], r.ycols]
+        return Batch(torch.from_numpy(x), torch.from_numpy(y if r.multi else y[:, 0]))
 
     def _block(self, shard: int) -> tuple[int, np.ndarray]:
         """Rows of ``shard`` plus the overhang its last windows need, from the LRU or one zarr call."""
@@ -98,3 +137,51 @@ class WindowDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"WindowDataset({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, windows={self._n})"
+
+
+def _is_bool(index: Any) -> bool:
+    if isinstance(index, torch.Tensor):
+        return index.dtype == torch.bool
+    return isinstance(index, bool | np.bool_) or (isinstance(index, np.ndarray) and index.dtype == np.bool_)
+
+
+def _refused(index: Any, why: str) -> OptionTypeError:
+    return OptionTypeError(f"window index {index!r}: {why}; give {_INDEX_FORMS}")
+
+
+def _scalar(index: Any, sequence_ok: bool = False) -> int | None:
+    """``index`` as one int (numpy ints and 0-d integer arrays or tensors too); None for a slice or
+    a sequence when ``sequence_ok``. Floats, bools, None and strings are refused, naming the index."""
+    if _is_bool(index):
+        raise _refused(index, "a bool is not an index")
+    if isinstance(index, torch.Tensor | np.ndarray):
+        if index.ndim > 0 and sequence_ok:
+            return None
+        if isinstance(index, np.ndarray):
+            integral = index.dtype.kind in "iu"
+        else:
+            integral = not (index.is_floating_point() or index.is_complex())
+        if index.ndim == 0 and integral:
+            return int(index.item())
+        raise _refused(index, f"a {index.ndim}-d {index.dtype} {type(index).__name__} is not an index")
+    if sequence_ok and (isinstance(index, slice) or isinstance(index, Sequence) and not isinstance(index, str | bytes)):
+        return None
+    if not isinstance(index, str | bytes | float | np.floating):
+        try:
+            return operator.index(index)
+        except TypeError:
+            pass
+    raise _refused(index, f"{type(index).__name__} is not an index")
+
+
+def _index_array(index: Any) -> np.ndarray:
+    """A sequence of window indices (a list, tuple, range, numpy array or 1-d tensor) as int64."""
+    if isinstance(index, torch.Tensor | np.ndarray):
+        arr = index.detach().cpu().numpy() if isinstance(index, torch.Tensor) else index
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise _refused(index, f"a {arr.ndim}-d {arr.dtype} array is not a sequence of indices")
+        return arr.astype(np.int64, copy=False)
+    values = list(index)
+    if all(type(v) is int for v in values):  # a DataLoader's batch of indices: plain ints
+        return np.asarray(values, dtype=np.int64)
+    return np.asarray([_scalar(v) for v in values], dtype=np.int64)  # names the first that is not an int

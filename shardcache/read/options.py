@@ -1,35 +1,47 @@
 """A stream's settings resolved and checked, and the batches it yields.
 
 Shared by ``WindowStream`` and ``WindowDataset``: memory budgets (``parse_budget``), the split a
-stream must name, column names, the device, the rank and world of the current process.
+stream must name, column names, the device, the rank and world of the current process. The
+settings that decide which batches an epoch has (``PlanSettings``) and how a stream reads them
+(``LoaderSettings``) are each checked by their own class, so ``WindowStream`` only groups them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
-from .plan import WindowSpec
+from .plan import WindowSpec, split_segments
 
 __all__ = [
     "AUTO_CPU_FRACTION",
     "AUTO_CUDA_FRACTION",
     "CUDA_WORKERS",
+    "MAX_COUNT",
     "MAX_DECODERS",
     "Batch",
+    "LoaderSettings",
     "MetaBatch",
+    "PlanSettings",
+    "cache_digest",
     "check_device",
     "check_split",
     "columns",
     "count",
     "default_decoders",
+    "no_windows_error",
     "open_for_reading",
     "parse_budget",
     "rank_world",
@@ -39,6 +51,8 @@ __all__ = [
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
 MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
+_SURE_TO_FIT = 256 << 20  # a batch of at most this many bytes is not checked against free memory
+MAX_COUNT = 2**62  # counts, epochs and seeds stay below this: the pass state and the plan hold them in int64
 
 
 class Batch(NamedTuple):
@@ -49,15 +63,23 @@ class Batch(NamedTuple):
 
 
 class MetaBatch(NamedTuple):
-    """A batch with each window's place: ``index`` int64 ``[B, 2]`` (symbol, row of the window's first
-    bar in that symbol's arrays), ``symbol`` int64 ``[B]`` (into ``cache.symbols``), ``time`` int64
-    ``[B]`` (ns since the epoch of the window's last input bar)."""
+    """A batch with each window's place and times (all int64):
+
+    - ``index`` ``[B, 2]``: symbol, and row of the window's first bar in that symbol's arrays;
+    - ``symbol`` ``[B]``: into ``cache.symbols``;
+    - ``time`` ``[B]``: ns since the epoch of the window's **last input bar** (``x[:, -1]``);
+    - ``target_time`` ``[B]`` (``[B, len(horizon)]`` for a sequence of horizons): ns since the
+      epoch of each **target bar** (the bar ``y`` is read from). A horizon counts stored bars,
+      not minutes: the target bar may lie further ahead than ``horizon`` bar sizes where bars
+      are missing (no trade in a minute), so align on ``target_time``, not on ``time + horizon``.
+    """
 
     x: torch.Tensor
     y: torch.Tensor
-    index: torch.Tensor
+    index: torch.Tensor  # type: ignore[assignment]  # the public field name shadows tuple.index
     symbol: torch.Tensor
     time: torch.Tensor
+    target_time: torch.Tensor
 
 
 def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -67,7 +89,17 @@ def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     if hint is not None:
         return hint
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)  # a rank outside the world: refused by the plan
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise OptionError(name, text, "the environment variable must be an integer") from None
 
 
 _UNITS = {
@@ -82,27 +114,53 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_BUDGET_FORMS = "give bytes (an int such as 2_000_000_000), a size such as '512MiB' or '2GB', or 'auto'"
 
 
-def parse_budget(value: int | str | None, device: torch.device) -> int | None:
-    """Bytes of a ``memory_budget``: an int, ``"512MiB"``/``"2GB"``, or ``"auto"`` (a fixed share of
-    available memory, or of the GPU's free memory with a CUDA device); None leaves it unset."""
+def parse_budget(value: Any, device: torch.device) -> int | None:
+    """Bytes of a ``memory_budget``: a whole number of bytes (an int, a float such as ``1e9``, a numpy
+    scalar or a 0-d tensor), ``"512MiB"``/``"2GB"``, or ``"auto"`` (a fixed share of available
+    memory, or of the GPU's free memory with a CUDA device); None leaves it unset."""
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        if device.type == "cuda":
-            return int(torch.cuda.mem_get_info(device)[0] * AUTO_CUDA_FRACTION)
-        import psutil
-
-        return int(psutil.virtual_memory().available * AUTO_CPU_FRACTION)
     if isinstance(value, str):
+        if value.strip().lower() == "auto":
+            if device.type == "cuda":
+                return int(torch.cuda.mem_get_info(device)[0] * AUTO_CUDA_FRACTION)
+            import psutil
+
+            return int(psutil.virtual_memory().available * AUTO_CPU_FRACTION)
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"memory_budget {value!r}: give bytes, a size such as '512MiB' or '2GB', or 'auto'")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"memory_budget {value!r} must be a positive number of bytes, a size string or 'auto'")
-    return int(value)
+            raise OptionError("memory_budget", value, _BUDGET_FORMS)
+        nbytes = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        nbytes = _whole_bytes(value)
+    if nbytes <= 0:
+        raise OptionError("memory_budget", value, f"must be a positive number of bytes; {_BUDGET_FORMS}")
+    return nbytes
+
+
+def _whole_bytes(value: Any) -> int:
+    """``value`` as a whole number of bytes: a Python or numpy number, or a 0-d tensor, whose value is integral."""
+    number = value
+    if isinstance(value, torch.Tensor | np.ndarray):
+        if value.ndim != 0:
+            raise OptionTypeError(
+                f"memory_budget={value!r}: a tensor or array must be 0-d (one number); {_BUDGET_FORMS}"
+            )
+        number = value.item()
+    if isinstance(number, bool | np.bool_):
+        raise OptionTypeError(f"memory_budget={value!r}: a bool is not a number of bytes; {_BUDGET_FORMS}")
+    if isinstance(number, int | np.integer):
+        return int(number)
+    if isinstance(number, float | np.floating):
+        if not math.isfinite(number) or not float(number).is_integer():
+            raise OptionError(
+                "memory_budget", value, f"{float(number)!r} is not a whole number of bytes; {_BUDGET_FORMS}"
+            )
+        return int(number)
+    raise OptionTypeError(f"memory_budget={value!r}: {type(value).__name__} is not a number of bytes; {_BUDGET_FORMS}")
 
 
 def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:
@@ -113,14 +171,14 @@ def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] |
     missing = [n for n in names if n not in have]
     if missing or not names:
         problem = f"unknown feature(s) {', '.join(map(str, missing))}" if missing else "no feature named"
-        raise ValueError(f"{what}: {problem}; the cache has {', '.join(have)}")
+        raise OptionError(what, list(names), f"{problem}; the cache has {', '.join(have)}")
     return [have[n] for n in names]
 
 
-def open_for_reading(cache: Cache | str | os.PathLike[str], storage_options: dict | None) -> Cache:
+def open_for_reading(cache: Cache | str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Cache:
     """The cache to read: opened here from a path or URL (with ``storage_options``), or as given."""
     if isinstance(cache, Cache) and storage_options is not None:
-        raise ValueError("storage_options apply to a path or URL; this cache is already open")
+        raise OptionError("storage_options", storage_options, "apply to a path or URL; this cache is already open")
     return open_cache(cache, storage_options)
 
 
@@ -128,13 +186,46 @@ def check_split(cache: Cache, split: str | None) -> str | None:
     """A cache with several splits must be told which one: leaking val/test into training is silent."""
     names = cache.split_names
     if split is None and len(names) > 1:
-        raise ValueError(
+        raise OptionError(
+            "split",
+            None,
             f"{cache.url} has splits {', '.join(names)}: pass split={names[0]!r} (or another), "
-            "or split='all' for every split"
+            "or split='all' for every split",
         )
+    if split is not None and not isinstance(split, str):
+        raise OptionTypeError(f"split={split!r}: must be a split name (a str) or 'all'")
     if split not in (None, "all"):
         cache.split_id(split)  # an unknown split fails here, naming the cache's
     return split
+
+
+def cache_digest(cache: Cache) -> str:
+    """Names a cache's content as a stream reads it, for a ``state_dict``: its bar count (an append
+    changes it) and a digest of its build fingerprint, features, symbols and segment table."""
+    build = cache.manifest.get("build")
+    fingerprint = build.get("fingerprint") if isinstance(build, dict) else None
+    h = hashlib.sha256(json.dumps([fingerprint, cache.feature_names, cache.symbols]).encode())
+    h.update(np.ascontiguousarray(cache.local_segments, dtype=np.int64).tobytes())
+    return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
+
+
+def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueError:
+    """The error of a stream with no window: the longest segment against the window's span."""
+    seg = split_segments(cache, split)
+    where = f" in split {split!r}" if split not in (None, "all") else ""
+    if not len(seg):
+        if where:
+            return OptionError("split", split, "no window: the cache has no bars in this split")
+        return CacheError(f"{getattr(cache, 'url', 'the cache')}: no window: the cache has no bars")
+    k = int(np.argmax(seg[:, 2] - seg[:, 1]))
+    symbols = getattr(cache, "symbols", None)
+    sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
+    return OptionError(
+        "seq_len",
+        spec.seq_len,
+        f"no window: with horizon={spec.horizon} a window spans {spec.span} bars, but the longest "
+        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon",
+    )
 
 
 def default_decoders(readers: int = 1) -> int:
@@ -149,9 +240,12 @@ def default_decoders(readers: int = 1) -> int:
 
 
 def count(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int of at least ``minimum``; a float, a bool or a string is refused, not truncated."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r}: must be an int >= {minimum}")
+    """``value`` as an int of at least ``minimum`` (below ``MAX_COUNT``); a float, a bool or a string
+    is refused, not truncated."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < minimum:
+        raise OptionError(name, value, f"must be an int >= {minimum}")
+    if value >= MAX_COUNT:
+        raise OptionError(name, value, "must be an int below 2**62")
     return int(value)
 
 
@@ -164,20 +258,126 @@ def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: Any, features: 
             if v is not None
         ]
         if beside:
-            raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
+            raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
     return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride, features, target)
 
 
 def check_device(device: str | torch.device | None) -> torch.device:
     """The device, refused at once when it is CUDA and torch has none (not at the first batch)."""
-    dev = torch.device(device if device is not None else "cpu")
+    try:
+        dev = torch.device(device if device is not None else "cpu")
+    except (RuntimeError, TypeError) as exc:
+        raise OptionError("device", device, f"not a torch device ({exc})") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={str(dev)!r}, but torch sees no CUDA device (torch {torch.__version__})")
+        raise OptionError("device", str(dev), f"torch sees no CUDA device (torch {torch.__version__})")
     return dev
 
 
 CUDA_WORKERS = (
-    "device='cuda' needs num_workers=0: the stream's own threads decode and copy to the GPU "
+    "needs num_workers=0: the stream's own threads decode and copy to the GPU "
     "(worker processes cannot share its CUDA tensors)"
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    """What decides an epoch's batches besides the windows: their size, the shuffle and its seed,
+    shards mixed per pool, and whether each rank's last partial batch is dropped.
+
+    ``PlanSettings.of`` checks the values as a user gives them; ``signature`` is what a saved
+    position records of them.
+    """
+
+    batch_size: int
+    shuffle: bool
+    seed: int
+    mix: int
+    drop_last: bool
+
+    @classmethod
+    def of(cls, *, batch_size: Any, shuffle: Any, seed: Any, mix: Any, drop_last: Any) -> PlanSettings:
+        return cls(
+            batch_size=count("batch_size", batch_size, 1),
+            shuffle=bool(shuffle),
+            seed=count("seed", seed, 0),
+            mix=count("mix", mix, 1),
+            drop_last=bool(drop_last),
+        )
+
+    def signature(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "mix": self.mix,
+            "drop_last": self.drop_last,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderSettings:
+    """How a stream reads its batches, whatever they are: ``prefetch`` blocks decoded ahead of the
+    open pools by ``decoders`` threads (None: ``default_decoders``), or ``memory_budget`` bytes of
+    decoded blocks (shared by the DataLoader workers), on ``device``.
+
+    ``LoaderSettings.of`` checks and resolves the values as a user gives them (a budget string,
+    ``"auto"``, a device name).
+    """
+
+    prefetch: int
+    decoders: int | None
+    memory_budget: int | None
+    device: torch.device
+
+    @classmethod
+    def of(cls, *, prefetch: Any, decoders: Any, memory_budget: Any, device: Any) -> LoaderSettings:
+        dev = check_device(device)
+        return cls(
+            prefetch=count("prefetch", prefetch, 0),
+            decoders=None if decoders is None else count("decoders", decoders, 0),
+            memory_budget=parse_budget(memory_budget, dev),
+            device=dev,
+        )
+
+    def decoders_for(self, readers: int) -> int:
+        """Decoder threads of each of ``readers`` readers: as given, else ``default_decoders``."""
+        return self.decoders if self.decoders is not None else default_decoders(readers)
+
+    def capacity(self, blocks: int, block_bytes: int, readers: int, mix: int) -> int:
+        """Bytes of decoded blocks each of ``readers`` readers may hold when a batch needs ``blocks``
+        blocks of up to ``block_bytes`` at once: those plus ``prefetch``, or an equal share of the
+        ``memory_budget``, which must hold them."""
+        if self.memory_budget is None:
+            return (blocks + self.prefetch) * block_bytes
+        per = self.memory_budget // readers
+        if per < blocks * block_bytes:
+            raise OptionError(
+                "memory_budget",
+                self.memory_budget,
+                f"gives each of {readers} reader(s) {per} B, but a reader must hold {blocks} blocks of up to "
+                f"{block_bytes} B at once (mix={mix} shards per pool, a batch can straddle two pools): raise "
+                f"memory_budget to at least {blocks * block_bytes * readers} B or lower mix",
+            )
+        return per
+
+    def check_batch(self, batch_size: int, windows: int, window_bytes: int) -> None:
+        """Refuse batches of ``windows`` windows (``batch_size``, or fewer when the stream has fewer
+        windows) of ``window_bytes`` each that the device's memory cannot hold, before anything is
+        allocated."""
+        nbytes = windows * window_bytes
+        if nbytes <= _SURE_TO_FIT:
+            return
+        if self.device.type == "cuda":
+            free = int(torch.cuda.mem_get_info(self.device)[0])
+        else:
+            import psutil
+
+            free = int(psutil.virtual_memory().available)
+        if nbytes > free:
+            raise OptionError(
+                "batch_size",
+                batch_size,
+                f"a batch of {windows:,} windows is {nbytes / 2**30:,.1f} GiB ({window_bytes:,} B each), more than "
+                f"the {free / 2**30:,.1f} GiB of {self.device.type} memory available: lower batch_size",
+            )

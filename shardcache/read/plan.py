@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.random import default_rng  # imported with the plan, not lazily at the first shuffle
 
+from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.layout import spanned_shards
 
 __all__ = [
@@ -41,9 +42,9 @@ __all__ = [
     "as_spec",
     "make_plan",
     "n_windows",
-    "no_windows_error",
     "pool_layout",
     "reader_runs",
+    "split_segments",
     "valid_ranges",
 ]
 
@@ -69,14 +70,14 @@ class WindowSpec:
         for name in ("features", "target"):
             value = getattr(self, name)
             if isinstance(value, str):
-                raise TypeError(f"{name} must be a list of feature names, not a string")
+                raise OptionTypeError(f"{name} must be a list of feature names, not a string")
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
         object.__setattr__(self, "horizon", _horizon(self.horizon))
         for name in ("seq_len", "stride"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be an int >= 1")
+                raise OptionError(name, value, "must be an int >= 1")
             object.__setattr__(self, name, int(value))
 
     @property
@@ -101,7 +102,7 @@ def _horizon(value: Any) -> int | tuple[int, ...]:
     many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
     values = list(value) if many else []
     if not values or not all(map(ok, values)):
-        raise ValueError(f"horizon={value!r}: must be an int >= 0 or a non-empty sequence of them")
+        raise OptionError("horizon", value, "must be an int >= 0 or a non-empty sequence of them")
     return tuple(int(v) for v in values)
 
 
@@ -113,7 +114,7 @@ def as_spec(
     if isinstance(seq_len, WindowSpec):
         beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
         if beside:
-            raise TypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
+            raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
     return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride)
 
@@ -181,7 +182,7 @@ class SegmentTable:
         return None if split is None else self.split_names.index(split)
 
 
-def _split_segments(cache: Any, split: str | None) -> np.ndarray:
+def split_segments(cache: Any, split: str | None) -> np.ndarray:
     """The ``(symbol, start, stop)`` segments of ``split`` (every split for None or ``"all"``
     when no split has that name)."""
     seg = np.asarray(cache.segments, dtype=np.int64).reshape(-1, 3)
@@ -202,7 +203,7 @@ def valid_ranges(
     """Valid window starts of ``cache`` (anything with ``segments``, ``segment_split`` and
     ``split_id``) for the read-time window shape (a ``WindowSpec`` or its first fields; None: 1)."""
     spec = as_spec(seq_len, horizon, stride)
-    seg = _split_segments(cache, split)
+    seg = split_segments(cache, split)
     span, stride = spec.span, spec.stride
     start, stop = seg[:, 1], seg[:, 2]
     count = np.where(stop - start >= span, (stop - span - start) // stride + 1, 0)
@@ -222,21 +223,6 @@ def n_windows(
     """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all; an unset
     ``horizon``/``stride`` is 1)."""
     return valid_ranges(cache, seq_len, horizon, stride, split).total()
-
-
-def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueError:
-    """The error of a stream with no window: the longest segment against the window's span."""
-    seg = _split_segments(cache, split)
-    where = f" in split {split!r}" if split not in (None, "all") else ""
-    if not len(seg):
-        return ValueError(f"no window: the cache has no bars{where}")
-    k = int(np.argmax(seg[:, 2] - seg[:, 1]))
-    symbols = getattr(cache, "symbols", None)
-    sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
-    return ValueError(
-        f"no window: seq_len={spec.seq_len} with horizon={spec.horizon} spans {spec.span} bars, but the longest "
-        f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon"
-    )
 
 
 @dataclass(frozen=True)
@@ -355,12 +341,13 @@ def make_plan(
     rank had delivered, in their original order.
     """
     if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world size {world}")
-    kw = dict(batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, mix=mix, drop_last=drop_last)
+        raise OptionError("rank", rank, f"outside world size {world}")
+    fresh = partial(_fresh_plan, ranges, n_rows, shard_rows, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    fresh = partial(fresh, epoch=epoch, mix=mix, drop_last=drop_last)
     if not history:
-        return _fresh_plan(ranges, n_rows, shard_rows, rank=rank, world=world, **kw)
+        return fresh(rank=rank, world=world)
     w0 = int(history[0][0])
-    plans = [_fresh_plan(ranges, n_rows, shard_rows, rank=r, world=w0, **kw) for r in range(w0)]
+    plans = [fresh(rank=r, world=w0) for r in range(w0)]
     worlds = [int(w) for w, _ in history[1:]] + [world]
     for (_, done), nxt in zip(history, worlds):
         parts = [
@@ -393,7 +380,7 @@ def _fresh_plan(
     """
     ids = _start_shards(ranges, shard_rows)
     if len(ids) and ids[-1] * shard_rows >= n_rows:
-        raise ValueError(f"window starts reach shard {int(ids[-1])}, past {n_rows} rows")
+        raise CacheError(f"window starts reach shard {int(ids[-1])}, past the cache's {n_rows} rows; rebuild the cache")
     per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
     order = np.flatnonzero(per_shard)
     if shuffle:
@@ -534,7 +521,7 @@ class PoolLayout:
         served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         if (starts is None) != (rows is None) or (starts is None) == (served is None):
-            raise TypeError("PoolLayout takes starts and rows, or served to make them")
+            raise OptionTypeError("PoolLayout takes starts and rows, or served to make them")
         self.pool, self.lo, self.hi, self.at = int(pool), lo, hi, at
         self._served = None if starts is None else (starts, rows)
         self._make = served

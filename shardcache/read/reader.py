@@ -52,7 +52,18 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .plan import EpochPlan, PoolLayout, Ranges, Run, pool_layout, reader_runs
+from ..errors import StreamClosedError
+from .options import columns, no_windows_error
+from .plan import (
+    EpochPlan,
+    PoolLayout,
+    Ranges,
+    Run,
+    WindowSpec,
+    pool_layout,
+    reader_runs,
+    valid_ranges,
+)
 from .resident import Resident, mapped
 
 __all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
@@ -64,11 +75,11 @@ RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
 _POLL = 0.1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReadSpec:
     """Everything a reader needs to know about its stream: the cache and its valid windows, the
     window shape, the input/target columns (None: every column), the device, and whether
-    batches carry each window's symbol, row and time (``meta``)."""
+    batches carry each window's symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
 
     cache: Any
     ranges: Ranges
@@ -81,6 +92,29 @@ class ReadSpec:
     ny: int
     device: torch.device
     meta: bool
+
+    @classmethod
+    def of(cls, cache: Any, spec: WindowSpec, split: str | None, device: torch.device, meta: bool) -> ReadSpec:
+        """What a stream (or a ``WindowDataset``) of ``cache`` reads: columns checked first, then the
+        valid windows of ``split``, of which there must be at least one."""
+        xcols = columns(cache, spec.features, "features")
+        ycols = columns(cache, spec.target, "target")
+        ranges = valid_ranges(cache, spec, split=split)
+        if not ranges.total():
+            raise no_windows_error(cache, spec, split)
+        return cls(
+            cache=cache,
+            ranges=ranges,
+            seq_len=spec.seq_len,
+            horizons=spec.horizons,
+            multi=isinstance(spec.horizon, tuple),
+            xcols=xcols,
+            ycols=ycols,
+            nx=len(xcols) if xcols is not None else cache.n_features,
+            ny=len(ycols) if ycols is not None else cache.n_features,
+            device=device,
+            meta=bool(meta),
+        )
 
     @property
     def same_columns(self) -> bool:
@@ -95,11 +129,26 @@ class ReadSpec:
     def y_shape(self, n: int) -> tuple[int, ...]:
         return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
 
-    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``MetaBatch``'s ``index``, ``symbol`` and ``time`` of the windows starting at cache rows ``starts``."""
+    @property
+    def window_bytes(self) -> int:
+        """Bytes of one window in a batch: its inputs and its targets (float32)."""
+        return 4 * (self.seq_len * self.nx + len(self.horizons) * self.ny)
+
+    @property
+    def target_steps(self) -> np.ndarray:
+        """Each target row's offset from its window's first row, in ``y``'s order of horizons."""
+        return np.asarray([self.seq_len - 1 + h for h in self.horizons], dtype=np.int64)
+
+    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's) and ``target_time``
+        (each target bar's) of the windows starting at cache rows ``starts``."""
         symbol, local = self.cache.locate(starts)
         index = torch.from_numpy(np.stack([symbol, local], axis=1))
-        return index, torch.from_numpy(symbol), torch.from_numpy(self.cache.bar_times(starts + self.seq_len - 1))
+        steps = self.target_steps
+        targets = starts[:, None] + steps if self.multi else starts + steps[0]
+        both = self.cache.bar_times(np.concatenate([starts + self.seq_len - 1, targets.reshape(-1)]))
+        time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
+        return index, torch.from_numpy(symbol), torch.from_numpy(time), torch.from_numpy(target_time)
 
 
 class _Pool:
@@ -141,13 +190,13 @@ class _Pool:
 
 class Ready(NamedTuple):
     """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
-    of ``x``, ``y`` and ``meta`` (``index`` ``[n, 2]``, ``symbol``, ``time``; None unless asked);
+    of ``x``, ``y`` and ``meta`` (``MetaBatch``'s fields after ``y``; None unless asked);
     ``event`` (CUDA) marks the copies done."""
 
     batches: list[tuple[int, int, int]]
     x: torch.Tensor
     y: torch.Tensor
-    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    meta: tuple[torch.Tensor, ...] | None
     event: Any
 
 
@@ -247,8 +296,11 @@ class Reader:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.resident = resident
         self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
-        # a run (and its reused output buffers, populated when mapped) never outgrows this reader's epoch
-        self.run_windows = min(max(run_windows, plan.batch_size), max(len(batches), 1) * plan.batch_size)
+        # a run (and its reused output buffers, populated when mapped) never outgrows this reader's
+        # epoch, nor its rank's windows (a batch_size above them makes one batch of them all)
+        self.run_windows = min(
+            max(run_windows, plan.batch_size), max(len(batches), 1) * plan.batch_size, max(plan.n_windows, 1)
+        )
         self.used = 0
         self.stop = threading.Event()
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
@@ -284,7 +336,7 @@ class Reader:
         self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
         chunk = _GRAIN // (spec.seq_len * spec.nx)
         self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
-        self.y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
+        self.y_steps = spec.target_steps
 
     # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -308,7 +360,7 @@ class Reader:
             self._put(_END)
         except _Stopped:
             pass
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - every error goes to the consumer, who raises it
             with contextlib.suppress(_Stopped):
                 self._put(exc)
 
@@ -402,7 +454,7 @@ class Reader:
         """Block until every block of pool ``g`` is decoded (starting any not started yet)."""
         while g not in self.pools or self.pools[g].submitted < len(self.pools[g].layout.lo):
             if not self._submit(force=True):
-                raise RuntimeError("shardcache reader: the block schedule ended early")
+                raise AssertionError("shardcache reader: the block schedule ended early")
         pool = self.pools[g]
         pool.rows  # noqa: B018 - the shuffle, on this thread while the decoders work
         for future in pool.pending:
@@ -510,12 +562,12 @@ class Reader:
             self.asked_again.set()
         while True:
             if self.stop.is_set():
-                raise RuntimeError("this WindowStream iterator was closed, or superseded by a newer iter()")
+                raise StreamClosedError("this WindowStream iterator was closed, or superseded by a newer iter()")
             try:
                 item = self.queue.get(timeout=_POLL)
             except queue.Empty:
                 if not self.thread.is_alive() and self.queue.empty():
-                    raise RuntimeError("shardcache reader thread ended unexpectedly") from None
+                    raise StreamClosedError("shardcache reader thread ended unexpectedly") from None
                 continue
             if item is _END:
                 return None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..errors import StreamClosedError
 from ..format.layout import spanned_shards
 from .options import Batch, MetaBatch
 from .plan import EpochPlan, PoolLayout, Ranges
@@ -167,7 +168,7 @@ class Resident:
         """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
         caller's thread into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
         dev = self.x.device
-        y_steps = np.asarray([spec.seq_len - 1 + h for h in spec.horizons], dtype=np.int64)
+        y_steps = spec.target_steps
         if dev.type == "cuda":
             current = torch.cuda.current_stream(dev)
             self.x.record_stream(current)  # the allocator waits for these gathers before freeing the arena
@@ -204,7 +205,7 @@ class Resident:
                 rows = cat([p[1][lo:hi] for p, lo, hi in parts])
             windows, yn = self.windows, self.yn  # no reference to the arena outlives the batch
             if windows is None:
-                raise RuntimeError("this WindowStream iterator was closed")
+                raise StreamClosedError("this WindowStream iterator was closed")
             if dev.type == "cuda":
                 x = torch.index_select(windows, 0, rows)
                 y = torch.index_select(yn, 0, (rows[:, None] + ysteps).reshape(-1)).view(spec.y_shape(len(rows)))

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import StreamClosedError
 from .options import Batch, MetaBatch
 
 __all__ = ["SLOTS", "WAIT", "WorkerRing", "forget", "release", "ship"]
@@ -217,7 +218,7 @@ def _arrive(
                 ring = _RINGS[key] = _MainRing(pid, gens)
             ring.slots[i] = _Slot(storage, shapes)
         if ring is None or i not in ring.slots:
-            raise RuntimeError(
+            raise StreamClosedError(
                 f"shardcache: a batch from DataLoader worker {pid} refers to shared memory this "
                 "process never received (was the stream closed while its workers ran?)"
             )

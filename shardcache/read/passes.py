@@ -1,0 +1,282 @@
+"""A stream's passes: which epoch each pass is, how far the current one got, and their plans.
+
+The rule (see ``shardcache.read.stream``): every pass (``iter()``) is a full epoch from its
+first batch, the next epoch after the previous pass; ``set_epoch`` and ``load_state_dict``
+*pin* the next pass (its epoch, and for a loaded state the resume history it continues), and
+the passes after a pin follow on from it. In-process the stream counts its own passes; a plain
+DataLoader's worker counts its own passes (the DataLoader's count) in shared memory, so the main
+process sees how many passes its workers began; a ``loader()``'s workers read the pass their
+main process began from a ``SharedPass``.
+
+``PassState`` holds all of that behind named fields; its shared part is one int64 tensor whose
+layout is known to this module alone:
+
+    [0]                        the pinned epoch (the first pass after the pin)
+    [1]                        n, the length of the pin's resume history
+    [2 : 2 + 2 * MAX_HISTORY]  that history: (world, batches delivered per rank) pairs
+    [2 + 2 * MAX_HISTORY + i]  passes DataLoader worker i began since the pin
+
+A tensor in shared memory is shared with forked workers and sent by handle to spawned ones
+(torch's reductions), the same model as Mosaic streaming's named shared arrays. The main
+process's own count (passes since the pin, the current pass and its delivered batches) stays a
+plain attribute: only that process reads it.
+
+``Planner`` makes (and keeps the last few) plans of the passes, refuses a world larger than the
+windows, and checks that a resume history describes a position inside its epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import OptionError, StateError
+from .options import MAX_COUNT, PlanSettings
+from .plan import EpochPlan, Ranges, make_plan
+
+__all__ = ["MAX_HISTORY", "MAX_WORKERS", "History", "Pass", "PassState", "Planner", "SharedPass", "check_history"]
+
+MAX_HISTORY = 8  # checkpoints of one epoch a resume can chain
+MAX_WORKERS = 256  # DataLoader workers whose passes a plain DataLoader counts
+
+History = tuple[tuple[int, int], ...]
+"""A resume history: ``(world, batches delivered per rank)`` at each checkpoint of an epoch, oldest first."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pass:
+    """One pass over a stream: its ``epoch``, the resume ``history`` it continues (empty: from the
+    first batch), and the ``rank`` and ``world`` it is planned for."""
+
+    epoch: int
+    history: History = ()
+    rank: int = 0
+    world: int = 1
+
+
+_ANCHOR, _HLEN, _HIST = 0, 1, 2
+_WORKERS = _HIST + 2 * MAX_HISTORY
+
+
+def _in_shared_memory(t: torch.Tensor) -> torch.Tensor:
+    return t.share_memory_()  # type: ignore[no-untyped-call,no-any-return]  # torch leaves it untyped
+
+
+def check_history(history: Any) -> History:
+    """``history`` as a ``History``: pairs of ints, world >= 1 and delivered >= 0, at most ``MAX_HISTORY``."""
+    try:
+        pairs = [tuple(pair) for pair in history]
+    except TypeError:
+        pairs = None
+    if pairs is None or not all(len(p) == 2 and all(_is_int(v) for v in p) for p in pairs):
+        raise StateError(f"state_dict history {history!r} is not [[world, batches], ...]")
+    out = tuple((int(w), int(c)) for w, c in pairs)
+    if any(w < 1 or c < 0 or w >= MAX_COUNT or c >= MAX_COUNT for w, c in out):
+        raise StateError(f"state_dict history {history!r} is not [[world, batches], ...]: world >= 1, batches >= 0")
+    if len(out) > MAX_HISTORY:
+        raise StateError(f"a resume can chain {MAX_HISTORY} checkpoints of one epoch, not {len(out)}")
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool | np.bool_)
+
+
+class PassState:
+    """The pass count and position of one stream, shared with its DataLoader workers (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._shared = _in_shared_memory(torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64))
+        self._owner = os.getpid()  # the process whose passes this state counts (and its DataLoader workers)
+        self.main_passes = 0  # passes begun in the main process since the pin
+        self.current: Pass | None = None  # the main process's current pass
+        self.delivered = 0  # batches of the current pass delivered to the caller
+        self.generation = 0  # numbers the main process's passes: an iterator of an older one is superseded
+        self.board: SharedPass | None = None  # in a loader()'s worker: where its main process writes each pass
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def pinned(self) -> Pass:
+        """The pinned pass: the epoch and resume history of the first pass after the pin."""
+        n = int(self._shared[_HLEN])
+        h = self._shared[_HIST : _HIST + 2 * n].tolist()
+        return Pass(epoch=int(self._shared[_ANCHOR]), history=tuple((h[2 * i], h[2 * i + 1]) for i in range(n)))
+
+    def worker_passes(self, worker: int) -> int:
+        """Passes DataLoader worker ``worker`` began since the pin."""
+        return int(self._shared[_WORKERS + worker])
+
+    def passes(self) -> int:
+        """Passes since the pin: the main process's, or a plain DataLoader's (its workers count them)."""
+        return max(self.main_passes, int(self._shared[_WORKERS:].max()))
+
+    def nth(self, k: int) -> Pass:
+        """Epoch and resume history of the ``k``-th pass since the pin (rank and world not yet known)."""
+        pin = self.pinned
+        return pin if k == 0 else Pass(epoch=pin.epoch + k)
+
+    def upcoming(self) -> Pass:
+        """The next pass (its epoch and history)."""
+        return self.nth(self.passes())
+
+    @property
+    def fresh(self) -> bool:
+        """No pass began since the pin, in this process or in a DataLoader worker."""
+        return self.main_passes == 0 and not int(self._shared[_WORKERS:].sum())
+
+    # -- writing -------------------------------------------------------------------------
+    def claim(self) -> None:
+        """In a process that is not the state's owner nor its DataLoader worker (a stream pickled to
+        ``mp.spawn`` ranks), take a private copy: ranks must not count each other's passes."""
+        if self._owner != os.getpid():
+            self._shared, self._owner = _in_shared_memory(self._shared.clone()), os.getpid()
+
+    def pin(self, epoch: int, history: History = ()) -> None:
+        """Make the next pass ``epoch``, continuing ``history``; every count starts again."""
+        if len(history) > MAX_HISTORY:
+            raise StateError(f"a resume can chain {MAX_HISTORY} checkpoints of one epoch, not {len(history)}")
+        self.claim()
+        st = self._shared
+        st[_ANCHOR], st[_HLEN] = int(epoch), len(history)
+        st[_HIST : _HIST + 2 * len(history)] = torch.tensor([v for pair in history for v in pair], dtype=torch.int64)
+        st[_WORKERS:] = 0
+        self.main_passes, self.current, self.delivered = 0, None, 0
+
+    def begin(self, rank: int, world: int) -> Pass:
+        """Begin the next pass in the main process, planned for ``rank`` of ``world``: it becomes the
+        current pass (its delivered batches counted from 0), superseding the previous one."""
+        self.claim()
+        p = replace(self.nth(self.main_passes), rank=rank, world=world)
+        self.main_passes += 1
+        self.current, self.delivered = p, 0
+        self.generation += 1
+        return p
+
+    def begin_worker(self, worker: int, rank: int, world: int) -> Pass:
+        """Begin a pass in DataLoader worker ``worker``: a ``loader()``'s worker takes the pass its main
+        process began; a plain DataLoader's worker counts its own passes (the DataLoader's)."""
+        if self.board is not None:
+            return self.board.read()
+        if worker >= MAX_WORKERS:
+            raise OptionError(
+                "num_workers", worker + 1, f"WindowStream supports up to {MAX_WORKERS} DataLoader workers"
+            )
+        k = int(self._shared[_WORKERS + worker])
+        self._shared[_WORKERS + worker] = k + 1
+        return replace(self.nth(k), rank=rank, world=world)
+
+    def count_delivered(self) -> None:
+        """One more batch of the current pass reached the caller (a ``loader()`` counts them here)."""
+        self.delivered += 1
+
+    def follow(self, board: SharedPass) -> None:
+        """In a ``loader()``'s worker: take each pass from ``board``, where the main process writes it."""
+        self.board = board
+
+    def position(self, batches: Callable[[Pass], int]) -> tuple[int, History]:
+        """Where the epoch stands: the epoch and resume history a resume continues from (the current
+        pass's, with ``delivered`` of its ``batches(pass)`` at its world; the next epoch's once
+        they are all delivered; the pinned pass before any pass here)."""
+        self.claim()
+        p = self.current
+        if p is None:
+            up = self.upcoming()
+            return up.epoch, up.history
+        if self.delivered >= batches(p):
+            return p.epoch + 1, ()
+        return p.epoch, (*p.history, (p.world, self.delivered))
+
+
+class SharedPass:
+    """A ``loader()``'s record of the pass its main process began, which its workers read when they
+    start or resume (its encoding: epoch, rank, world, n, then the n history pairs)."""
+
+    def __init__(self) -> None:
+        self._shared = _in_shared_memory(torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64))
+
+    def write(self, p: Pass) -> None:
+        flat = [v for pair in p.history for v in pair]
+        self._shared[: 4 + len(flat)] = torch.tensor(
+            [p.epoch, p.rank, p.world, len(p.history), *flat], dtype=torch.int64
+        )
+
+    def read(self) -> Pass:
+        v = self._shared.tolist()
+        n = v[3]
+        return Pass(epoch=v[0], rank=v[1], world=v[2], history=tuple((v[4 + 2 * i], v[5 + 2 * i]) for i in range(n)))
+
+
+class Planner:
+    """The plans of a stream's passes over ``ranges`` (a cache of ``n_rows`` rows in
+    ``shard_rows``-row shards) with ``settings``; the last few are kept."""
+
+    _KEEP = 4
+
+    def __init__(self, ranges: Ranges, n_rows: int, shard_rows: int, settings: PlanSettings, what: str) -> None:
+        self.ranges, self.n_rows, self.shard_rows, self.settings = ranges, n_rows, shard_rows, settings
+        self.n_windows = ranges.total()
+        self.what = what  # names the windows in a message ("split 'train' of /data/es.zarr")
+        self._plans: dict[tuple[Any, ...], EpochPlan] = {}
+
+    def plan(self, p: Pass) -> EpochPlan:
+        """Pass ``p``'s plan on its rank. A world with more ranks than windows is refused (each rank
+        would have no batch)."""
+        self.check_world(p.world)
+        key = (p.epoch, p.history, p.rank, p.world)
+        if key not in self._plans:
+            if len(self._plans) > self._KEEP:
+                self._plans.clear()
+            s = self.settings
+            self._plans[key] = make_plan(
+                self.ranges,
+                self.n_rows,
+                self.shard_rows,
+                batch_size=s.batch_size,
+                shuffle=s.shuffle,
+                seed=s.seed,
+                epoch=p.epoch,
+                rank=p.rank,
+                world=p.world,
+                mix=s.mix,
+                drop_last=s.drop_last,
+                history=p.history,
+            )
+        return self._plans[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_plans": {}}  # a worker makes the plans it needs
+
+    def batches(self, p: Pass) -> int:
+        """Batches of pass ``p`` (the same on every rank)."""
+        return self.plan(replace(p, rank=0)).n_batches
+
+    def check_world(self, world: int) -> None:
+        if world > self.n_windows:
+            raise OptionError(
+                "world_size",
+                world,
+                f"more ranks than the {self.n_windows:,} windows of {self.what}: every rank would get no batch; "
+                f"use at most {self.n_windows:,} ranks (WORLD_SIZE), or more windows (a smaller seq_len or stride)",
+            )
+
+    def check_position(self, epoch: int, history: Sequence[tuple[int, int]]) -> None:
+        """Refuse a resume history that is not a position inside epoch ``epoch``: at each checkpoint
+        fewer batches delivered per rank than that stage of the epoch has."""
+        for k, (world, done) in enumerate(history):
+            if world > self.n_windows:
+                raise StateError(
+                    f"state_dict history {[list(h) for h in history]!r}: world size {world} has more ranks than "
+                    f"the {self.n_windows:,} windows of {self.what}"
+                )
+            n = self.batches(Pass(epoch=epoch, history=tuple(history[:k]), world=world))
+            if done >= n:
+                raise StateError(
+                    f"state_dict history {[list(h) for h in history]!r}: checkpoint {k + 1} has {done} batches "
+                    f"delivered per rank at world size {world}, but that part of epoch {epoch} has {n}: "
+                    "not a position inside the epoch (a finished epoch is saved as the next epoch, history [])"
+                )
