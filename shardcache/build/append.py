@@ -282,7 +282,7 @@ def append_cache(
             storage_options=storage_options,
             progress=progress,
         )
-    _, paths, srcs = open_inputs(
+    specs, paths, srcs = open_inputs(
         sources,
         storage_options,
         bar=b.get("bar"),
@@ -295,7 +295,7 @@ def append_cache(
     previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
     done = _finished(cache, srcs, stats) if resume and cache is not None else None
     wanted = done or fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
-    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True, inputs=specs)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
     if done is not None:  # an object store's append killed after its last write: only its folder is left
         staging.remove()

@@ -385,7 +385,7 @@ def build_cache(
         **({} if split_cuts_ns is None else {"split_cuts_ns": spec.dates_ns}),
     }
     wanted = fingerprint(srcs, options, _version())
-    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite, inputs=specs)
     if isinstance(staging, Cache):
         return staging
     with staging.guard("build"), connect(scheduler, staging.root, [out, *paths]) as client:
