@@ -52,13 +52,13 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from ..errors import CacheError, ShardcacheError
+from ..errors import CacheError, ShardcacheError, SourceError
 from ..format.cache import Cache, open_cache
 from ..format.layout import ATTR, open_group, symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
 from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
-from .checks import BUILD_OPTIONS
+from .checks import BUILD_OPTIONS, check_bar_sizes
 from .compute import ShardWork, write_shard
 from .features import required_columns, resolve_features
 from .staging import Staging, digest, fingerprint, prepare
@@ -110,17 +110,39 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     return cache.manifest, cache
 
 
-def _check_inputs(out: str, manifest: dict, srcs: list, names: list[str]) -> None:
-    """Refuse inputs whose features or bar size differ from the cache's."""
+def _check_inputs(out: str, manifest: dict, history: dict, srcs: list, names: list[str]) -> None:
+    """Refuse, before reading any bar, inputs a build would refuse to mix with the cache's own: other
+    features, other source columns (a tick schema beside bars) or, where a file knows it (DBN), another
+    bar size."""
     have = manifest["feature_names"]
     if names != have:
         raise ShardcacheError(
             f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has {', '.join(have)}"
         )
-    bar_ns, first = manifest["build"].get("bar_ns"), srcs[0]
-    if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
-        raise ShardcacheError(
-            f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {out} holds {int(bar_ns) / 1e9:g} s bars"
+    first = srcs[0]
+    built = next((s for s in reversed(history.get("sources") or []) if s.get("columns")), None)
+    if built is not None and list(built["columns"]) != first.columns:
+        raise SourceError(
+            first.path,
+            f"{first.schema} data with columns {', '.join(first.columns)}; the cache {out} was built from "
+            f"{built.get('schema')} data with columns {', '.join(built['columns'])}; one cache holds one kind "
+            "of bars (build them apart)",
+        )
+    known = [s for s in srcs if s.bar_ns is not None]
+    _check_bar_size(out, manifest, known, [None] * len(known))
+
+
+def _check_bar_size(out: str, manifest: dict, srcs: list, steps: list[int | None]) -> None:
+    """Refuse inputs whose bar size (DBN: the schema's; a table: the scan's most common ``steps``) is
+    not the cache's ``bar_ns``, as ``checks.check_bar_sizes`` refuses two sizes in one build."""
+    b = manifest["build"]
+    size, want = check_bar_sizes(srcs, steps, b.get("bar")), b.get("bar_ns")
+    if size is not None and want and int(size) != int(want):
+        path = next(s.path for s in srcs if s.bar_ns == size)
+        raise SourceError(
+            path,
+            f"{size / 1e9:g} s bars; the cache {out} holds {int(want) / 1e9:g} s bars; one cache holds one bar "
+            "size (build them apart, or resample DBN bars with --bar)",
         )
 
 
@@ -291,7 +313,7 @@ def append_cache(
         columns=b.get("columns"),
     )
     names = resolve_features(b.get("features"), srcs[0].columns)
-    _check_inputs(out, m, srcs, names)
+    _check_inputs(out, m, {} if cache is None else cache.history(), srcs, names)
     previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
     done = _finished(cache, srcs, stats) if resume and cache is not None else None
     wanted = done or fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
@@ -313,6 +335,7 @@ def append_cache(
             read_cols = required_columns(names, srcs[0].columns)
             described = [s.describe() for s in srcs]
             scanned = scan_inputs(stage, srcs, staging.root, read_cols)
+            _check_bar_size(out, m, srcs, scanned.steps)
             del srcs
             placement, manifest, digests = _write(stage, staging, cache, scanned, paths, names, read_cols)
             record = {

@@ -152,10 +152,9 @@ class Scanned:
 # -- stage 1: scan ---------------------------------------------------------------------------
 def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
     i, src, staging, columns, sketch = job
-    runs, sketches, names, reordered, records, dts, steps = [], [], {}, 0, 0, [], Counter()
+    runs, sketches, names, reordered, dts, steps = [], [], {}, 0, [], Counter()
     max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
     for k, piece in enumerate(src.pieces(max_rows)):
-        records += piece.num_rows
         if piece.num_rows == 0:
             continue
         enc = pc.dictionary_encode(piece["symbol"]).combine_chunks()
@@ -195,7 +194,7 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
         np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
         drops,
         reordered,
-        records + sum(drops.values()),
+        src.records,  # the file's records (DBN ticks folded into bars count one by one)
         int(np.median(dts)) if dts else None,
         steps.most_common(1)[0][0] if steps else None,
         dict(src.symbology),

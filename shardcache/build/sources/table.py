@@ -211,6 +211,7 @@ class TabularSource(Source):
             named += n_sym
             if table.num_rows:
                 yield table
+        self.records = rows
         if rows and not timed:
             raise SourceError(self.path, f"timestamp column '{self.ts_column}' is entirely null")
         if rows and self.symbol_column and not named:

@@ -1,0 +1,136 @@
+"""Bad or unusual inputs found by trying the build as a new user would (issue 20): each is read, or
+refused in one line naming the file or option, on real DBN, Parquet and CSV files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ohlcv_files import T0, ohlcv, write_parquet
+
+from shardcache.build.builder import build_cache
+from shardcache.build.sample import make_sample, write_dbn
+from shardcache.cli import build_cache_main
+from shardcache.format.cache import open_cache
+
+OPTS = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
+DAY = 86_400
+ES = 206299  # the sample's ESH3 instrument id
+
+
+def _cli(capsys, *argv: object) -> tuple[int, list[str]]:
+    code = build_cache_main([*map(str, argv), "-q"])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def _unchanged(out: Path, before: dict) -> None:
+    cache = open_cache(out)
+    assert cache.n_bars == before["counts"]["bars"] and cache.manifest.get("appends", 0) == before.get("appends", 0)
+    assert not Path(f"{out}.staging").exists()
+
+
+# -- appends refuse what a build refuses to mix ---------------------------------------------------
+@pytest.fixture
+def minute_parquet_cache(tmp_path) -> Path:
+    out = tmp_path / "c.zarr"
+    build_cache(write_parquet(tmp_path / "ES.parquet", ohlcv(600)), out, **OPTS)
+    return out
+
+
+@pytest.fixture(scope="module")
+def minute_dbn_cache(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """A 1-minute DBN cache of the sample's first day, and the sample's next days (later bars)."""
+    files = make_sample(tmp_path_factory.mktemp("dbn"), days=3, symbols=["ESH3"])
+    out = tmp_path_factory.mktemp("cache") / "c.zarr"
+    build_cache(files[0], out, **OPTS)
+    return out, files[1:]
+
+
+def test_hourly_parquet_bars_are_not_appended_to_a_minute_parquet_cache(minute_parquet_cache, tmp_path, capsys):
+    out = minute_parquet_cache
+    before = open_cache(out).manifest
+    later = write_parquet(tmp_path / "ES-hourly.parquet", ohlcv(48, step_s=3600, start_s=T0 + DAY))
+    code, err = _cli(capsys, later, "--out", out, "--append")
+    assert code == 2 and err == [
+        f"build-cache: error: {later}: 3600 s bars; the cache {out} holds 60 s bars; one cache holds one bar size "
+        "(build them apart, or resample DBN bars with --bar)"
+    ]
+    _unchanged(out, before)
+    minutes = write_parquet(tmp_path / "ES-later.parquet", ohlcv(100, start_s=T0 + DAY))
+    assert _cli(capsys, minutes, "--out", out, "--append") == (0, [])  # bars of its size still go in
+    assert open_cache(out).n_bars == 700
+
+
+def test_hourly_parquet_bars_are_not_appended_to_a_minute_dbn_cache(minute_dbn_cache, tmp_path, capsys):
+    out, _ = minute_dbn_cache
+    before = open_cache(out).manifest
+    later = write_parquet(tmp_path / "ESH3.parquet", ohlcv(48, step_s=3600, start_s=T0 + 30 * DAY))
+    code, err = _cli(capsys, later, "--out", out, "--append")
+    assert code == 2 and len(err) == 1 and f"{later}: 3600 s bars; the cache {out} holds 60 s bars" in err[0]
+    _unchanged(out, before)
+
+
+def test_every_dbn_input_of_an_append_is_checked_for_its_bar_size(minute_dbn_cache, tmp_path, capsys):
+    out, later = minute_dbn_cache
+    before = open_cache(out).manifest
+    hourly = tmp_path / "z.ohlcv-1h.dbn"  # sorted after the 1-minute file: not the first input
+    t = (T0 + 60 * DAY + np.arange(24) * 3600) * 10**9
+    prices = {k: np.full(24, 3900.0) for k in ("open", "high", "low", "close")}
+    write_dbn(
+        hourly, "ohlcv-1h", {"ts_event": t, **prices, "volume": np.ones(24, np.uint64), "instrument_id": [ES] * 24}
+    )
+    code, err = _cli(capsys, later[0], hourly, "--out", out, "--append")
+    assert (
+        code == 2 and len(err) == 1 and "1h bars, but" in err[0] and "1m bars; one cache holds one bar size" in err[0]
+    )
+    _unchanged(out, before)
+
+
+def test_a_tick_schema_is_not_appended_to_a_cache_of_bars(minute_dbn_cache, tmp_path, capsys):
+    out, _ = minute_dbn_cache
+    before = open_cache(out).manifest
+    trades = tmp_path / "later.trades.dbn"
+    t = (T0 + 60 * DAY + np.arange(100) * 10) * 10**9
+    write_dbn(
+        trades,
+        "trades",
+        {"ts_event": t, "price": np.full(100, 3900.0), "size": np.ones(100), "instrument_id": [ES] * 100},
+    )
+    code, err = _cli(capsys, trades, "--out", out, "--append")
+    assert code == 2 and err == [
+        f"build-cache: error: {trades}: trades data with columns open, high, low, close, volume, count; the cache "
+        f"{out} was built from ohlcv-1m data with columns open, high, low, close, volume; one cache holds one kind "
+        "of bars (build them apart)"
+    ]
+    _unchanged(out, before)
+
+
+def test_other_source_columns_are_not_appended(minute_parquet_cache, tmp_path, capsys):
+    out = minute_parquet_cache
+    before = open_cache(out).manifest
+    wider = ohlcv(100, start_s=T0 + DAY)
+    wider = wider.append_column("vwap", wider["close"])
+    later = write_parquet(tmp_path / "ES-later.parquet", wider)
+    code, err = _cli(capsys, later, "--out", out, "--append")
+    assert code == 2 and len(err) == 1 and "columns open, high, low, close, volume, vwap; the cache" in err[0]
+    _unchanged(out, before)
+
+
+# -- counts ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "schema, bar, extra",
+    [("trades", "7s", {}), ("tbbo", "1s", {"bid_px": [99.0, 99.5], "ask_px": [100.5, 101.5]})],
+)
+def test_records_read_counts_the_records_not_the_bars(tmp_path, capsys, schema, bar, extra):
+    path = tmp_path / f"two.{schema}.dbn"
+    t = T0 * 10**9 + np.array([0, 200_000_000])  # two trades in one bar
+    write_dbn(
+        path, schema, {"ts_event": t, "price": [100.0, 101.0], "size": [1, 2], "instrument_id": [ES] * 2, **extra}
+    )
+    out = tmp_path / "c.zarr"
+    code = build_cache_main([str(path), "--out", str(out), "--bar", bar, "--normalize", "none", "--seq-len", "1"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "records   2 read; dropped none" in text
+    assert open_cache(out).manifest["counts"]["records_read"] == 2 and open_cache(out).n_bars == 1
