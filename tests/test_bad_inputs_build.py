@@ -53,8 +53,10 @@ def test_hourly_parquet_bars_are_not_appended_to_a_minute_parquet_cache(minute_p
     later = write_parquet(tmp_path / "ES-hourly.parquet", ohlcv(48, step_s=3600, start_s=T0 + DAY))
     code, err = _cli(capsys, later, "--out", out, "--append")
     assert code == 2 and err == [
-        f"build-cache: error: {later}: 3600 s bars; the cache {out} holds 60 s bars; one cache holds one bar size "
-        "(build them apart, or resample DBN bars with --bar)"
+        (
+            f"build-cache: error: {later}: 3600 s bars; the cache {out} holds 60 s bars; one cache holds one bar "
+            "size (build them apart, or resample DBN bars with --bar)"
+        )
     ]
     _unchanged(out, before)
     minutes = write_parquet(tmp_path / "ES-later.parquet", ohlcv(100, start_s=T0 + DAY))
@@ -99,9 +101,11 @@ def test_a_tick_schema_is_not_appended_to_a_cache_of_bars(minute_dbn_cache, tmp_
     )
     code, err = _cli(capsys, trades, "--out", out, "--append")
     assert code == 2 and err == [
-        f"build-cache: error: {trades}: trades data with columns open, high, low, close, volume, count; the cache "
-        f"{out} was built from ohlcv-1m data with columns open, high, low, close, volume; one cache holds one kind "
-        "of bars (build them apart)"
+        (
+            f"build-cache: error: {trades}: trades data with columns open, high, low, close, volume, count; the "
+            f"cache {out} was built from ohlcv-1m data with columns open, high, low, close, volume; one cache holds "
+            "one kind of bars (build them apart)"
+        )
     ]
     _unchanged(out, before)
 
