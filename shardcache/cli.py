@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ShardcacheError
+from .errors import OptionError, ShardcacheError
 from .format.layout import CODECS
 
 if TYPE_CHECKING:
@@ -99,6 +99,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
     p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
+    p.add_argument(
+        "--csv-delimiter",
+        default=None,
+        metavar="CHAR",
+        help="CSV delimiter: one character, or comma, semicolon, tab, pipe (default: sniffed from each header)",
+    )
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
@@ -200,6 +206,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         workers=args.workers,
         bar=args.bar,
         max_gap=args.max_gap,
+        csv_delimiter=args.csv_delimiter,
     )
     if args.append:
         return _cmd_append(args)
@@ -215,6 +222,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         bar=args.bar,
         ts_column=args.ts_column,
         symbol_column=args.symbol_column,
+        csv_delimiter=args.csv_delimiter,
         columns=args.columns.split(",") if args.columns else None,
         shard_rows=args.shard_rows,
         chunk_rows=args.chunk_rows,
@@ -506,7 +514,7 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
     try:
         return func(args)
     except ShardcacheError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc.flag() if isinstance(exc, OptionError) else exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] not in _BUILD_EXTRA:

@@ -310,6 +310,7 @@ def append_cache(
         bar=b.get("bar"),
         ts_column=b.get("ts_column"),
         symbol_column=b.get("symbol_column"),
+        csv_delimiter=b.get("csv_delimiter"),
         columns=b.get("columns"),
     )
     names = resolve_features(b.get("features"), srcs[0].columns)

@@ -309,6 +309,7 @@ def build_cache(
     bar: str | None = None,
     ts_column: str | None = None,
     symbol_column: str | None = None,
+    csv_delimiter: str | None = None,
     columns: Sequence[str] | None = None,
     shard_rows: int | None = None,
     chunk_rows: int | None = None,
@@ -334,7 +335,8 @@ def build_cache(
     ``seq_len``/``horizon`` only size the summary's window count: windows are chosen at read
     time, and a symbol shorter than one window is kept (it gives no windows at that length).
     A DBN continuous symbol's series is cut where it rolls to another instrument; the rolls
-    are in ``manifest["rolls"]``. See the README for the store layout.
+    are in ``manifest["rolls"]``. ``csv_delimiter``: CSV files' delimiter (default: sniffed from each
+    header). See the README for the store layout.
     """
     t0 = time.perf_counter()
     if normalize not in ("zscore", "none"):
@@ -349,6 +351,7 @@ def build_cache(
         workers=workers,
         bar=bar,
         max_gap=max_gap,
+        csv_delimiter=csv_delimiter,
     )
     spec = parse_split(split)
     if split_cuts_ns is not None:
@@ -356,9 +359,8 @@ def build_cache(
             raise ShardcacheError("--stats-from keeps its cache's split cut times: pass it or split_cuts_ns, not both")
         spec = spec.at(split_cuts_ns)
     stats_of = stats_source(spec, normalize)
-    specs, paths, srcs = open_inputs(
-        sources, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column, columns=columns
-    )
+    tabular = {"ts_column": ts_column, "symbol_column": symbol_column, "csv_delimiter": csv_delimiter}
+    specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, columns=columns, **tabular)
     first = srcs[0]
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
@@ -372,8 +374,7 @@ def build_cache(
         "split": spec.text,
         "max_gap": str(max_gap),
         "bar": bar,
-        "ts_column": ts_column,
-        "symbol_column": symbol_column,
+        **tabular,
         "columns": list(columns) if columns else None,
         "shard_rows": shard_rows,
         "chunk_rows": chunk_rows,

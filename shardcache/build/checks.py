@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import ShardcacheError
 from .sources import Source, format_duration, parse_duration
+from .sources.csv import parse_delimiter
 from .splits import SplitSpec
 
 __all__ = ["BUILD_OPTIONS", "check_bar_sizes", "check_options", "check_splits", "resolve_unmapped", "stats_source"]
@@ -31,6 +32,7 @@ BUILD_OPTIONS = (
     "bar",
     "ts_column",
     "symbol_column",
+    "csv_delimiter",
     "columns",
     "shard_rows",
     "chunk_rows",
@@ -59,8 +61,10 @@ def check_options(
     workers: int | None,
     bar: str | None,
     max_gap: str | int | None,
+    csv_delimiter: str | None = None,
 ) -> None:
-    """Refuse malformed numeric and duration options before any input is read or anything is written."""
+    """Refuse malformed numeric, duration and delimiter options before any input is read or anything is written."""
+    parse_delimiter(csv_delimiter)
     _positive("--seq-len", seq_len)
     _positive("--horizon", horizon, zero=True)
     _positive("--shard-rows", shard_rows)

@@ -148,6 +148,7 @@ def open_source(
     symbol_column: str | None = None,
     columns: list[str] | None = None,
     storage_options: dict | None = None,
+    csv_delimiter: str | None = None,
 ) -> Source:
     """Open ``path`` (a local path or an fsspec URL) as DBN, Parquet or CSV, checking only its header or footer.
 
@@ -156,6 +157,7 @@ def open_source(
     (a ``bar`` other than their step is refused once the step is known).
     ``ts_column`` and ``symbol_column`` name Parquet or CSV columns. ``columns`` picks and orders
     the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
+    ``csv_delimiter`` is a CSV file's delimiter (default: sniffed from its header).
     """
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
@@ -177,7 +179,7 @@ def open_source(
     if ".dbn" in lower:
         raise SourceError(path, "not a DBN file (bad magic bytes)")
     if lower.endswith((".csv", ".csv.gz")):
-        return CsvSource(path, **tabular)
+        return CsvSource(path, csv_delimiter=csv_delimiter, **tabular)
     raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
 
 
