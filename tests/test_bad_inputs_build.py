@@ -3,6 +3,7 @@ refused in one line naming the file or option, on real DBN, Parquet and CSV file
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,57 @@ def test_records_read_counts_the_records_not_the_bars(tmp_path, capsys, schema, 
     text = capsys.readouterr().out
     assert "records   2 read; dropped none" in text
     assert open_cache(out).manifest["counts"]["records_read"] == 2 and open_cache(out).n_bars == 1
+
+
+# -- no silent skips ----------------------------------------------------------------------------------
+LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.parq, *.pq, *.csv, *.csv.gz in any letter case"
+
+
+def _warned(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "shardcache" and r.levelno == logging.WARNING]
+
+
+def test_a_folder_reads_every_input_suffix_in_any_case_and_names_what_it_skips(tmp_path, capsys, caplog):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_parquet(folder / "ES.PARQUET", ohlcv(300, seed=1))
+    write_parquet(folder / "NQ.parq", ohlcv(300, seed=2))
+    write_parquet(folder / ".RTY.parquet", ohlcv(300, seed=3))  # hidden: skipped, and said
+    (folder / "notes.txt").write_text("bought on the dip\n")
+    (folder / ".DS_Store").write_bytes(b"\0")  # neither an input's name nor visible: not worth a line
+    out = tmp_path / "c.zarr"
+    assert _cli(capsys, folder, "--out", out) == (0, [])
+    assert open_cache(out).symbols == ["ES", "NQ"]
+    assert _warned(caplog) == [
+        f"{folder}: skipped 1 file(s), not inputs by their suffix ({LOOKED_FOR}): notes.txt",
+        f"{folder}: skipped 1 file(s), hidden files: .RTY.parquet",
+    ]
+
+
+def test_a_glob_names_what_it_matches_and_skips(tmp_path, capsys, caplog):
+    write_parquet(tmp_path / "ES.parquet", ohlcv(300, seed=1))
+    (tmp_path / "ES.parquet.bak").write_bytes(b"old")
+    assert _cli(capsys, tmp_path / "ES.*", "--out", tmp_path / "c.zarr") == (0, [])
+    assert _warned(caplog) == [
+        f"{tmp_path / 'ES.*'}: skipped 1 file(s), not inputs by their suffix ({LOOKED_FOR}): {tmp_path}/ES.parquet.bak"
+    ]
+
+
+def test_default_features_without_the_ohlcv_columns_are_refused(tmp_path, capsys, caplog):
+    path = write_parquet(tmp_path / "ES.parquet", ohlcv(300).drop_columns(["close"]))
+    code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr", "--features", "default")
+    assert code == 2 and err == [
+        (
+            "build-cache: error: --features default: the default features need the source columns open, high, low, "
+            "close, volume; the inputs have no close (their columns: open, high, low, volume); name the features, "
+            "or pass --features raw"
+        )
+    ]
+    assert _cli(capsys, path, "--out", tmp_path / "d.zarr") == (0, [])  # no --features: its columns, with a word
+    assert _warned(caplog) == [
+        (
+            "the inputs have open, high, low, volume but no close: not the default OHLCV features; their columns "
+            "(open, high, low, volume) are the features (pass --features to choose)"
+        )
+    ]
+    assert open_cache(tmp_path / "d.zarr").feature_names == ["open", "high", "low", "volume"]

@@ -396,7 +396,7 @@ def _symbol_from_path(path: str) -> str:
         if sep and key.lower() in SYMBOL_NAMES and value:
             return value
     name = os.path.basename(path)
-    for suffix in (".parquet", ".pq", ".csv.gz", ".csv"):
+    for suffix in (".parquet", ".parq", ".pq", ".csv.gz", ".csv"):
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
