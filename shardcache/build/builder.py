@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from ..errors import ShardcacheError
 from ..format.cache import Cache, open_cache
-from ..format.layout import CODECS, default_chunking, group_path, symbol_bases
+from ..format.layout import default_chunking, group_path, symbol_bases
 from ..format.writer import CacheWriter
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
@@ -339,11 +339,11 @@ def build_cache(
     header). See the README for the store layout.
     """
     t0 = time.perf_counter()
-    if normalize not in ("zscore", "none"):
-        raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
-    if codec not in CODECS:
-        raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
     check_options(
+        normalize=normalize,
+        codec=codec,
+        out=os.fspath(out),
+        storage_options=storage_options,
         seq_len=seq_len,
         horizon=horizon,
         shard_rows=shard_rows,

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShardcacheError
+from ..errors import CacheError, ShardcacheError
+from ..format.layout import CODECS
+from ..format.paths import probe
 from .sources import Source, format_duration, parse_duration
 from .sources.csv import parse_delimiter
 from .splits import SplitSpec
@@ -62,9 +64,21 @@ def check_options(
     bar: str | None,
     max_gap: str | int | None,
     csv_delimiter: str | None = None,
+    normalize: str = "zscore",
+    codec: str = "blosc-lz4",
+    out: str | None = None,
+    storage_options: dict | None = None,
 ) -> None:
-    """Refuse malformed numeric, duration and delimiter options before any input is read or anything is written."""
+    """Refuse malformed options before any input is read or anything is written: numbers, durations,
+    the CSV delimiter, choices, and an ``out`` URL whose store does not answer (``format.paths.probe``)."""
+    if normalize not in ("zscore", "none"):
+        raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
+    if codec not in CODECS:
+        raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
     parse_delimiter(csv_delimiter)
+    problem = None if out is None else probe(out, storage_options)
+    if problem is not None:
+        raise CacheError(f"{out}: {problem}")
     _positive("--seq-len", seq_len)
     _positive("--horizon", horizon, zero=True)
     _positive("--shard-rows", shard_rows)

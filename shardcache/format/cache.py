@@ -10,6 +10,7 @@ one per symbol); per-symbol arrays are opened on first use.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -23,7 +24,7 @@ from zarr.core.sync import sync
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
 from .layout import ATTR, FORMAT_VERSION, describe_damage, gather, open_group, symbol_bases
-from .paths import is_url, local_path
+from .paths import is_url, local_path, probe
 
 __all__ = ["TIME_CHUNKS", "Cache", "open_cache"]
 
@@ -48,6 +49,9 @@ class Cache:
     def __init__(self, url: str | os.PathLike[str], storage_options: dict | None = None) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
+        problem = probe(self.url, storage_options)  # a URL's store answers (and the options are a mapping)
+        if problem is not None:
+            raise CacheError(f"{self.url}: {problem}")
         self._handles: _Handles | None = None
         self._times: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (symbol, chunk): bar times
         self._times_lock = threading.Lock()  # several readers' gather threads may ask at once
@@ -126,8 +130,17 @@ class Cache:
     def _open(self) -> zarr.Group:
         try:
             group = open_group(self.url, "r", self.storage_options)
+        except json.JSONDecodeError as exc:
+            raise CacheError(
+                f"{self.url}: the cache's metadata (zarr.json) is damaged ({describe_damage(exc)}); rebuild the "
+                "cache (build-cache --overwrite replaces it)"
+            ) from None
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
             raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
+        except Exception as exc:  # an object store's client raises its own kinds
+            if not is_url(self.url):
+                raise
+            raise CacheError(f"{self.url}: cannot read the cache ({describe_damage(exc)})") from None
         self._handles = _Handles(group)
         return group
 

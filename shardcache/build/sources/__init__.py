@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import SourceError
-from ...format.paths import is_url, local_path
+from ...format.paths import check_storage_options, is_url, local_path
 from .base import (
     DBN_MAGIC,
     PARQUET_MAGIC,
@@ -113,6 +113,7 @@ def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> 
     listed with ``storage_options``; its files are returned as URLs. A folder's or a glob's files
     that are not inputs by their suffix (any letter case), or are hidden, are named in a warning.
     """
+    check_storage_options(storage_options)
     seen: dict[str, str] = {}
     for spec in specs:
         spec = os.fspath(spec)
@@ -194,6 +195,7 @@ def open_source(
     the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
     ``csv_delimiter`` is a CSV file's delimiter (default: sniffed from its header).
     """
+    check_storage_options(storage_options)
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
     head = _sniff(path, storage_options)

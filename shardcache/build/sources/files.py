@@ -16,7 +16,7 @@ from typing import IO, Any
 import fsspec
 
 from ...errors import SourceError
-from ...format.paths import is_url, local_path
+from ...format.paths import is_url, local_path, probe
 
 __all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 
@@ -56,6 +56,9 @@ def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], boo
 
     Files under hidden folders are left out without a word, as locally.
     """
+    problem = probe(spec, storage_options)  # one quick request: no client retries on an endpoint that is not there
+    if problem is not None:
+        raise SourceError(spec, problem)
     fs, path = url_fs(spec, storage_options)
     found, skipped = [], []
     if glob.has_magic(path):
