@@ -529,9 +529,23 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
         return 141
 
 
+_DURATIONS = ("--max-gap", "--bar")  # options whose value may start with "-" (argparse takes "-5m" for a flag)
+
+
+def _attach_values(argv: Sequence[str]) -> list[str]:
+    """``--max-gap -5m`` as ``--max-gap=-5m``, so the option's own check says what is wrong with the value."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in _DURATIONS and len(arg) > 1 and arg[0] == "-" and arg[1].isdigit():
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``shardcache``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_values(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     if args.command == "build":
         args.explicit = _explicit(argv[argv.index("build") + 1 :])
@@ -542,7 +556,7 @@ def build_cache_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``build-cache``."""
     p = _Parser(prog="build-cache", description="Build a shardcache from DBN, Parquet or CSV files.")
     _add_build_args(p)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_values(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.explicit = _explicit(argv)
     return _run(_cmd_build, args, "build-cache")

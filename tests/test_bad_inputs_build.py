@@ -4,6 +4,7 @@ refused in one line naming the file or option, on real DBN, Parquet and CSV file
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from ohlcv_files import T0, ohlcv, write_parquet
 
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
-from shardcache.cli import build_cache_main
+from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import open_cache
 
 OPTS = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
@@ -193,3 +194,55 @@ def test_default_features_without_the_ohlcv_columns_are_refused(tmp_path, capsys
         )
     ]
     assert open_cache(tmp_path / "d.zarr").feature_names == ["open", "high", "low", "volume"]
+
+
+# -- option messages ---------------------------------------------------------------------------------
+@pytest.fixture
+def es(tmp_path) -> str:
+    return write_parquet(tmp_path / "ES.parquet", ohlcv(3000))
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (
+            "val=2023-02-30",
+            "'2023-02-30' is not a date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM]): day is out of range",
+        ),
+        (
+            "val=2023-13-01",
+            "'2023-13-01' is not a date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM]): month must be in 1..12",
+        ),
+        ("val=2023-01-03,test=soon", "'soon' is not a date or time"),
+    ],
+)
+def test_an_impossible_split_date_is_named(es, tmp_path, capsys, value, why):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--split", value)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"build-cache: error: --split '{value}': {why}")
+
+
+@pytest.mark.parametrize(
+    "flag, value, why",
+    [
+        ("--max-gap", "-5m", "must be 0 (never cut) or more"),
+        ("--bar", "-1m", "must be a positive duration such as 1s, 1m or 5m"),
+    ],
+)
+def test_a_negative_duration_is_refused_by_its_option(es, tmp_path, capsys, flag, value, why):
+    for argv in ([flag, value], [f"{flag}={value}"]):  # argparse alone takes "-5m" for a flag
+        assert _cli(capsys, es, "--out", tmp_path / "c.zarr", *argv) == (
+            2,
+            [f"build-cache: error: {flag} '{value}': {why}"],
+        )
+    assert main(["build", es, "--out", str(tmp_path / "c.zarr"), flag, value]) == 2
+    assert capsys.readouterr().err.strip() == f"shardcache: error: {flag} '{value}': {why}"
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_a_split_time_with_a_zone_is_converted_to_utc_without_a_warning(es, tmp_path, capsys):
+    out = tmp_path / "c.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "no explicit representation of timezones" would fail here
+        assert _cli(capsys, es, "--out", out, "--split", "val=2023-01-03T12:00+01:00") == (0, [])
+    cut = open_cache(out).manifest["splits"]["cuts_ns"][0]
+    assert cut == int(np.datetime64("2023-01-03T11:00", "ns").astype(np.int64))

@@ -53,7 +53,7 @@ import fsspec
 import numpy as np
 
 from ..errors import CacheError, ShardcacheError, SourceError
-from ..format.cache import Cache, open_cache
+from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.layout import ATTR, open_group, symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
@@ -98,11 +98,9 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     and its manifest not yet (an object-store append killed in its last writes, see ``_Finish``)."""
     try:
         cache = open_cache(out, storage_options)
-    except CacheError as exc:
-        if "the segment index and the manifest disagree" in str(exc):
-            return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
-        if "no cache found" not in str(exc) and "not a shardcache cache" not in str(exc):
-            raise
+    except IndexAheadError:
+        return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
+    except NoCacheError:
         fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
         if fs.exists(path):
             raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None

@@ -96,9 +96,11 @@ def check_options(
             raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
     if isinstance(max_gap, str) and max_gap != "auto":
         try:
-            parse_duration(max_gap)
+            gap = parse_duration(max_gap)
         except ValueError as exc:
             raise ShardcacheError(f"--max-gap {max_gap!r}: {exc}") from None
+        if gap < 0:
+            raise ShardcacheError(f"--max-gap {max_gap!r}: must be 0 (never cut) or more")
     elif isinstance(max_gap, int) and max_gap < 0:
         raise ShardcacheError(f"--max-gap {max_gap}: must be 0 (never cut) or more")
 
