@@ -51,6 +51,9 @@ SLOW_TESTS = {  # file -> test function -> why
     },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
     "test_read_options.py": {"test_a_pinned_process_streams_with_one_decoder": "a pinned Python process"},
+    "test_append_during_reads.py": {
+        "test_opening_a_cache_500_times_while_appends_run_never_sees_a_mixed_state": "an append loop in a subprocess",
+    },
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
     },

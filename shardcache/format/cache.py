@@ -142,7 +142,9 @@ class Cache:
     def _check_same(self) -> None:
         """Refuse to go on reading a local cache that a rebuild replaced after it was opened."""
         if self._ident is not None and self._identity() != self._ident:
-            raise CacheError(f"{self.url}: the cache was replaced (rebuilt) after it was opened; open it again")
+            raise CacheError(
+                f"{self.url}: the cache was replaced (rebuilt or appended to) after it was opened; open it again"
+            )
 
     # -- handles -------------------------------------------------------------------------
     def _open(self) -> zarr.Group:
