@@ -119,7 +119,10 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
     p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace an existing cache (atomically, once the new one is complete)"
+        "--overwrite",
+        action="store_true",
+        help="replace the shardcache cache at --out (atomically, once the new one is complete); never a file, "
+        "another folder or an input",
     )
     p.add_argument(
         "--resume",
