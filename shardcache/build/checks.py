@@ -88,21 +88,23 @@ def check_options(
         raise ShardcacheError(f"--chunk-rows {chunk_rows}: must not exceed --shard-rows {shard_rows}")
     if shard_rows is not None and chunk_rows is not None and shard_rows % chunk_rows:
         raise ShardcacheError(f"--chunk-rows {chunk_rows}: must divide --shard-rows {shard_rows}")
-    if bar is not None:
-        try:
-            if parse_duration(bar) <= 0:
-                raise ValueError("must be a positive duration such as 1s, 1m or 5m")
-        except ValueError as exc:
-            raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
-    if isinstance(max_gap, str) and max_gap != "auto":
-        try:
-            gap = parse_duration(max_gap)
-        except ValueError as exc:
-            raise ShardcacheError(f"--max-gap {max_gap!r}: {exc}") from None
-        if gap < 0:
-            raise ShardcacheError(f"--max-gap {max_gap!r}: must be 0 (never cut) or more")
+    if bar is not None and _signed_duration("--bar", bar) <= 0:
+        raise ShardcacheError(f"--bar {bar!r}: must be a positive duration such as 1s, 1m or 5m")
+    if isinstance(max_gap, str) and max_gap != "auto" and _signed_duration("--max-gap", max_gap) < 0:
+        raise ShardcacheError(f"--max-gap {max_gap!r}: must be 0 (never cut) or more")
     elif isinstance(max_gap, int) and max_gap < 0:
         raise ShardcacheError(f"--max-gap {max_gap}: must be 0 (never cut) or more")
+
+
+def _signed_duration(flag: str, text: str) -> int:
+    """``text`` as ns, a leading ``-`` kept (so the option can say which values it takes); one line if malformed."""
+    body = str(text).strip()
+    negative = body.startswith("-") and body[1:2].isdigit()
+    try:
+        ns = parse_duration(body[1:] if negative else body)
+    except ValueError as exc:
+        raise ShardcacheError(f"{flag} {text!r}: {exc}") from None
+    return -ns if negative else ns
 
 
 def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: str | None) -> int | None:

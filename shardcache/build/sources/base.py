@@ -52,12 +52,11 @@ _UNITS = {
     "h": 3_600_000_000_000,
     "d": DAY_NS,
 }
-_DURATION = re.compile(r"^\s*(-?\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
 
 
 def parse_duration(text: str) -> int:
-    """Nanoseconds in ``text`` such as ``1s``, ``1m``, ``5m``, ``1h``, ``1d`` or ``0`` (``-5m`` is
-    negative: each option says which values it takes)."""
+    """Nanoseconds in ``text`` such as ``1s``, ``1m``, ``5m``, ``1h``, ``1d`` or ``0``."""
     match = _DURATION.match(str(text))
     if not match or (match.group(2) is None and int(match.group(1)) != 0):
         raise ValueError(
