@@ -108,7 +108,9 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     return cache.manifest, cache
 
 
-def _check_inputs(out: str, manifest: dict, history: dict, srcs: list, names: list[str]) -> None:
+def _check_inputs(
+    out: str, manifest: dict[str, Any], history: dict[str, Any], srcs: list[Any], names: list[str]
+) -> None:
     """Refuse, before reading any bar, inputs a build would refuse to mix with the cache's own: other
     features, other source columns (a tick schema beside bars) or, where a file knows it (DBN), another
     bar size."""
@@ -130,7 +132,7 @@ def _check_inputs(out: str, manifest: dict, history: dict, srcs: list, names: li
     _check_bar_size(out, manifest, known, [None] * len(known))
 
 
-def _check_bar_size(out: str, manifest: dict, srcs: list, steps: list[int | None]) -> None:
+def _check_bar_size(out: str, manifest: dict[str, Any], srcs: list[Any], steps: list[int | None]) -> None:
     """Refuse inputs whose bar size (DBN: the schema's; a table: the scan's most common ``steps``) is
     not the cache's ``bar_ns``, as ``checks.check_bar_sizes`` refuses two sizes in one build."""
     b = manifest["build"]

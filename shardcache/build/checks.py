@@ -67,7 +67,7 @@ def check_options(
     normalize: str = "zscore",
     codec: str = "blosc-lz4",
     out: str | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> None:
     """Refuse malformed options before any input is read or anything is written: numbers, durations,
     the CSV delimiter, choices, and an ``out`` URL whose store does not answer (``format.paths.probe``)."""

@@ -102,11 +102,11 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
     if not given:
         raise ShardcacheError("--features names no feature")
     if "default" in given and not ohlcv:
-        missing = ", ".join(c for c in _OHLCV if c not in columns)
+        absent = ", ".join(c for c in _OHLCV if c not in columns)
         raise OptionError(
             "features",
             spec if isinstance(spec, str) else ",".join(spec),
-            f"the default features need the source columns {', '.join(_OHLCV)}; the inputs have no {missing} "
+            f"the default features need the source columns {', '.join(_OHLCV)}; the inputs have no {absent} "
             f"(their columns: {', '.join(columns)}); name the features, or pass --features raw",
         )
     names = []

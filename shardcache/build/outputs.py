@@ -98,7 +98,7 @@ def cache_below(fs: Any, path: str) -> str | None:
         for hit in sorted(fs.glob(f"{path}/{pattern}")):
             looked += 1
             if _is_cache_root(fs, hit):
-                return hit[len(path) :].strip("/").rsplit("/", 1)[0]
+                return str(hit)[len(path) :].strip("/").rsplit("/", 1)[0]
             if looked >= _LOOKED_AT:
                 return None
     return None

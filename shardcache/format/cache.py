@@ -192,7 +192,7 @@ class Cache:
         arr = h.arrays.get((i, name))
         if arr is None:
             try:
-                arr = h.group[f"{self.groups[i]}/{name}"]
+                node = h.group[f"{self.groups[i]}/{name}"]
             except KeyError:
                 self._check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
@@ -201,7 +201,7 @@ class Cache:
                     f"{self.url}: {self.groups[i]}/{name} cannot be opened ({describe_damage(exc)}); rebuild the cache"
                 ) from None
             self._check_same()
-            h.arrays[(i, name)] = arr
+            arr = h.arrays[(i, name)] = node
         return arr
 
     def _check_rows(self, i: int, name: str, shape: tuple[int, ...]) -> None:
@@ -327,7 +327,7 @@ class Cache:
             return out
         h, group = self.handles, self.handles.group._async_group
 
-        opened: dict[int, zarr.Array] = {}
+        opened: dict[int, zarr.Array[Any]] = {}
 
         async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
             opened[i] = zarr.Array(await group.getitem(f"{self.groups[i]}/time"))

@@ -84,7 +84,8 @@ _SKIPS = {"suffix": f"not inputs by their suffix ({_LOOKED_FOR})", "hidden": "hi
 
 def _walk(root: str) -> tuple[list[str], list[str]]:
     """Input files under ``root``, recursively (hidden folders are not entered), and the files skipped."""
-    found, skipped = [], []
+    found: list[str] = []
+    skipped: list[str] = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for f in files:
@@ -118,11 +119,11 @@ def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> 
     for spec in specs:
         spec = os.fspath(spec)
         if is_url(spec):
-            found, skipped = find_urls(spec, storage_options, _is_input)
-            _warn_skipped(spec, skipped)
-            if not found:
+            urls, passed = find_urls(spec, storage_options, _is_input)
+            _warn_skipped(spec, passed)
+            if not urls:
                 raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
-            seen.update((url, url) for url in found)
+            seen.update((url, url) for url in urls)
             continue
         spec = local_path(spec)
         skipped: list[str] = []

@@ -60,7 +60,8 @@ def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], boo
     if problem is not None:
         raise SourceError(spec, problem)
     fs, path = url_fs(spec, storage_options)
-    found, skipped = [], []
+    found: list[str] = []
+    skipped: list[str] = []
     if glob.has_magic(path):
         for hit, info in sorted(fs.glob(path, detail=True).items()):
             if info.get("type") == "directory":
@@ -80,7 +81,8 @@ def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], boo
 
 def _walk(fs: Any, root: str, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
     root = root.rstrip("/")
-    found, skipped = [], []
+    found: list[str] = []
+    skipped: list[str] = []
     for p in fs.find(root):
         rel = p[len(root) :].strip("/").split("/")
         if not any(part.startswith(".") for part in rel[:-1]):
