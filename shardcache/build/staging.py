@@ -21,6 +21,10 @@ the same, array for array, as an uninterrupted build. Markers are data, never co
 merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
 at the disk to its end, so a second build of the same output is refused while one runs.
 
+``--overwrite`` replaces only a shardcache cache (complete, interrupted or damaged; an empty
+folder too): a file, another folder, a folder holding a cache, and an input of the build (or a
+folder holding or inside one) are refused by name whatever the flags (``RULES``, ``_out_state``).
+
 Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
 an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``
 where the kernel and filesystem offer it (else two renames, with a moment where ``OUT`` is
