@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ShardcacheError
+from .errors import OptionError, ShardcacheError
 from .format.layout import CODECS
 
 if TYPE_CHECKING:
@@ -99,6 +99,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
     p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
+    p.add_argument(
+        "--csv-delimiter",
+        default=None,
+        metavar="CHAR",
+        help="CSV delimiter: one character, or comma, semicolon, tab, pipe (default: sniffed from each header)",
+    )
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
@@ -113,7 +119,10 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
     p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
     p.add_argument(
-        "--overwrite", action="store_true", help="replace an existing cache (atomically, once the new one is complete)"
+        "--overwrite",
+        action="store_true",
+        help="replace the shardcache cache at --out (atomically, once the new one is complete); never a file, "
+        "another folder or an input",
     )
     p.add_argument(
         "--resume",
@@ -200,6 +209,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         workers=args.workers,
         bar=args.bar,
         max_gap=args.max_gap,
+        csv_delimiter=args.csv_delimiter,
     )
     if args.append:
         return _cmd_append(args)
@@ -215,6 +225,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         bar=args.bar,
         ts_column=args.ts_column,
         symbol_column=args.symbol_column,
+        csv_delimiter=args.csv_delimiter,
         columns=args.columns.split(",") if args.columns else None,
         shard_rows=args.shard_rows,
         chunk_rows=args.chunk_rows,
@@ -506,7 +517,7 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
     try:
         return func(args)
     except ShardcacheError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc.flag() if isinstance(exc, OptionError) else exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] not in _BUILD_EXTRA:
@@ -521,9 +532,23 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
         return 141
 
 
+_DURATIONS = ("--max-gap", "--bar")  # options whose value may start with "-" (argparse takes "-5m" for a flag)
+
+
+def _attach_values(argv: Sequence[str]) -> list[str]:
+    """``--max-gap -5m`` as ``--max-gap=-5m``, so the option's own check says what is wrong with the value."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in _DURATIONS and len(arg) > 1 and arg[0] == "-" and arg[1].isdigit():
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``shardcache``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_values(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     if args.command == "build":
         args.explicit = _explicit(argv[argv.index("build") + 1 :])
@@ -534,7 +559,7 @@ def build_cache_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``build-cache``."""
     p = _Parser(prog="build-cache", description="Build a shardcache from DBN, Parquet or CSV files.")
     _add_build_args(p)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_values(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     args.explicit = _explicit(argv)
     return _run(_cmd_build, args, "build-cache")

@@ -58,6 +58,9 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_blocks_run_as_written": "every block of a page: builds, trainings, servers and a DDP job",
         "test_readme_figures_are_a_run_of_the_full_sample": "shardcache demo on the 360-day sample",
     },
+    "test_append_during_reads.py": {
+        "test_opening_a_cache_500_times_while_appends_run_never_sees_a_mixed_state": "an append loop in a subprocess",
+    },
     "test_build.py": {  # test_sources_dbn reads every shared file in the fast tier
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
         "test_default_sample_every_row_and_timestamp": "the full 360-day sample, decoded twice",

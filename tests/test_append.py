@@ -126,14 +126,14 @@ def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):
     sym = cache.segments[np.searchsorted(cache.segments[:, 1], table[:, 1], side="right") - 1, 0]
     last = {s: int(table[sym == s][-1, 0]) for s in np.unique(sym)}  # each symbol's last shard
     partial = {s: sh for s, sh in last.items() if table[table[:, 0] == sh][0, 2] % cache.shard_rows}
-    after_cache = append_cache(files[-1:], out, progress=False)
+    expected = sorted(cache.shard_key(sh, a) for sh in partial.values() for a in ("features", "time"))
+    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c/<local>...
+    after_cache = append_cache(files[-1:], out, progress=False)  # `cache` is the one before: its arrays are gone
     after = _shard_files(out)
     changed = sorted(k for k in before if before[k] != after[k])
-    expected = sorted(cache.shard_key(sh, a) for sh in partial.values() for a in ("features", "time"))
     assert changed == expected and len(partial) == len(cache.symbols)
     assert all(after[k][0] == before[k][0] for k in before if k not in changed)  # the same files, not copies
     new = set(after) - set(before)
-    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c/<local>...
     assert new and all(int(k.split("/")[4]) > last_local[int(k.split("/")[1])] for k in new)
     record = after_cache.history()["appends"][-1]
     assert record["shards_rewritten"] == len(partial) and record["shards_written"] == len(new) // 2

@@ -345,9 +345,14 @@ def test_csv_gives_the_same_cache_as_parquet(tmp_path, capsys):
     np.testing.assert_array_equal(a.read_rows(0, n), b.read_rows(0, n))
     assert a.manifest["stats"] == b.manifest["stats"] and b.history()["sources"][0]["kind"] == "csv"
     published_ok(capsys, tmp_path / "b.zarr")
-    found = build_cache(
-        [tmp_path], tmp_path / "dir.zarr", features="close", normalize="none", progress=False, symbol_column="symbol"
-    )  # a folder's CSV files are inputs too
+    found = build_cache(  # a folder's CSV files are inputs too (the cache goes outside the input folder)
+        [tmp_path],
+        tmp_path.with_name(f"{tmp_path.name}-dir.zarr"),
+        features="close",
+        normalize="none",
+        progress=False,
+        symbol_column="symbol",
+    )
     assert found.n_bars == n  # the same bars twice: duplicates keep one
 
 

@@ -33,15 +33,36 @@ def test_damaged_array_metadata_is_one_line(cache, capsys):
     assert "Traceback" not in err.err + err.out and "symbols/0/time" in err.err + err.out
 
 
-def test_a_segment_index_ahead_of_the_manifest_is_refused(cache):
-    """What a reader of an object store can meet while an append writes the index before the manifest."""
-    zarr_json = cache / "zarr.json"
-    meta = json.loads(zarr_json.read_text())
+@pytest.mark.parametrize(
+    "where, match",
+    [
+        ("memory", "segment index and the manifest disagree.*being written to this object store.*open the cache again"),
+        (
+            "local",
+            "segment index and the manifest disagree on the bars of .*the manifest was edited.*shardcache verify",
+        ),
+    ],
+)
+def test_a_segment_index_ahead_of_the_manifest_is_refused(cache, where, match):
+    """What a reader of an object store can meet while an append writes the index before the manifest; on a
+    local cache (an append is swapped in whole) it is an edit, and said so (issue 20)."""
+    import uuid
+
+    import fsspec
+
+    if where == "memory":
+        url = f"memory://{uuid.uuid4().hex}/c.zarr"
+        fsspec.filesystem("memory").put(str(cache), url, recursive=True)
+    else:
+        url = str(cache)
+    fs, path = fsspec.core.url_to_fs(f"{url}/zarr.json")
+    meta = json.loads(fs.cat_file(path))
     manifest = meta["attributes"]["shardcache"]
     manifest["bars_per_symbol"] = [int(n) - 10 for n in manifest["bars_per_symbol"]]
-    zarr_json.write_text(json.dumps(meta))
-    with pytest.raises(CacheError, match="segment index and the manifest disagree.*open the cache again"):
-        open_cache(cache)
+    fs.pipe_file(path, json.dumps(meta).encode())
+    with pytest.raises(CacheError, match=match) as refused:
+        open_cache(url)
+    assert where == "memory" or "object store" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -469,6 +469,7 @@ def test_describe_and_pickle(tmp_path: Path) -> None:
         "mtime": path.stat().st_mtime,
         "kind": "dbn",
         "schema": "ohlcv-1m",
+        "columns": ["open", "high", "low", "close", "volume"],
     }
     copy = pickle.loads(pickle.dumps(src))
     assert [p.to_pylist() for p in copy.pieces()] == [p.to_pylist() for p in src.pieces()]

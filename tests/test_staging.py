@@ -291,14 +291,23 @@ def _before_the_table(staged: str, out: str, resume: bool, overwrite: bool) -> s
 
 
 STAGED = ("none", "same", "same+replace", "other")
-OUTS = ("missing", "built", "complete", "incomplete", "other")
+# what was one state "other" (anything at OUT but a cache) before --overwrite learnt to refuse what is not one:
+# an empty folder and a damaged cache are still replaced as it was; the rest never is
+OUTS = {"missing": "missing", "built": "built", "complete": "complete", "incomplete": "incomplete"}
+OUTS.update(empty="other", damaged="other")
+NEVER = ("input", "file", "parent", "folder")
 
 
 def test_the_table_decides_every_case_as_prepare_did_and_refuses_all_while_another_build_runs():
-    for staged, out, resume, overwrite in itertools.product(STAGED, OUTS, (False, True), (False, True)):
-        assert staging.decide(False, staged, out, resume, overwrite) == _before_the_table(
-            staged, out, resume, overwrite
-        ), (staged, out, resume, overwrite)
+    for staged, out, resume, overwrite in itertools.product(STAGED, [*OUTS, *NEVER], (False, True), (False, True)):
+        got = staging.decide(False, staged, out, resume, overwrite)
+        if out in NEVER:  # whatever the flags and the build state: never replaced
+            assert got == f"refuse:{out}", (staged, out, resume, overwrite)
+        else:
+            before = _before_the_table(staged, OUTS[out], resume, overwrite)
+            if out == "damaged" and before == "refuse:exists" and staged == "none":
+                before = "refuse:damaged"  # the same refusal, saying why the cache cannot be opened
+            assert got == before, (staged, out, resume, overwrite)
         assert staging.decide(True, staged, out, resume, overwrite) == "refuse:running"
 
 

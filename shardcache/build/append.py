@@ -52,13 +52,13 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from ..errors import CacheError, ShardcacheError
-from ..format.cache import Cache, open_cache
+from ..errors import CacheError, ShardcacheError, SourceError
+from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.layout import ATTR, open_group, symbol_bases
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
 from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
-from .checks import BUILD_OPTIONS
+from .checks import BUILD_OPTIONS, check_bar_sizes
 from .compute import ShardWork, write_shard
 from .features import required_columns, resolve_features
 from .staging import Staging, digest, fingerprint, prepare
@@ -98,11 +98,9 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     and its manifest not yet (an object-store append killed in its last writes, see ``_Finish``)."""
     try:
         cache = open_cache(out, storage_options)
-    except CacheError as exc:
-        if "the segment index and the manifest disagree" in str(exc):
-            return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
-        if "no cache found" not in str(exc) and "not a shardcache cache" not in str(exc):
-            raise
+    except IndexAheadError:
+        return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
+    except NoCacheError:
         fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
         if fs.exists(path):
             raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
@@ -110,17 +108,41 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     return cache.manifest, cache
 
 
-def _check_inputs(out: str, manifest: dict, srcs: list, names: list[str]) -> None:
-    """Refuse inputs whose features or bar size differ from the cache's."""
+def _check_inputs(
+    out: str, manifest: dict[str, Any], history: dict[str, Any], srcs: list[Any], names: list[str]
+) -> None:
+    """Refuse, before reading any bar, inputs a build would refuse to mix with the cache's own: other
+    features, other source columns (a tick schema beside bars) or, where a file knows it (DBN), another
+    bar size."""
     have = manifest["feature_names"]
     if names != have:
         raise ShardcacheError(
             f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has {', '.join(have)}"
         )
-    bar_ns, first = manifest["build"].get("bar_ns"), srcs[0]
-    if bar_ns and first.bar_ns and int(bar_ns) != int(first.bar_ns):
-        raise ShardcacheError(
-            f"{first.path}: {first.bar_ns / 1e9:g} s bars; the cache {out} holds {int(bar_ns) / 1e9:g} s bars"
+    first = srcs[0]
+    built = next((s for s in reversed(history.get("sources") or []) if s.get("columns")), None)
+    if built is not None and list(built["columns"]) != first.columns:
+        raise SourceError(
+            first.path,
+            f"{first.schema} data with columns {', '.join(first.columns)}; the cache {out} was built from "
+            f"{built.get('schema')} data with columns {', '.join(built['columns'])}; one cache holds one kind "
+            "of bars (build them apart)",
+        )
+    known = [s for s in srcs if s.bar_ns is not None]
+    _check_bar_size(out, manifest, known, [None] * len(known))
+
+
+def _check_bar_size(out: str, manifest: dict[str, Any], srcs: list[Any], steps: list[int | None]) -> None:
+    """Refuse inputs whose bar size (DBN: the schema's; a table: the scan's most common ``steps``) is
+    not the cache's ``bar_ns``, as ``checks.check_bar_sizes`` refuses two sizes in one build."""
+    b = manifest["build"]
+    size, want = check_bar_sizes(srcs, steps, b.get("bar")), b.get("bar_ns")
+    if size is not None and want and int(size) != int(want):
+        path = next(s.path for s in srcs if s.bar_ns == size)
+        raise SourceError(
+            path,
+            f"{size / 1e9:g} s bars; the cache {out} holds {int(want) / 1e9:g} s bars; one cache holds one bar "
+            "size (build them apart, or resample DBN bars with --bar)",
         )
 
 
@@ -282,20 +304,21 @@ def append_cache(
             storage_options=storage_options,
             progress=progress,
         )
-    _, paths, srcs = open_inputs(
+    specs, paths, srcs = open_inputs(
         sources,
         storage_options,
         bar=b.get("bar"),
         ts_column=b.get("ts_column"),
         symbol_column=b.get("symbol_column"),
+        csv_delimiter=b.get("csv_delimiter"),
         columns=b.get("columns"),
     )
     names = resolve_features(b.get("features"), srcs[0].columns)
-    _check_inputs(out, m, srcs, names)
+    _check_inputs(out, m, {} if cache is None else cache.history(), srcs, names)
     previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
     done = _finished(cache, srcs, stats) if resume and cache is not None else None
     wanted = done or fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
-    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True)
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True, inputs=specs)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
     if done is not None:  # an object store's append killed after its last write: only its folder is left
         staging.remove()
@@ -313,6 +336,7 @@ def append_cache(
             read_cols = required_columns(names, srcs[0].columns)
             described = [s.describe() for s in srcs]
             scanned = scan_inputs(stage, srcs, staging.root, read_cols)
+            _check_bar_size(out, m, srcs, scanned.steps)
             del srcs
             placement, manifest, digests = _write(stage, staging, cache, scanned, paths, names, read_cols)
             record = {

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from ..errors import ShardcacheError
 from ..format.cache import Cache, open_cache
-from ..format.layout import CODECS, default_chunking, group_path, symbol_bases
+from ..format.layout import default_chunking, group_path, symbol_bases
 from ..format.writer import CacheWriter
 from .checks import check_bar_sizes, check_options, check_splits, resolve_unmapped, stats_source
 from .cluster import check_cluster
@@ -152,10 +152,9 @@ class Scanned:
 # -- stage 1: scan ---------------------------------------------------------------------------
 def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
     i, src, staging, columns, sketch = job
-    runs, sketches, names, reordered, records, dts, steps = [], [], {}, 0, 0, [], Counter()
+    runs, sketches, names, reordered, dts, steps = [], [], {}, 0, [], Counter()
     max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
     for k, piece in enumerate(src.pieces(max_rows)):
-        records += piece.num_rows
         if piece.num_rows == 0:
             continue
         enc = pc.dictionary_encode(piece["symbol"]).combine_chunks()
@@ -195,7 +194,7 @@ def _scan(job: tuple[int, Source, str, list[str], bool]) -> _Scan:
         np.stack(sketches) if sketches else np.empty((0, _SKETCH), np.int64),
         drops,
         reordered,
-        records + sum(drops.values()),
+        src.records,  # the file's records (DBN ticks folded into bars count one by one)
         int(np.median(dts)) if dts else None,
         steps.most_common(1)[0][0] if steps else None,
         dict(src.symbology),
@@ -310,6 +309,7 @@ def build_cache(
     bar: str | None = None,
     ts_column: str | None = None,
     symbol_column: str | None = None,
+    csv_delimiter: str | None = None,
     columns: Sequence[str] | None = None,
     shard_rows: int | None = None,
     chunk_rows: int | None = None,
@@ -335,14 +335,15 @@ def build_cache(
     ``seq_len``/``horizon`` only size the summary's window count: windows are chosen at read
     time, and a symbol shorter than one window is kept (it gives no windows at that length).
     A DBN continuous symbol's series is cut where it rolls to another instrument; the rolls
-    are in ``manifest["rolls"]``. See the README for the store layout.
+    are in ``manifest["rolls"]``. ``csv_delimiter``: CSV files' delimiter (default: sniffed from each
+    header). See the README for the store layout.
     """
     t0 = time.perf_counter()
-    if normalize not in ("zscore", "none"):
-        raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
-    if codec not in CODECS:
-        raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
     check_options(
+        normalize=normalize,
+        codec=codec,
+        out=os.fspath(out),
+        storage_options=storage_options,
         seq_len=seq_len,
         horizon=horizon,
         shard_rows=shard_rows,
@@ -350,6 +351,7 @@ def build_cache(
         workers=workers,
         bar=bar,
         max_gap=max_gap,
+        csv_delimiter=csv_delimiter,
     )
     spec = parse_split(split)
     if split_cuts_ns is not None:
@@ -357,9 +359,8 @@ def build_cache(
             raise ShardcacheError("--stats-from keeps its cache's split cut times: pass it or split_cuts_ns, not both")
         spec = spec.at(split_cuts_ns)
     stats_of = stats_source(spec, normalize)
-    specs, paths, srcs = open_inputs(
-        sources, storage_options, bar=bar, ts_column=ts_column, symbol_column=symbol_column, columns=columns
-    )
+    tabular = {"ts_column": ts_column, "symbol_column": symbol_column, "csv_delimiter": csv_delimiter}
+    specs, paths, srcs = open_inputs(sources, storage_options, bar=bar, columns=columns, **tabular)
     first = srcs[0]
     names = resolve_features(features, first.columns)
     read_cols = required_columns(names, first.columns)
@@ -373,8 +374,7 @@ def build_cache(
         "split": spec.text,
         "max_gap": str(max_gap),
         "bar": bar,
-        "ts_column": ts_column,
-        "symbol_column": symbol_column,
+        **tabular,
         "columns": list(columns) if columns else None,
         "shard_rows": shard_rows,
         "chunk_rows": chunk_rows,
@@ -385,7 +385,7 @@ def build_cache(
         **({} if split_cuts_ns is None else {"split_cuts_ns": spec.dates_ns}),
     }
     wanted = fingerprint(srcs, options, _version())
-    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite)
+    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=overwrite, inputs=specs)
     if isinstance(staging, Cache):
         return staging
     with staging.guard("build"), connect(scheduler, staging.root, [out, *paths]) as client:

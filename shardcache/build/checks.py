@@ -13,8 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShardcacheError
+from ..errors import CacheError, ShardcacheError
+from ..format.layout import CODECS
+from ..format.paths import probe
 from .sources import Source, format_duration, parse_duration
+from .sources.csv import parse_delimiter
 from .splits import SplitSpec
 
 __all__ = ["BUILD_OPTIONS", "check_bar_sizes", "check_options", "check_splits", "resolve_unmapped", "stats_source"]
@@ -31,6 +34,7 @@ BUILD_OPTIONS = (
     "bar",
     "ts_column",
     "symbol_column",
+    "csv_delimiter",
     "columns",
     "shard_rows",
     "chunk_rows",
@@ -59,8 +63,22 @@ def check_options(
     workers: int | None,
     bar: str | None,
     max_gap: str | int | None,
+    csv_delimiter: str | None = None,
+    normalize: str = "zscore",
+    codec: str = "blosc-lz4",
+    out: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> None:
-    """Refuse malformed numeric and duration options before any input is read or anything is written."""
+    """Refuse malformed options before any input is read or anything is written: numbers, durations,
+    the CSV delimiter, choices, and an ``out`` URL whose store does not answer (``format.paths.probe``)."""
+    if normalize not in ("zscore", "none"):
+        raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
+    if codec not in CODECS:
+        raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
+    parse_delimiter(csv_delimiter)
+    problem = None if out is None else probe(out, storage_options)
+    if problem is not None:
+        raise CacheError(f"{out}: {problem}")
     _positive("--seq-len", seq_len)
     _positive("--horizon", horizon, zero=True)
     _positive("--shard-rows", shard_rows)
@@ -70,19 +88,23 @@ def check_options(
         raise ShardcacheError(f"--chunk-rows {chunk_rows}: must not exceed --shard-rows {shard_rows}")
     if shard_rows is not None and chunk_rows is not None and shard_rows % chunk_rows:
         raise ShardcacheError(f"--chunk-rows {chunk_rows}: must divide --shard-rows {shard_rows}")
-    if bar is not None:
-        try:
-            if parse_duration(bar) <= 0:
-                raise ValueError("must be a positive duration such as 1s, 1m or 5m")
-        except ValueError as exc:
-            raise ShardcacheError(f"--bar {bar!r}: {exc}") from None
-    if isinstance(max_gap, str) and max_gap != "auto":
-        try:
-            parse_duration(max_gap)
-        except ValueError as exc:
-            raise ShardcacheError(f"--max-gap {max_gap!r}: {exc}") from None
+    if bar is not None and _signed_duration("--bar", bar) <= 0:
+        raise ShardcacheError(f"--bar {bar!r}: must be a positive duration such as 1s, 1m or 5m")
+    if isinstance(max_gap, str) and max_gap != "auto" and _signed_duration("--max-gap", max_gap) < 0:
+        raise ShardcacheError(f"--max-gap {max_gap!r}: must be 0 (never cut) or more")
     elif isinstance(max_gap, int) and max_gap < 0:
         raise ShardcacheError(f"--max-gap {max_gap}: must be 0 (never cut) or more")
+
+
+def _signed_duration(flag: str, text: str) -> int:
+    """``text`` as ns, a leading ``-`` kept (so the option can say which values it takes); one line if malformed."""
+    body = str(text).strip()
+    negative = body.startswith("-") and body[1:2].isdigit()
+    try:
+        ns = parse_duration(body[1:] if negative else body)
+    except ValueError as exc:
+        raise ShardcacheError(f"{flag} {text!r}: {exc}") from None
+    return -ns if negative else ns
 
 
 def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: str | None) -> int | None:

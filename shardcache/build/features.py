@@ -24,16 +24,18 @@ Parquet column) can also be passed through by its name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ShardcacheError
+from ..errors import OptionError, ShardcacheError
 from .sources.base import DAY_NS
 
 __all__ = ["DEFAULT_OHLCV", "DERIVED", "compute_features", "required_columns", "resolve_features"]
 
 Columns = Mapping[str, np.ndarray]
+log = logging.getLogger("shardcache")
 
 
 def _prev(x: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -78,16 +80,35 @@ _OHLCV = ("open", "high", "low", "close", "volume")
 
 
 def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -> list[str]:
-    """Feature names for ``spec``: ``None``/``"default"`` (the OHLCV set when the source has
-    OHLCV columns, else every numeric column), ``"raw"`` (every source column), or names;
+    """Feature names for ``spec``: ``None`` (the OHLCV set when the source has OHLCV columns, else
+    every numeric column, with a warning when only some OHLCV columns are there), ``"default"``
+    (the OHLCV set: refused without those columns), ``"raw"`` (every source column), or names;
     ``default`` and ``raw`` may be listed with names (``default,close`` = the defaults plus close)."""
     columns = list(columns)
-    default = list(DEFAULT_OHLCV) if all(c in columns for c in _OHLCV) else columns
+    ohlcv = all(c in columns for c in _OHLCV)
+    default = list(DEFAULT_OHLCV) if ohlcv else columns
     if spec is None:
+        partial = [c for c in _OHLCV if c in columns]
+        if not ohlcv and partial:
+            log.warning(
+                "the inputs have %s but no %s: not the default OHLCV features; their columns (%s) are the "
+                "features (pass --features to choose)",
+                ", ".join(partial),
+                ", ".join(c for c in _OHLCV if c not in columns),
+                ", ".join(columns),
+            )
         return default
     given = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
     if not given:
         raise ShardcacheError("--features names no feature")
+    if "default" in given and not ohlcv:
+        absent = ", ".join(c for c in _OHLCV if c not in columns)
+        raise OptionError(
+            "features",
+            spec if isinstance(spec, str) else ",".join(spec),
+            f"the default features need the source columns {', '.join(_OHLCV)}; the inputs have no {absent} "
+            f"(their columns: {', '.join(columns)}); name the features, or pass --features raw",
+        )
     names = []
     for name in given:
         names += default if name == "default" else columns if name == "raw" else [name]

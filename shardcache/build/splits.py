@@ -7,6 +7,7 @@ sketch of each input run's timestamps; dates name where each later split starts.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -73,10 +74,39 @@ def parse_split(text: str | None) -> SplitSpec:
         raise ShardcacheError(
             f"--split {text!r}: with dates, name only the later splits (train is everything before the first date)"
         )
-    try:
-        dates = [int(np.datetime64(v, "ns").astype(np.int64)) for _, v in pairs]
-    except ValueError:
-        raise ShardcacheError(f"--split {text!r}: values must be all fractions or all dates (YYYY-MM-DD)") from None
+    if any(_is_number(v) for _, v in pairs):
+        raise ShardcacheError(f"--split {text!r}: values must be all fractions or all dates (YYYY-MM-DD)")
+    dates = [_date_ns(text, v) for _, v in pairs]
     if dates != sorted(dates) or len(set(dates)) != len(dates):
         raise ShardcacheError(f"--split {text!r}: dates must increase")
     return SplitSpec(["train", *names], dates_ns=dates, text=text)
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _date_ns(text: str, value: str) -> int:
+    """A split date or time as ns since the epoch, UTC: a zone or offset (``Z``, ``+01:00``) is converted,
+    none is taken as UTC; refused naming the value when it is no date (``2023-02-30``)."""
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError as exc:
+        when, why = None, str(exc)
+    if when is not None and when.tzinfo is not None:  # numpy would warn that it has no time zones
+        return int(np.datetime64(when.astimezone(dt.UTC).replace(tzinfo=None), "ns").astype(np.int64))
+    try:
+        return int(np.datetime64(value, "ns").astype(np.int64))
+    except ValueError:
+        raise ShardcacheError(
+            f"--split {text!r}: {value!r} is not a date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM])"
+            + (f": {why}" if when is None and _looks_like_a_date(value) else "")
+        ) from None
+
+
+def _looks_like_a_date(value: str) -> bool:
+    return len(value) >= 8 and value[:4].isdigit() and value[4] == "-"

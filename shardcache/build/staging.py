@@ -21,6 +21,10 @@ the same, array for array, as an uninterrupted build. Markers are data, never co
 merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
 at the disk to its end, so a second build of the same output is refused while one runs.
 
+``--overwrite`` replaces only a shardcache cache (complete, interrupted or damaged; an empty
+folder too): a file, another folder, a folder holding a cache, and an input of the build (or a
+folder holding or inside one) are refused by name whatever the flags (``RULES``, ``_out_state``).
+
 Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
 an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``
 where the kernel and filesystem offer it (else two renames, with a moment where ``OUT`` is
@@ -52,14 +56,15 @@ from typing import Any
 
 import fsspec
 
-from ..errors import CacheError, ShardcacheError, SourceError
+from ..errors import CacheError, ShardcacheError, SourceError, one_line
 from ..format.cache import Cache
 from ..format.layout import ATTR, FORMAT_VERSION, open_group
 from ..format.paths import is_local, local_path
+from . import outputs
 from .markers import SUFFIXES, Unreadable, decode, encode
 from .tasks import release_memory, run_tasks
 
-__all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "prepare"]
+__all__ = ["RULES", "Marked", "Staging", "decide", "digest", "fingerprint", "prepare", "refusal"]
 
 log = logging.getLogger("shardcache")
 STATE = "state.json"
@@ -221,6 +226,9 @@ class Staging:
             return
         out = local_path(self.out).rstrip("/")
         if os.path.lexists(out):
+            status, seen = _out_state(self.out, None)
+            if status in _NEVER_REPLACED:
+                raise ShardcacheError(refusal(status, self.out, what=seen.get("what", "")))
             if not self.replace:
                 raise ShardcacheError(f"{self.out}: appeared during the build; pass --overwrite to replace it")
             if not _exchange(self.cache_path, out):
@@ -306,21 +314,42 @@ def _root(out: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"shardcache-staging-{key}")
 
 
-def _out_state(out: str, storage_options: dict | None) -> tuple[str, dict[str, Any]]:
-    """``missing``, ``complete`` (with its manifest), ``incomplete`` (a cache whose build did not
-    finish) or ``other`` (anything else at that path)."""
+def _out_state(
+    out: str, storage_options: dict | None, specs: Sequence[str] = (), files: Sequence[str] = ()
+) -> tuple[str, dict[str, Any]]:
+    """What is at ``out``: ``missing``; a cache --overwrite may replace (``complete``, with its manifest;
+    ``incomplete``: its build did not finish; ``damaged``: a cache that cannot be opened; ``empty``: an
+    empty folder); or what it never replaces, with ``{"what": ...}`` saying what is there: ``input`` (an
+    input of the build, ``specs`` or ``files``, or a folder holding or inside one), ``file``, ``parent``
+    (a folder holding a cache) or ``folder``."""
+    clash = outputs.input_clash(out, specs, files)
+    if clash:
+        return "input", {"what": clash}
     fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
+    path = path.rstrip("/") or path
     if not fs.exists(path):
         return "missing", {}
+    if not fs.isdir(path):
+        return "file", {"what": outputs.file_kind(fs, path)}
     try:
         return "complete", Cache(out, storage_options).manifest
-    except CacheError:
-        pass
+    except CacheError as exc:
+        problem = one_line(exc).removeprefix(f"{out}: ")
     try:
-        attrs = dict(open_group(out, "r", storage_options).attrs.get(ATTR) or {})
-    except Exception:  # not a zarr group at all
-        return "other", {}
-    return ("incomplete", attrs) if attrs and not attrs.get("complete") else ("other", {})
+        attrs = open_group(out, "r", storage_options).attrs.get(ATTR)
+    except (OSError, ValueError, KeyError, TypeError):  # not a zarr group, or its metadata cannot be read
+        attrs = None
+    if isinstance(attrs, dict) and attrs:
+        return ("damaged" if attrs.get("complete") else "incomplete"), {"what": problem}
+    if attrs is None and outputs.has_cache_layout(fs, path):
+        return "damaged", {"what": problem}
+    entries = fs.ls(path, detail=False)
+    if not entries:
+        return "empty", {}
+    below = outputs.cache_below(fs, path)
+    if below is not None:
+        return "parent", {"what": f"{out.rstrip('/')}/{below}"}
+    return "folder", {"what": outputs.listing(entries)}
 
 
 def _hold(root: str) -> tuple[int | None, bool]:
@@ -346,7 +375,7 @@ def _fresh(root: str, out: str, state: dict[str, Any], fd: int | None) -> Stagin
         os.makedirs(root, exist_ok=True)
         fd, busy = _hold(root)
         if busy or fd is None:  # another build created it first
-            raise ShardcacheError(_REFUSALS["running"].format(out=out, root=root, why=""))
+            raise ShardcacheError(refusal("running", out, root))
     stage = Staging(root, out, state, fd)
     try:
         for name in os.listdir(root):
@@ -376,15 +405,21 @@ def _read_state(root: str) -> dict[str, Any] | None:
 # -- what a build does with what it finds ---------------------------------------------------------
 # Inputs: another build holds the staging folder; the build state kept there ("none", "same" or
 # "other" inputs and options than this build's, "same+replace": the same, started with
-# --overwrite); what is at OUT ("missing", "built": complete from these inputs and options,
-# "complete": from others, "incomplete": a cache whose build did not finish, "other");
-# --resume; --overwrite. The first row that matches decides; None matches anything.
+# --overwrite); what is at OUT (``_out_state``: "missing"; "built": complete from these inputs and
+# options; "complete": from others; "incomplete": a cache whose build did not finish; "damaged": a
+# cache that cannot be opened; "empty": an empty folder; and what --overwrite never replaces:
+# "input", "file", "parent", "folder"); --resume; --overwrite. The first row that matches decides;
+# None matches anything.
 _KEPT = frozenset({"same", "same+replace", "other"})
 _SAME = frozenset({"same", "same+replace"})
-_THERE = frozenset({"built", "complete", "other"})
+_THERE = frozenset({"built", "complete", "empty"})
 RULES: tuple[tuple[Any, ...], ...] = (
     # running staged                  out                                resume overwrite  outcome
     (True, None, None, None, None, "refuse:running"),
+    (False, None, {"input"}, None, None, "refuse:input"),
+    (False, None, {"file"}, None, None, "refuse:file"),
+    (False, None, {"parent"}, None, None, "refuse:parent"),
+    (False, None, {"folder"}, None, None, "refuse:folder"),
     (False, None, {"built"}, True, None, "done"),
     (False, _KEPT, None, False, False, "refuse:kept"),
     (False, {"other"}, None, True, False, "refuse:other"),
@@ -393,9 +428,12 @@ RULES: tuple[tuple[Any, ...], ...] = (
     (False, {"same"}, None, True, True, "resume"),
     (False, {"same"}, None, True, False, "refuse:exists"),
     (False, None, {"incomplete"}, None, False, "refuse:incomplete"),
+    (False, None, {"damaged"}, None, False, "refuse:damaged"),
     (False, None, _THERE, None, False, "refuse:exists"),
     (False, None, None, None, None, "fresh"),
 )
+_NEVER_REPLACED = frozenset({"input", "file", "parent", "folder"})  # whatever the flags
+_NEVER = "--overwrite replaces only a shardcache cache: choose another --out"
 _REFUSALS = {
     "running": "{out}: another build of this cache is running (it holds {root})",
     "kept": "{out}: an interrupted build is kept in {root}; pass --resume to continue it or --overwrite to start again",
@@ -404,7 +442,18 @@ _REFUSALS = {
     "exists": "{out}: already exists; pass --overwrite to replace it",
     "incomplete": "{out}: an incomplete cache (its build did not finish) and no build state to resume in "
     "{root}; pass --overwrite to build it again",
+    "damaged": "{out}: a shardcache cache that cannot be opened ({what}); pass --overwrite to build it again",
+    "input": "{out}: {what}; a cache is never written over its inputs: choose another --out",
+    "file": "{out}: {what}, not a shardcache cache; " + _NEVER,
+    "parent": "{out}: a folder holding the cache {what}, not a cache itself; --overwrite replaces only a "
+    "shardcache cache: pass --out {what} to replace that one, or choose another --out",
+    "folder": "{out}: a folder that is not a shardcache cache ({what}); " + _NEVER,
 }
+
+
+def refusal(outcome: str, out: str, root: str = "", why: str = "", what: str = "") -> str:
+    """The one line a ``refuse:<why>`` outcome of ``decide`` ends the build with."""
+    return _REFUSALS[outcome.removeprefix("refuse:")].format(out=out, root=root, why=why, what=what)
 
 
 def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) -> str:
@@ -420,20 +469,27 @@ def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) 
 
 
 def prepare(
-    out: str, storage_options: dict | None, wanted: dict[str, Any], *, resume: bool, overwrite: bool
+    out: str,
+    storage_options: dict | None,
+    wanted: dict[str, Any],
+    *,
+    resume: bool,
+    overwrite: bool,
+    inputs: Sequence[str] = (),
 ) -> Staging | Cache:
     """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache.
 
     Looks at the disk, then does what ``RULES`` says: continue an interrupted build
     (``resume``), start again (``overwrite``), return the cache a ``resume`` finds already
-    built, or refuse with a message that says which flag is needed.
+    built, or refuse with a message that says which flag is needed. ``inputs`` (the input
+    specs as given: folders too) and the files in ``wanted`` are never written over.
     """
     root = _root(out)
     try:
         fd, running = _hold(root)
         stage = Staging(root, out, {}, -1 if fd is None else fd)  # holds the lock until handed on
         try:
-            return _act(stage, fd is not None, running, storage_options, wanted, resume, overwrite)
+            return _act(stage, fd is not None, running, storage_options, wanted, resume, overwrite, inputs)
         except BaseException:
             stage.release()
             raise
@@ -449,11 +505,13 @@ def _act(
     wanted: dict[str, Any],
     resume: bool,
     overwrite: bool,
+    inputs: Sequence[str],
 ) -> Staging | Cache:
     """``prepare``'s outcome, with the staging folder's lock in ``held`` (when ``locked``)."""
     root, out = held.root, held.out
     state = _read_state(root) if locked else None
-    status, manifest = _out_state(out, storage_options)
+    files = [str(i[0]) for i in wanted.get("inputs", [])]
+    status, manifest = _out_state(out, storage_options, inputs, files)
     if status == "complete" and manifest.get("build", {}).get("fingerprint") == digest(wanted):
         status = "built"
     staged = (
@@ -468,7 +526,7 @@ def _act(
     outcome = decide(running, staged, status, resume, overwrite)
     if outcome.startswith("refuse:"):
         why = _differences(state.get("fingerprint", {}), wanted) if state else ""
-        raise ShardcacheError(_REFUSALS[outcome[len("refuse:") :]].format(out=out, root=root, why=why))
+        raise ShardcacheError(refusal(outcome, out, root, why, manifest.get("what", "")))
     if outcome == "done":
         if locked:  # killed while cleaning up after publishing
             held.remove()

@@ -10,6 +10,7 @@ one per symbol); per-symbol arrays are opened on first use.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -23,11 +24,20 @@ from zarr.core.sync import sync
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
 from .layout import ATTR, FORMAT_VERSION, describe_damage, gather, open_group, symbol_bases
-from .paths import is_url, local_path
+from .paths import is_url, local_path, probe
 
-__all__ = ["TIME_CHUNKS", "Cache", "open_cache"]
+__all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
 
 TIME_CHUNKS = 16  # chunks of ``time`` arrays a Cache keeps (LRU): twice the 2 x mix = 8 shards a batch draws from
+
+
+class NoCacheError(CacheError):
+    """Nothing at the path is a cache: nothing there, or something that is not a shardcache cache."""
+
+
+class IndexAheadError(CacheError):
+    """An object-store cache whose segment index is newer than its manifest: an append is writing it
+    (or was killed in its last writes)."""
 
 
 @dataclass
@@ -48,6 +58,9 @@ class Cache:
     def __init__(self, url: str | os.PathLike[str], storage_options: dict | None = None) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
+        problem = probe(self.url, storage_options)  # a URL's store answers (and the options are a mapping)
+        if problem is not None:
+            raise CacheError(f"{self.url}: {problem}")
         self._handles: _Handles | None = None
         self._times: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (symbol, chunk): bar times
         self._times_lock = threading.Lock()  # several readers' gather threads may ask at once
@@ -68,7 +81,7 @@ class Cache:
         group = self._open()
         manifest = dict(group.attrs.get(ATTR) or {})
         if not manifest:
-            raise CacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
+            raise NoCacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
         version = manifest.get("format_version")
         if version in (1, 2):
             raise CacheError(f"{self.url}: cache format {version} is no longer read; rebuild it with build-cache")
@@ -97,37 +110,57 @@ class Cache:
             raise CacheError(
                 f"{self.url}: the segment index names symbols the manifest does not have; rebuild the cache"
             )
-        if len(sym) and (local[:, 2] > self.bars_per_symbol[sym]).any():  # an append's index, an older manifest
-            raise CacheError(
+        if len(sym) and (local[:, 2] > self.bars_per_symbol[sym]).any() and is_url(self.url):
+            raise IndexAheadError(  # an append's index, an older manifest: what an object store shows during one
                 f"{self.url}: the segment index and the manifest disagree (an append is being "
                 "written to this object store); open the cache again"
+            )
+        ends = np.zeros(len(self.bars_per_symbol), dtype=np.int64)
+        np.maximum.at(ends, sym, local[:, 2])
+        if not np.array_equal(ends, self.bars_per_symbol) and not is_url(self.url):
+            raise CacheError(  # locally an append is swapped in whole: this is an edit or damage
+                f"{self.url}: the segment index and the manifest disagree on the bars of "
+                f"{self.symbols[int(np.flatnonzero(ends != self.bars_per_symbol)[0])]} (the manifest was edited, or "
+                f"the cache is damaged); `shardcache verify {self.url}` lists what is wrong; rebuild the cache"
             )
         virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
         order = np.argsort(virtual[:, 1], kind="stable")
         self.segments = virtual[order]
         self.segment_split = local[order, 3].astype(np.int8)
 
-    def _identity(self) -> tuple[int, int] | None:
-        """Device and inode of a local cache's folder, to notice it being swapped; None for URLs."""
+    def _identity(self) -> tuple[int, int, int] | None:
+        """Device, inode and change time of a local cache's folder, to notice it being swapped (a rename
+        changes the time, so a new folder that reuses an old inode number is noticed too); None for URLs."""
         if is_url(self.url):
             return None
         try:
             st = os.stat(local_path(self.url))
         except OSError:
-            return (-1, -1)
-        return (st.st_dev, st.st_ino)
+            return (-1, -1, -1)
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
     def _check_same(self) -> None:
         """Refuse to go on reading a local cache that a rebuild replaced after it was opened."""
         if self._ident is not None and self._identity() != self._ident:
-            raise CacheError(f"{self.url}: the cache was replaced (rebuilt) after it was opened; open it again")
+            raise CacheError(
+                f"{self.url}: the cache was replaced (rebuilt or appended to) after it was opened; open it again"
+            )
 
     # -- handles -------------------------------------------------------------------------
     def _open(self) -> zarr.Group:
         try:
             group = open_group(self.url, "r", self.storage_options)
+        except json.JSONDecodeError as exc:
+            raise CacheError(
+                f"{self.url}: the cache's metadata (zarr.json) is damaged ({describe_damage(exc)}); rebuild the "
+                "cache (build-cache --overwrite replaces it)"
+            ) from None
         except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError, ValueError) as exc:
-            raise CacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
+            raise NoCacheError(f"{self.url}: no cache found ({exc.__class__.__name__})") from None
+        except Exception as exc:  # an object store's client raises its own kinds
+            if not is_url(self.url):
+                raise
+            raise CacheError(f"{self.url}: cannot read the cache ({describe_damage(exc)})") from None
         self._handles = _Handles(group)
         return group
 
@@ -153,19 +186,38 @@ class Cache:
         return self.handles.group[self.groups[i]]
 
     def array(self, i: int, name: str = "features") -> zarr.Array:
-        """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process."""
+        """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process (from the
+        cache the manifest was read from: a local cache swapped since is refused)."""
         h = self.handles
         arr = h.arrays.get((i, name))
         if arr is None:
             try:
-                arr = h.arrays[(i, name)] = h.group[f"{self.groups[i]}/{name}"]
+                node = h.group[f"{self.groups[i]}/{name}"]
             except KeyError:
+                self._check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
             except ValueError as exc:  # damaged metadata (zarr.json that is not JSON, a bad field)
                 raise CacheError(
                     f"{self.url}: {self.groups[i]}/{name} cannot be opened ({describe_damage(exc)}); rebuild the cache"
                 ) from None
+            self._check_same()
+            arr = h.arrays[(i, name)] = node
         return arr
+
+    def _check_rows(self, i: int, name: str, shape: tuple[int, ...]) -> None:
+        """Refuse to read symbol ``i``'s array ``name`` (``features`` or ``time``) of another shape than the
+        manifest's: a local cache swapped since it was opened, or a damaged one (an object store's may be
+        longer while an append writes it: the rows the manifest counts are the ones stored before)."""
+        self._check_same()
+        n = int(self.bars_per_symbol[i])
+        want = (n, self.n_features) if name == "features" else (n,)
+        growing = is_url(self.url) and shape[0] > n and tuple(shape[1:]) == want[1:]
+        if tuple(shape) != want and not growing:
+            raise CacheError(
+                f"{self.url}: {self.groups[i]}/{name}: shape {tuple(shape)}, manifest says {want} (its zarr.json "
+                f"was edited, or the cache is damaged); `shardcache verify {self.url}` lists every problem; "
+                "rebuild the cache"
+            )
 
     def _decoder(self, i: int) -> ShardDecoder:
         """Symbol ``i``'s shard decoder, made from its ``features`` metadata alone (one read, on this thread)."""
@@ -175,14 +227,17 @@ class Cache:
             root = h.group.store_path
             path = f"{root.path}/{self.groups[i]}/features" if root.path else f"{self.groups[i]}/features"
             try:
-                dec = h.decoders[i] = ShardDecoder.open(root.store, path)
+                dec = ShardDecoder.open(root.store, path)
             except FileNotFoundError:
+                self._check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/features is missing; rebuild the cache") from None
             except (ValueError, TypeError, KeyError) as exc:  # damaged metadata (not JSON, a bad field)
                 raise CacheError(
                     f"{self.url}: {self.groups[i]}/features cannot be opened "
                     f"({describe_damage(exc)}); rebuild the cache"
                 ) from None
+            self._check_rows(i, "features", (dec.n_rows, dec.n_features))
+            h.decoders[i] = dec
         return dec
 
     # -- manifest views ------------------------------------------------------------------
@@ -272,11 +327,16 @@ class Cache:
             return out
         h, group = self.handles, self.handles.group._async_group
 
+        opened: dict[int, zarr.Array[Any]] = {}
+
         async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
-            h.arrays[(i, "time")] = zarr.Array(await group.getitem(f"{self.groups[i]}/time"))
+            opened[i] = zarr.Array(await group.getitem(f"{self.groups[i]}/time"))
 
         syms = np.unique(sym).tolist()
         gather([open_time(i) for i in syms if (i, "time") not in h.arrays])
+        for i, arr in opened.items():
+            self._check_rows(i, "time", arr.shape)
+            h.arrays[(i, "time")] = arr
         size = np.ones(len(self.bars_per_symbol), dtype=np.int64)
         size[syms] = [h.arrays[(i, "time")].chunks[0] for i in syms]
         chunk = local // size[sym]
@@ -304,6 +364,7 @@ class Cache:
                 self._times.move_to_end((i, c))
             while len(self._times) > TIME_CHUNKS:
                 self._times.popitem(last=False)
+        self._check_same()
         return out
 
     def region_stop(self, row: int) -> int:

@@ -34,6 +34,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.core.sync import sync
 
 from ..errors import CacheError, one_line
+from .paths import check_storage_options
 
 try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
     from zarr.codecs.numcodecs import LZ4
@@ -90,7 +91,9 @@ def default_chunking(n_features: int) -> tuple[int, int]:
 
 
 def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: dict | None = None) -> zarr.Group:
-    """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``)."""
+    """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``);
+    ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise)."""
+    check_storage_options(storage_options)
     url = os.fspath(url)
     kwargs: dict[str, Any] = {"mode": mode, "zarr_format": 3}
     if storage_options and "://" in url:

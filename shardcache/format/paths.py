@@ -1,12 +1,27 @@
 """Local paths and URLs: one rule for the format, the build and its sources.
 
 A plain path and a ``file://`` URL are local (read with ``os``); any other ``scheme://`` is
-read through fsspec.
+read through fsspec, with ``storage_options`` (a mapping of that filesystem's arguments).
+``probe`` asks a URL's store once, quickly, whether it answers, so an unknown scheme, an
+unreachable endpoint, missing credentials or a missing bucket end in one line instead of a
+client's retries and traceback.
 """
 
 from __future__ import annotations
 
-__all__ = ["is_local", "is_url", "local_path"]
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import OptionTypeError, one_line
+
+__all__ = ["check_storage_options", "is_local", "is_url", "local_path", "probe"]
+
+# schemes whose first path part is a bucket (or container) that must exist; other schemes are
+# only checked to be known (``memory://`` lives in this process, ``http://`` has no bucket)
+_BUCKETS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
+# the probe's own client settings: one attempt and a short connect timeout (s3fs + botocore)
+_S3_QUICK = {"connect_timeout": 3, "read_timeout": 10, "retries": {"total_max_attempts": 1}}
+_QUICK = {"s3": _S3_QUICK, "s3a": _S3_QUICK}
 
 
 def is_url(path: str) -> bool:
@@ -22,3 +37,49 @@ def is_local(path: str) -> bool:
 def local_path(path: str) -> str:
     """The filesystem path of a plain path or a ``file://`` URL."""
     return path.removeprefix("file://")
+
+
+def check_storage_options(storage_options: object) -> None:
+    """Refuse ``storage_options`` that are not a mapping of fsspec arguments (None means none)."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise OptionTypeError(
+            f"storage_options={storage_options!r}: must be a mapping of fsspec options such as "
+            f"{{'endpoint_url': 'http://host:9000'}}, not {type(storage_options).__name__}"
+        )
+
+
+def probe(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
+    """Why the store holding ``url`` cannot be used, in a few words (an unknown scheme, a missing
+    package, an endpoint that does not answer, missing credentials, a missing bucket); None when it
+    answers, or for a local path. One request at most, with one attempt and a short timeout."""
+    check_storage_options(storage_options)
+    if not is_url(url):
+        return None
+    import fsspec
+
+    scheme = url.split("://", 1)[0].lower()
+    try:
+        cls = fsspec.get_filesystem_class(scheme)
+    except ValueError:
+        return f"unknown URL scheme '{scheme}://' (no fsspec filesystem has it)"
+    except ImportError as exc:
+        return f"{scheme}:// URLs need a package that is not installed ({one_line(exc)})"
+    if scheme not in _BUCKETS:
+        return None
+    options = dict(storage_options or {})
+    quick = _QUICK.get(scheme)
+    if quick is not None:
+        options["config_kwargs"] = {**options.get("config_kwargs", {}), **quick}
+    bucket = cls._strip_protocol(url).split("/", 1)[0]
+    try:
+        fs = cls(**options, skip_instance_cache=True)
+        if quick is not None:
+            fs.retries = 1  # s3fs's own retry loop, besides botocore's
+        fs.info(bucket)
+    except FileNotFoundError:
+        return f"no bucket '{bucket}' at this endpoint (create it, or check the URL and endpoint_url)"
+    except PermissionError as exc:
+        return f"access to bucket '{bucket}' denied ({one_line(exc)}); check the credentials"
+    except Exception as exc:  # noqa: BLE001 - each client raises its own kinds (botocore: no credentials, no endpoint)
+        return f"cannot use its store ({type(exc).__name__}: {one_line(exc)})"
+    return None

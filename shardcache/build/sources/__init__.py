@@ -26,13 +26,14 @@ local paths or fsspec URLs (``s3://bucket/prefix/*.dbn.zst``), see :mod:`.files`
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import SourceError
-from ...format.paths import is_url, local_path
+from ...format.paths import check_storage_options, is_url, local_path
 from .base import (
     DBN_MAGIC,
     PARQUET_MAGIC,
@@ -59,53 +60,89 @@ __all__ = [
     "parse_duration",
 ]
 
-INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".pq", ".csv", ".csv.gz")
-_LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.pq, *.csv, *.csv.gz"
+INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".parq", ".pq", ".csv", ".csv.gz")
+_LOOKED_FOR = "looked for " + ", ".join(f"*{s}" for s in INPUT_SUFFIXES) + " in any letter case"
+log = logging.getLogger("shardcache")
 
 
 def _is_input(name: str) -> bool:
-    lower = name.lower()
-    return lower.endswith(INPUT_SUFFIXES) and not os.path.basename(name).startswith(".")
+    return _skip_reason(name) is None
 
 
-def _walk(root: str) -> list[str]:
-    """Input files under ``root``, recursively, skipping hidden files and folders."""
-    found = []
+def _skip_reason(name: str) -> str | None:
+    """Why a file that a folder or glob holds is not read: ``suffix`` (not an input suffix in any letter
+    case), ``hidden`` (an input's suffix, a hidden name) or ``dotfile`` (neither: ``.DS_Store``); None: read."""
+    base = os.path.basename(name.rstrip("/"))
+    looks = base.lower().endswith(INPUT_SUFFIXES)
+    if base.startswith("."):
+        return "hidden" if looks else "dotfile"
+    return None if looks else "suffix"
+
+
+_SKIPS = {"suffix": f"not inputs by their suffix ({_LOOKED_FOR})", "hidden": "hidden files"}  # dotfiles: unnamed
+
+
+def _walk(root: str) -> tuple[list[str], list[str]]:
+    """Input files under ``root``, recursively (hidden folders are not entered), and the files skipped."""
+    found: list[str] = []
+    skipped: list[str] = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found.extend(os.path.join(folder, f) for f in files if _is_input(f))
-    return found
+        for f in files:
+            (skipped if _skip_reason(f) else found).append(os.path.join(folder, f))
+    return found, skipped
+
+
+def _warn_skipped(spec: str, skipped: Sequence[str]) -> None:
+    """Name the files of a folder or glob that are not read, with the reason: none is skipped without a word."""
+    by: dict[str | None, list[str]] = {}
+    for path in skipped:
+        by.setdefault(_skip_reason(path), []).append(path)
+    folder = not is_url(spec) and os.path.isdir(spec)
+    for reason, why in _SKIPS.items():
+        paths = sorted(by.get(reason, []))
+        if paths:
+            names = ", ".join(os.path.relpath(p, spec) if folder else p for p in paths[:5])
+            more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+            log.warning("%s: skipped %d file(s), %s: %s%s", spec, len(paths), why, names, more)
 
 
 def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> list[str]:
     """Files named by ``specs`` (files, folders searched recursively, globs), sorted and unique.
 
     A spec may be an fsspec URL (an object, a prefix or a glob such as ``s3://b/dbn/*.dbn.zst``),
-    listed with ``storage_options``; its files are returned as URLs.
+    listed with ``storage_options``; its files are returned as URLs. A folder's or a glob's files
+    that are not inputs by their suffix (any letter case), or are hidden, are named in a warning.
     """
+    check_storage_options(storage_options)
     seen: dict[str, str] = {}
     for spec in specs:
         spec = os.fspath(spec)
         if is_url(spec):
-            found = find_urls(spec, storage_options, _is_input)
-            if not found:
+            urls, passed = find_urls(spec, storage_options, _is_input)
+            _warn_skipped(spec, passed)
+            if not urls:
                 raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
-            seen.update((url, url) for url in found)
+            seen.update((url, url) for url in urls)
             continue
         spec = local_path(spec)
+        skipped: list[str] = []
         if os.path.isdir(spec):
-            found = _walk(spec)
+            found, skipped = _walk(spec)
         elif os.path.isfile(spec):
             found = [spec]
         elif glob.has_magic(spec):
             found = []
             for hit in glob.glob(spec, recursive=True):
                 if os.path.isdir(hit):
-                    found.extend(_walk(hit))
-                elif _is_input(hit):
-                    found.append(hit)
+                    more, also = _walk(hit)
+                    found += more
+                    skipped += also
+                else:
+                    (skipped if _skip_reason(hit) else found).append(hit)
         else:
             raise SourceError(spec, "no such file or directory")
+        _warn_skipped(spec, skipped)
         if not found:
             raise SourceError(spec, f"matches no input files ({_LOOKED_FOR})")
         for path in found:
@@ -148,6 +185,7 @@ def open_source(
     symbol_column: str | None = None,
     columns: list[str] | None = None,
     storage_options: dict | None = None,
+    csv_delimiter: str | None = None,
 ) -> Source:
     """Open ``path`` (a local path or an fsspec URL) as DBN, Parquet or CSV, checking only its header or footer.
 
@@ -156,7 +194,9 @@ def open_source(
     (a ``bar`` other than their step is refused once the step is known).
     ``ts_column`` and ``symbol_column`` name Parquet or CSV columns. ``columns`` picks and orders
     the value columns of either format. ``storage_options`` are the fsspec arguments for a URL.
+    ``csv_delimiter`` is a CSV file's delimiter (default: sniffed from its header).
     """
+    check_storage_options(storage_options)
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
     head = _sniff(path, storage_options)
@@ -172,12 +212,12 @@ def open_source(
     lower = path.lower()
     if head.startswith((DBN_MAGIC, ZSTD_MAGIC)):
         return DbnSource(path, bar=bar, columns=columns, storage_options=storage_options)
-    if lower.endswith((".parquet", ".pq")):
+    if lower.endswith((".parquet", ".parq", ".pq")):
         raise SourceError(path, "not a Parquet file (bad magic bytes)")
     if ".dbn" in lower:
         raise SourceError(path, "not a DBN file (bad magic bytes)")
     if lower.endswith((".csv", ".csv.gz")):
-        return CsvSource(path, **tabular)
+        return CsvSource(path, csv_delimiter=csv_delimiter, **tabular)
     raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
 
 

@@ -79,7 +79,8 @@ class Source:
 
     ``bar_ns`` is the bar size the file gives (None until a tabular file's timestamps have
     been seen: its most common step). ``symbology`` is what a reader learned about symbols
-    while reading (DBN: unmapped instruments), ``{}`` when there is nothing to say.
+    while reading (DBN: unmapped instruments), ``{}`` when there is nothing to say. ``records``
+    is how many records (rows, DBN records of any type) the last ``pieces()`` read.
     """
 
     kind = ""
@@ -92,6 +93,7 @@ class Source:
         self.bar_ns = bar_ns
         self.drops: Counter = Counter()
         self.symbology: dict = {}
+        self.records = 0
 
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         """Yield cleaned tables of at most ``max_rows`` rows, reading the file in bounded steps."""
@@ -99,17 +101,12 @@ class Source:
 
     def describe(self) -> dict:
         """What the manifest records about this input, to tell later whether it changed."""
+        what = {"kind": self.kind, "schema": self.schema, "columns": self.columns}  # an append compares them
         if is_url(self.path):
             size, version = stat_input(self.path, self.storage_options)
-            return {"path": self.path, "size": size, "version": version, "kind": self.kind, "schema": self.schema}
+            return {"path": self.path, "size": size, "version": version, **what}
         st = os.stat(self.path)
-        return {
-            "path": self.path,
-            "size": st.st_size,
-            "mtime": st.st_mtime,
-            "kind": self.kind,
-            "schema": self.schema,
-        }
+        return {"path": self.path, "size": st.st_size, "mtime": st.st_mtime, **what}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, schema={self.schema!r}, columns={self.columns})"

@@ -1,26 +1,88 @@
-"""CSV bar tables (``*.csv``, ``*.csv.gz``: vendors' exports) as sources, read by ``pyarrow.csv``.
+"""CSV bar tables (vendors' exports) as sources, read by ``pyarrow.csv``.
 
 Columns are found, typed and cleaned exactly as for Parquet (:mod:`.table`); their types
 are what ``pyarrow.csv`` infers from the first block (ISO-8601 times become timestamps,
 whole numbers int64), except that value columns are then read as float64, so a fraction
 after the first block is no error (integers above 2**53 are still refused). The file is
-read block by block (``open_csv``), never whole.
+read block by block (``open_csv``), never whole. Dialects:
+
+* the delimiter is the one of comma, semicolon, tab and pipe found most often outside quotes
+  in the header line, or ``csv_delimiter`` (``--csv-delimiter``: one character, or ``comma``,
+  ``semicolon``, ``tab``, ``pipe``);
+* numbers written with thousands separators (``"1,100.25"``) or a decimal comma (``1100,25``,
+  ``1.100,25``) are read as numbers when the first block shows which mark is the decimal one;
+  a column that does not show it (``"1,100"`` alone: 1100 or 1.1?) is refused by name;
+* gzip is recognised by its magic bytes, whatever the file's name;
+* a file with a header and no rows is refused as such.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ...errors import SourceError, one_line
+from ...errors import OptionError, SourceError, one_line
 from .files import open_input
 from .table import TabularSource
 
-__all__ = ["CsvSource"]
+__all__ = ["DELIMITERS", "CsvSource", "parse_delimiter", "sniff_delimiter"]
 
 _BLOCK = 4 << 20  # bytes per block: bounds a piece's memory
+GZIP_MAGIC = b"\x1f\x8b"
+DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}
+_SAMPLE = 4096  # distinct texts of a column looked at to tell how its numbers are written
+
+# how a number may be written in a text column (the first block's texts tell which marks a file uses)
+_PLAIN = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # 1100, 1100.25, 1e3
+_COMMA_GROUPS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")  # 1,100 or 1,100.25
+_DOT_GROUPS = re.compile(r"[+-]?\d{1,3}(\.\d{3})+(,\d*)?")  # 1.100 or 1.100,25
+_COMMA_DECIMAL = re.compile(r"[+-]?\d*,\d+")  # 1100,25 or ,5
+_NOT_A_NUMBER = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
+
+
+def parse_delimiter(value: str | None) -> str | None:
+    """The one-character delimiter that ``--csv-delimiter`` names (None: sniffed from each file's header)."""
+    if value is None:
+        return None
+    text = DELIMITERS.get(str(value).lower(), "\t" if value == "\\t" else value)
+    if not isinstance(text, str) or len(text) != 1 or text in '"\r\n':
+        raise OptionError("csv_delimiter", value, "must be one character such as ';', or comma, semicolon, tab, pipe")
+    return text
+
+
+def sniff_delimiter(header: str) -> str:
+    """The delimiter of a CSV header line: whichever of comma, semicolon, tab and pipe occurs most
+    often outside quotes (a comma on a tie, or when none does)."""
+    counts = dict.fromkeys(DELIMITERS.values(), 0)
+    quoted = False
+    for ch in header:
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch in counts:
+            counts[ch] += 1
+    return max(counts, key=lambda d: counts[d])
+
+
+def _marks(text: str) -> tuple[set[str], bool] | None:
+    """What one text says about the decimal mark: the marks it proves (``.``/``,``) and whether it is
+    ambiguous (``1,100``: thousands or a decimal comma); None when it is not a number."""
+    t = text.strip()
+    if _NOT_A_NUMBER.fullmatch(t):
+        return set(), False
+    if _COMMA_GROUPS.fullmatch(t):
+        return ({"."}, False) if "." in t else (set(), True)
+    if _DOT_GROUPS.fullmatch(t):
+        return ({","}, False) if "," in t else (set(), False)  # 1.100 alone reads as 1.1, as pyarrow reads it
+    if _COMMA_DECIMAL.fullmatch(t):
+        return {","}, False
+    if _PLAIN.fullmatch(t):
+        return ({"."} if "." in t else set()), False
+    return None
 
 
 class CsvSource(TabularSource):
@@ -28,25 +90,125 @@ class CsvSource(TabularSource):
 
     kind = "csv"
 
+    def __init__(self, path: str, *, csv_delimiter: str | None = None, **tabular: Any) -> None:
+        self._delimiter = parse_delimiter(csv_delimiter)
+        self._gzip = False
+        self._decimal = "."  # the file's decimal mark; the other of "." and "," separates thousands
+        self._number_text: set[str] = set()  # columns read as text and turned into numbers here
+        super().__init__(path, **tabular)
+
+    def _stream(self) -> pa.NativeFile:
+        raw = open_input(self.path, self.storage_options)
+        return pa.input_stream(pa.PythonFile(raw, mode="r"), compression="gzip" if self._gzip else None)
+
     def _schema(self) -> pa.Schema:
-        """The columns and types ``pyarrow.csv`` infers from the header and the first block."""
+        """The columns and types ``pyarrow.csv`` infers from the header and the first block, with the
+        columns of numbers written with separators typed float64 (see the module docstring)."""
+        with open_input(self.path, self.storage_options) as fh:
+            self._gzip = fh.read(2) == GZIP_MAGIC
+        if self._delimiter is None:
+            try:
+                with self._stream() as stream:
+                    head = stream.read(1 << 16)
+            except (pa.ArrowException, OSError) as exc:
+                raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+            self._delimiter = sniff_delimiter(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
         with self._reader() as reader:
-            return reader.schema
+            schema = reader.schema
+            try:
+                first = reader.read_next_batch()
+            except StopIteration:
+                raise SourceError(
+                    self.path, f"has a header ({', '.join(schema.names)}) and no rows: nothing to build"
+                ) from None
+            except (pa.ArrowException, OSError) as exc:
+                raise SourceError(self.path, f"bad CSV data in its first block ({one_line(exc)})") from None
+        self._find_number_text(schema, first)
+        return pa.schema(
+            [(n, pa.float64() if n in self._number_text else t) for n, t in zip(schema.names, schema.types)]
+        )
+
+    def _find_number_text(self, schema: pa.Schema, first: pa.RecordBatch) -> None:
+        """Which text columns hold numbers with separators, and the file's decimal mark; refuse a file
+        whose marks contradict each other, or a column whose numbers could be read two ways."""
+        proven: dict[str, tuple[str, str]] = {}  # mark -> (column, text) that proves it
+        numbers, ambiguous = [], None
+        for name, t in zip(schema.names, schema.types):
+            if not pa.types.is_string(t):
+                continue
+            texts = pc.unique(first.column(name).drop_null()).slice(0, _SAMPLE).to_pylist()
+            seen = [(x, _marks(x)) for x in texts if x.strip()]
+            if not seen or any(m is None for _, m in seen):
+                continue  # text, not numbers: not a value column (as in Parquet)
+            numbers.append(name)
+            for x, (marks, unsure) in seen:  # type: ignore[misc]
+                for mark in marks:
+                    proven.setdefault(mark, (name, x))
+                if unsure and ambiguous is None:
+                    ambiguous = (name, x)
+        if len(proven) > 1:
+            (c1, x1), (c2, x2) = proven[","], proven["."]
+            raise SourceError(
+                self.path,
+                f"column '{c1}' writes {x1!r} with a decimal comma and column '{c2}' writes {x2!r} with a "
+                "decimal point; write every number one way, or pick the columns with --columns",
+            )
+        if not proven and ambiguous is not None:
+            name, x = ambiguous
+            raise SourceError(
+                self.path,
+                f"column '{name}' holds {x!r}: a thousands separator or a decimal comma? the first rows do not "
+                "tell; write the numbers without thousands separators, or leave the column out with --columns",
+            )
+        self._decimal = "," if "," in proven else "."
+        self._number_text = set(numbers)
+        if self._decimal == ",":  # what pyarrow read as 1.5 was a thousands separator: read it as text too
+            self._number_text |= {n for n, t in zip(schema.names, schema.types) if pa.types.is_floating(t)}
 
     def _reader(self, columns: list[str] | None = None) -> pcsv.CSVStreamingReader:
         """A block reader; with ``columns``, the value columns are read as float64 whatever the first
-        block suggested (a column of whole numbers may hold a fraction further down)."""
-        raw = open_input(self.path, self.storage_options)
-        stream = pa.input_stream(
-            pa.PythonFile(raw, mode="r"), compression="gzip" if self.path.lower().endswith(".gz") else None
-        )
-        types = {n: pa.float64() for n in self._source_name.values()} if columns else None
+        block suggested (a column of whole numbers may hold a fraction further down), and those of
+        numbers written with separators as text."""
+        stream = self._stream()
+        types = None
+        if columns:
+            types = {n: pa.string() if n in self._number_text else pa.float64() for n in self._source_name.values()}
         convert = pcsv.ConvertOptions(include_columns=columns, column_types=types, timestamp_parsers=[pcsv.ISO8601])
         try:
-            return pcsv.open_csv(stream, read_options=pcsv.ReadOptions(block_size=_BLOCK), convert_options=convert)
+            return pcsv.open_csv(
+                stream,
+                read_options=pcsv.ReadOptions(block_size=_BLOCK),
+                parse_options=pcsv.ParseOptions(delimiter=self._delimiter),
+                convert_options=convert,
+            )
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             stream.close()
             raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+
+    def _value(self, name: str, col: pa.Array) -> pa.Array:
+        actual = self._source_name[name]
+        if actual in self._number_text and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            col = self._numbers(actual, col)
+        return super()._value(name, col)
+
+    def _numbers(self, name: str, col: pa.Array) -> pa.Array:
+        """A text column of numbers written with the file's marks as float64 (blank texts as nulls)."""
+        dec = self._decimal
+        th = "." if dec == "," else ","
+        t, d = re.escape(th), re.escape(dec)
+        digits = rf"((\d{{1,3}}({t}\d{{3}})+|\d+)({d}\d*)?|{d}\d+)([eE][+-]?\d+)?"
+        number = rf"^\s*[+-]?{digits}\s*$|^\s*(?i:[+-]?(nan|inf|infinity))\s*$"
+        col = pc.if_else(pc.equal(pc.utf8_trim_whitespace(col), ""), pa.scalar(None, col.type), col)
+        ok = pc.match_substring_regex(col, number).fill_null(True)
+        if not pc.all(ok).as_py():
+            bad = col.filter(pc.invert(ok))[0].as_py()
+            raise SourceError(
+                self.path,
+                f"column '{name}' holds {bad!r}, not a number written as the file's others are "
+                f"({'decimal comma' if dec == ',' else 'decimal point'}, {th!r} between thousands)",
+            )
+        text = pc.replace_substring(pc.utf8_trim_whitespace(col), th, "")
+        return pc.replace_substring(text, dec, ".").cast(pa.float64())
 
     def _batches(self, max_rows: int, wanted: list[str]) -> Iterator[pa.RecordBatch]:
         done = 0

@@ -528,6 +528,7 @@ class DbnSource(Source):
                     iid = recs["instrument_id"]
                     table = self._table(symbols.codes(iid, ts), iid, ts, values, symbols)
                 yield from self._emit(table, max_rows)
+            self.records = stream.records
         if bars is not None:
             yield from self._emit(self._bars_table(bars.finish(), symbols), max_rows)
         # read by the build, to name unmapped ids from other files; string keys keep it plain JSON

@@ -16,7 +16,7 @@ from typing import IO, Any
 import fsspec
 
 from ...errors import SourceError
-from ...format.paths import is_url, local_path
+from ...format.paths import is_url, local_path, probe
 
 __all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 
@@ -50,31 +50,41 @@ def stat_input(path: str, storage_options: dict | None = None) -> tuple[int, int
     return int(info.get("size") or 0), str(version).strip('"')
 
 
-def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], bool]) -> list[str]:
-    """URLs of the input files named by the URL ``spec``: an object, a prefix searched recursively, or a glob.
+def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+    """URLs of the input files named by the URL ``spec`` (an object, a prefix searched recursively, or a
+    glob), and those of the files it holds that ``keep`` (picking inputs by name) leaves out.
 
-    ``keep`` picks input files by name; files under hidden folders are skipped as locally.
+    Files under hidden folders are left out without a word, as locally.
     """
+    problem = probe(spec, storage_options)  # one quick request: no client retries on an endpoint that is not there
+    if problem is not None:
+        raise SourceError(spec, problem)
     fs, path = url_fs(spec, storage_options)
+    found: list[str] = []
+    skipped: list[str] = []
     if glob.has_magic(path):
-        hits = fs.glob(path, detail=True)
-        found = []
-        for hit, info in sorted(hits.items()):
-            found += _walk(fs, hit, keep) if info.get("type") == "directory" else [hit] if keep(hit) else []
+        for hit, info in sorted(fs.glob(path, detail=True).items()):
+            if info.get("type") == "directory":
+                more, also = _walk(fs, hit, keep)
+                found += more
+                skipped += also
+            else:
+                (found if keep(hit) else skipped).append(hit)
     elif fs.isfile(path):
         found = [path]
     elif fs.isdir(path):
-        found = _walk(fs, path, keep)
+        found, skipped = _walk(fs, path, keep)
     else:
         raise SourceError(spec, "no such file or directory")
-    return [fs.unstrip_protocol(p) for p in found]
+    return [fs.unstrip_protocol(p) for p in found], [fs.unstrip_protocol(p) for p in skipped]
 
 
-def _walk(fs: Any, root: str, keep: Callable[[str], bool]) -> list[str]:
+def _walk(fs: Any, root: str, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
     root = root.rstrip("/")
-    out = []
+    found: list[str] = []
+    skipped: list[str] = []
     for p in fs.find(root):
         rel = p[len(root) :].strip("/").split("/")
-        if keep(p) and not any(part.startswith(".") for part in rel):
-            out.append(p)
-    return out
+        if not any(part.startswith(".") for part in rel[:-1]):
+            (found if keep(p) else skipped).append(p)
+    return found, skipped

@@ -211,6 +211,7 @@ class TabularSource(Source):
             named += n_sym
             if table.num_rows:
                 yield table
+        self.records = rows
         if rows and not timed:
             raise SourceError(self.path, f"timestamp column '{self.ts_column}' is entirely null")
         if rows and self.symbol_column and not named:
@@ -297,14 +298,31 @@ class TabularSource(Source):
 
     def _parse_times(self, col: pa.Array) -> pa.Array:
         """ISO-8601 text as timestamps: with a zone or offset (``Z``, ``+01:00``) converted to UTC, without one
-        taken as UTC; a text that is neither is refused with an example."""
-        for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
+        taken as UTC; refused, quoting the first text that fails, when a text is neither or the column mixes
+        both kinds."""
+        for kind in _TEXT_TIMES:
             try:
                 return col.cast(kind)
             except pa.ArrowInvalid:
                 continue
-        head = col.slice(0, 10_000).to_pylist()  # an example for the message, found in bounded time
-        bad = next((v for v in head if v is not None and not _iso(v)), head[0])
+        valid = col.drop_null()
+        first = next((k for k in _TEXT_TIMES if _parses(valid.slice(0, 1), k)), None)
+        if first is None:
+            bad, after = valid[0].as_py(), None
+        else:  # the first text that is not of the first one's kind: bisect on prefixes that parse
+            lo, hi = 1, len(valid)  # valid[:lo] parses, valid[:hi] does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if _parses(valid.slice(0, mid), first) else (lo, mid)
+            bad, after = valid[lo].as_py(), valid[0].as_py()
+        if after is not None and _iso(bad):
+            zoned = first == _TEXT_TIMES[0]
+            raise SourceError(
+                self.path,
+                f"timestamp column '{self.ts_column}' holds {bad!r} ({'without' if zoned else 'with'} a zone or "
+                f"offset) after {after!r} ({'with' if zoned else 'without'} one); write its ISO-8601 times of "
+                "one kind throughout",
+            )
         raise SourceError(
             self.path,
             f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
@@ -351,15 +369,20 @@ class TabularSource(Source):
             ) from None
 
 
+_TEXT_TIMES = (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns"))  # ISO-8601 with a zone, without one
+
+
+def _parses(texts: pa.Array, kind: pa.DataType) -> bool:
+    try:
+        texts.cast(kind)
+        return True
+    except pa.ArrowInvalid:
+        return False
+
+
 def _iso(text: str) -> bool:
     """Whether one text parses as an ISO-8601 time (with or without a zone)."""
-    for kind in (pa.timestamp("ns", tz="UTC"), pa.timestamp("ns")):
-        try:
-            pa.array([text]).cast(kind)
-            return True
-        except pa.ArrowInvalid:
-            continue
-    return False
+    return any(_parses(pa.array([text]), kind) for kind in _TEXT_TIMES)
 
 
 def _canonical(name: str) -> str:
@@ -373,7 +396,7 @@ def _symbol_from_path(path: str) -> str:
         if sep and key.lower() in SYMBOL_NAMES and value:
             return value
     name = os.path.basename(path)
-    for suffix in (".parquet", ".pq", ".csv.gz", ".csv"):
+    for suffix in (".parquet", ".parq", ".pq", ".csv.gz", ".csv"):
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
