@@ -187,19 +187,19 @@ class _Collect(logging.Handler):
 def werkzeug_log() -> Iterator[RequestLog]:
     """The requests of every werkzeug server in this process (``ThreadedMotoServer``) while inside.
 
-    Sets the ``werkzeug`` logger to INFO and keeps its records from propagating while inside,
-    and restores both on the way out.
+    While inside, the ``werkzeug`` logger is at INFO and its records go to this log only (not to
+    its own handlers nor to the root logger's); its level, handlers and propagation are restored
+    on the way out.
     """
     logger = logging.getLogger("werkzeug")
     log = RequestLog()
-    handler = _Collect(log)
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
+    saved = logger.level, logger.handlers[:], logger.propagate
+    logger.handlers[:] = [_Collect(log)]
     logger.setLevel(logging.INFO)
     logger.propagate = False
     try:
         yield log
     finally:
-        logger.removeHandler(handler)
+        level, handlers, logger.propagate = saved
+        logger.handlers[:] = handlers
         logger.setLevel(level)
-        logger.propagate = propagate
