@@ -4,16 +4,18 @@ Starts ``python -m moto.server`` on a free 127.0.0.1 port (fake credentials; not
 the machine), uploads the cache with s3fs and measures, for the local copy and the S3 copy:
 
 * **open**: ``open_cache`` (manifest and segment table);
-* **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder, one
-  request per shard), as a stream decodes its blocks when ``prefetch=0``;
+* **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder), as a
+  stream decodes its blocks when ``prefetch=0``;
 * **zarr, one call per symbol**: ``symbols/<i>/features[...]``, each symbol's whole array, where
   zarr fetches the shards concurrently, up to ``zarr.config["async.concurrency"]`` (default 10)
   at a time;
 * **stream**: one epoch of ``WindowStream`` (``--seq-len``, ``--batch-size``) with 0 and 2
   DataLoader workers (each worker has its own reader thread), in windows/s.
 
-HEAD and GET requests are counted from the moto server's log (a whole shard costs one GET
-through ``read_rows``; a part of one, its index and then one byte range). Loopback has no network latency, so
+HEAD and GET requests are counted from the moto server's log (``s3_requests``): a whole shard costs
+one GET through ``read_rows``, and s3fs sends a HEAD before it (it sizes every unranged read);
+a part of one, or a shard with most of its inner chunks beyond its symbol's last row, costs its
+index and then one byte range. Loopback has no network latency, so
 the S3 column measures the request path (s3fs, aiohttp, moto's Python server sharing the
 CPUs) rather than a real network: on real S3, first-byte latency (10-50 ms per GET) adds to
 each sequential block read. Prints a markdown table.
