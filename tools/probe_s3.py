@@ -14,6 +14,7 @@ behind issue 21's choices (docs/scale-notes.md), each a section of its own:
   what opening and reading cost, and whether plain zarr reads the repository.
 
 Requests come from the server's log (``s3_requests``); times on loopback are indicative only.
+obstore and icechunk are not shardcache dependencies: their columns and section need them installed.
 
 Usage::
 
@@ -90,6 +91,13 @@ class Probe:
         self.moto.stop()
 
 
+def _has(module: str) -> bool:
+    """Whether an optional library (obstore, icechunk: not shardcache dependencies) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> None:
     print("| " + " | ".join(headers) + " |")
     print("|---" + "|---:" * (len(headers) - 1) + "|")
@@ -120,7 +128,9 @@ def section_zarr(p: Probe, args: argparse.Namespace) -> None:
     """Requests of zarr's primitives: what a build pays per symbol before its bytes."""
     f, shard_rows, chunk_rows = args.features, 512, 64
     data = np.random.default_rng(0).standard_normal((2 * shard_rows, f)).astype(np.float32)
-    stores = {"s3fs (FsspecStore)": p.s3fs_store, "obstore (ObjectStore)": p.obstore_store}
+    stores = {"s3fs (FsspecStore)": p.s3fs_store}
+    if _has("obstore"):
+        stores["obstore (ObjectStore)"] = p.obstore_store
     results: dict[str, dict[str, Counts]] = {}
     for name, make in stores.items():
         bucket = p.bucket(f"zarr-{len(results)}")
@@ -189,8 +199,9 @@ def section_reads(p: Probe, args: argparse.Namespace) -> None:
     clients = {
         "s3fs (default)": lambda: p.s3fs_store(bucket, "r.zarr"),
         "s3fs max_concurrency=1": lambda: p.s3fs_store(bucket, "r.zarr", max_concurrency=1),
-        "obstore": lambda: p.obstore_store(bucket, "r.zarr"),
     }
+    if _has("obstore"):
+        clients["obstore"] = lambda: p.obstore_store(bucket, "r.zarr")
     rows_out = []
     for name, make in clients.items():
         store = make()
@@ -234,7 +245,7 @@ def section_reads(p: Probe, args: argparse.Namespace) -> None:
         [
             "client",
             "zarr.json: requests/symbol",
-            "whole shard: requests/shard",
+            "all rows of each shard: requests/shard",
             "ms/shard",
             "10 rows (index + range): requests",
             "ms/shard",
@@ -365,7 +376,7 @@ def section_consolidated(p: Probe, args: argparse.Namespace) -> None:
         rows.append([label, c1.summary(), f"{t1:.2f}", c2.summary(), f"{t2:.1f}", f"{t3:.2f}", f"{t4:.1f}"])
 
     reads("no consolidated metadata (consolidated=False)", False)
-    c_cons, t_cons, _ = p.count(lambda: zarr.consolidate_metadata(url, storage_options=so), bucket)
+    c_cons, t_cons, _ = p.count(lambda: zarr.consolidate_metadata(p.s3fs_store(bucket, "c.zarr")), bucket)
     t0 = time.perf_counter()
     zarr.consolidate_metadata(local)
     t_local = time.perf_counter() - t0
@@ -397,6 +408,9 @@ def section_consolidated(p: Probe, args: argparse.Namespace) -> None:
 
 def section_icechunk(p: Probe, args: argparse.Namespace) -> None:
     """The symbols of a cache written through an icechunk repository on the server, and read back."""
+    if not _has("icechunk"):
+        print("### icechunk: not installed (`pip install icechunk`)\n")
+        return
     import icechunk
 
     n, f, rows = args.symbols, args.features, args.bars_per_symbol
