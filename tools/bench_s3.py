@@ -4,16 +4,18 @@ Starts ``python -m moto.server`` on a free 127.0.0.1 port (fake credentials; not
 the machine), uploads the cache with s3fs and measures, for the local copy and the S3 copy:
 
 * **open**: ``open_cache`` (manifest and segment table);
-* **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder, one
-  request per shard), as a stream decodes its blocks when ``prefetch=0``;
+* **shard by shard**: ``Cache.read_rows`` of each shard in turn (shardcache's own decoder), as a
+  stream decodes its blocks when ``prefetch=0``;
 * **zarr, one call per symbol**: ``symbols/<i>/features[...]``, each symbol's whole array, where
   zarr fetches the shards concurrently, up to ``zarr.config["async.concurrency"]`` (default 10)
   at a time;
 * **stream**: one epoch of ``WindowStream`` (``--seq-len``, ``--batch-size``) with 0 and 2
   DataLoader workers (each worker has its own reader thread), in windows/s.
 
-HEAD and GET requests are counted from the moto server's log (a whole shard costs one GET
-through ``read_rows``; a part of one, its index and then one byte range). Loopback has no network latency, so
+HEAD and GET requests are counted from the moto server's log (``s3_requests``): a whole shard costs
+one GET through ``read_rows``, and s3fs sends a HEAD before it (it sizes every unranged read);
+a part of one, or a shard with most of its inner chunks beyond its symbol's last row, costs its
+index and then one byte range. Loopback has no network latency, so
 the S3 column measures the request path (s3fs, aiohttp, moto's Python server sharing the
 CPUs) rather than a real network: on real S3, first-byte latency (10-50 ms per GET) adds to
 each sequential block read. Prints a markdown table.
@@ -26,8 +28,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+from s3_requests import RequestLog
 
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample
@@ -55,19 +58,21 @@ def _free_port() -> int:
 
 
 class Moto:
-    """``python -m moto.server`` on a free loopback port, in a subprocess; its request log in ``log``
-    (None: discarded)."""
+    """``python -m moto.server`` on a free loopback port, in a subprocess; its request log in the file
+    ``log``, read by ``request_log`` (``s3_requests.RequestLog``; None: discarded)."""
 
     def __init__(self, log: str | None = None) -> None:
         self.port = _free_port()
         self.log = log
-        err = subprocess.DEVNULL if log is None else open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            env={**os.environ, **ENV},
-        )
+        self.request_log = None if log is None else RequestLog(log)
+        with contextlib.ExitStack() as files:
+            err = subprocess.DEVNULL if log is None else files.enter_context(open(log, "w"))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, **ENV},
+            )  # the server writes to its own copy of the file
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -87,11 +92,14 @@ class Moto:
         return {"endpoint_url": self.url, "key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"]}
 
     def requests(self, prefix: str) -> int:
-        """HEAD and GET requests so far for keys under ``prefix``."""
-        time.sleep(0.2)  # let the server log the last response
-        pattern = re.compile(r"(GET|HEAD) /" + re.escape(prefix))
-        with open(self.log) as fh:
-            return sum(bool(pattern.search(line)) for line in fh)
+        """HEAD and GET requests so far for keys under ``prefix`` (``bucket/key...``)."""
+        if self.request_log is None:
+            raise ValueError("this server's log is discarded (Moto(log=None))")
+        bucket, _, key = prefix.partition("/")
+        return sum(
+            r.method in ("GET", "HEAD") and r.bucket == bucket and r.key.startswith(key)
+            for r in self.request_log.requests()
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -140,7 +148,7 @@ def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto
             row[f"{name}: requests per shard"] = f"{(count() - c0) / n_reads:.1f}"
     for workers in (0, 2):
         c0 = count()
-        secs, (first, n) = _best(lambda: _stream(cache, workers, args.seq_len, args.batch_size), args.repeat)
+        secs, (first, n) = _best(lambda w=workers: _stream(cache, w, args.seq_len, args.batch_size), args.repeat)
         row[f"stream, {workers} workers (windows/s)"] = f"{n / secs:,.0f}"
         row[f"stream, {workers} workers: first batch (ms)"] = f"{first * 1000:.0f}"
         if moto:

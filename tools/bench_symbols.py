@@ -1,20 +1,28 @@
-"""Many symbols: the same 600,000 bars as 2,000 symbols x 300 bars and as 4 symbols x 150,000 bars.
+"""Many symbols: the same bars laid out as many symbols and as few (default 2,000 x 300 and 4 x 150,000).
 
-For each layout, on local disk and on a moto S3 server on 127.0.0.1 (``python -m moto.server``,
-fake credentials; nothing leaves the machine), it measures in fresh processes:
+For each layout (``--symbols``, many first), on local disk and on a moto S3 server on 127.0.0.1
+(``python -m moto.server``, fake credentials; nothing leaves the machine), it measures in fresh processes:
 
 * **build**: ``build_cache`` from one Parquet file (``shardcache.build.sample.make_sample_parquet``),
-  seconds inside the process and bars/s;
+  seconds inside the process and bars/s, and the objects (files) the cache holds;
 * **import + open + first batch**: ``import shardcache``, ``open_cache``, ``import torch`` (the
   first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
   each step timed in the process, and the wall time of the whole process (interpreter start included);
+* **epoch**: one whole epoch of that stream through ``loader(0)`` and ``loader(2)`` (two DataLoader
+  workers), seconds inside the process from ``iter`` to the last batch;
 * **info / ls / verify**: the wall time of ``python -m shardcache.cli info|ls|verify CACHE``.
 
-Prints a markdown table, one column per layout and store, and the many/few ratio of each row.
+On S3 it also counts every request each of these processes made, from the server's log
+(``s3_requests``: deterministic, where timings on loopback are not; on real S3 each request costs a
+10-50 ms first byte), and prints them by kind (GET zarr.json, GET data, PUT, LIST, HEAD, DELETE) per
+symbol, per shard and per stored object in a second table.
+
+Prints a markdown table, one column per layout and store, and the ratio of each layout to the last
+(fewest symbols) in the same store.
 
 Usage::
 
-    python tools/bench_symbols.py [--bars 600000] [--many 2000] [--few 4] [--features 16] [--stores local,s3]
+    python tools/bench_symbols.py [--bars 600000] [--symbols 2000,4] [--features 16] [--stores local,s3]
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import time
 import uuid
 
 from bench_s3 import ENV, Moto  # the moto server on loopback, shared with the S3 benchmark
+from s3_requests import COLUMNS, Counts
 
 BUILD = """
 import json, sys, time
@@ -36,7 +45,8 @@ from shardcache import build_cache
 src, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 t0 = time.perf_counter()
 cache = build_cache(src, out, storage_options=options, progress=False, overwrite=True)
-print(json.dumps({"seconds": time.perf_counter() - t0, "bars": cache.n_bars, "symbols": len(cache.symbols)}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "bars": cache.n_bars, "symbols": len(cache.symbols),
+                  "shards": cache.n_shards}))
 """
 
 FIRST_BATCH = """
@@ -56,90 +66,180 @@ print(json.dumps({"import": t_import - t0, "open": t_open - t_import, "import to
                   "first batch": t_batch - t_torch, "shape": list(x.shape)}))
 """
 
+EPOCH = """
+import json, sys, time
+import shardcache
+from shardcache import WindowStream
+cache = shardcache.open_cache(sys.argv[1], json.loads(sys.argv[2]))
+with WindowStream(cache, 60, split=cache.split_names[0], batch_size=256) as stream:
+    t0 = time.perf_counter()
+    n = sum(len(x) for x, _ in stream.loader(int(sys.argv[3])))
+    seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "windows": n}))
+"""
+
+# (row label, per what) of the request table; per: symbol, shard or object (the stored objects)
+STEPS = {
+    "build": "symbol",
+    "open + first batch": "symbol",
+    "epoch, loader(0)": "shard",
+    "epoch, loader(2)": "shard",
+    "shardcache info": "symbol",
+    "shardcache ls": "symbol",
+    "shardcache verify": "object",
+}
+
 
 def _python(code_or_args: list[str], env: dict[str, str]) -> tuple[float, str]:
     """Wall seconds and stdout of a fresh ``python`` process; a failure stops the benchmark."""
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, *code_or_args], capture_output=True, text=True, env=env)
+    done = subprocess.run([sys.executable, *code_or_args], check=False, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(code_or_args[:3])} failed ({done.returncode}): {done.stderr[-2000:]}")
     return wall, done.stdout
 
 
-def measure(src: str, out: str, options: dict | None, env: dict[str, str]) -> dict[str, str]:
-    """One column: build, first batch in a fresh process, and the three commands."""
+def _objects(out: str, options: dict | None) -> int:
+    """Objects (files) the cache holds: listed after its build, outside every counted step."""
+    if options is None:
+        return sum(len(files) for _, _, files in os.walk(out))
+    import s3fs
+
+    return len(s3fs.S3FileSystem(**options).find(out))
+
+
+def measure(
+    src: str, out: str, options: dict | None, env: dict[str, str], moto: Moto | None = None
+) -> tuple[dict[str, str], dict[str, Counts], dict[str, int]]:
+    """One column: build, first batch and one epoch in fresh processes, and the three commands;
+    on S3 the requests of each step (``STEPS``) and the symbols, shards and objects they are per."""
     opts = json.dumps(options)
-    _, text = _python(["-c", BUILD, src, out, opts], env)
+    log, bucket = (moto.request_log, out.split("://", 1)[1].split("/", 1)[0]) if moto else (None, None)
+    counts: dict[str, Counts] = {}
+
+    def run(step: str, args: list[str]) -> tuple[float, str]:
+        mark = log.mark() if log else 0
+        result = _python(args, env)
+        if log:
+            counts[step] = log.since(mark, bucket)
+        return result
+
+    _, text = run("build", ["-c", BUILD, src, out, opts])
     build = json.loads(text)
-    row = {"build (s)": f"{build['seconds']:.1f}", "build (bars/s)": f"{build['bars'] / build['seconds']:,.0f}"}
-    wall, text = _python(["-c", FIRST_BATCH, out, opts], env)
+    sizes = {"symbol": build["symbols"], "shard": build["shards"], "object": _objects(out, options)}
+    row = {
+        "build (s)": f"{build['seconds']:.1f}",
+        "build (bars/s)": f"{build['bars'] / build['seconds']:,.0f}",
+        "stored objects": f"{sizes['object']:,}",
+    }
+    wall, text = run("open + first batch", ["-c", FIRST_BATCH, out, opts])
     first = json.loads(text)
     for step in ("import", "open", "import torch", "first batch"):
         row[f"{step} (s)"] = f"{first[step]:.2f}"
     row["import + open + first batch, process wall (s)"] = f"{wall:.2f}"
+    for workers in (0, 2):
+        _, text = run(f"epoch, loader({workers})", ["-c", EPOCH, out, opts, str(workers)])
+        row[f"epoch, loader({workers}) (s)"] = f"{json.loads(text)['seconds']:.2f}"
     flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
     for command in ("info", "ls", "verify"):
-        wall, _ = _python(["-m", "shardcache.cli", command, out, *flags], env)
+        wall, _ = run(f"shardcache {command}", ["-m", "shardcache.cli", command, out, *flags])
         row[f"shardcache {command} (s)"] = f"{wall:.2f}"
-    return row
+    for step, c in counts.items():
+        row[f"{step} (requests)"] = f"{c.total:,}"
+    return row, counts, sizes
+
+
+def _ratio(x: str, y: str) -> str:
+    try:
+        a, b = float(x.replace(",", "")), float(y.replace(",", ""))
+    except ValueError:
+        return "-"
+    return f"{a / b:.2f}" if b else "-"
+
+
+def request_table(requests: dict[str, tuple[dict[str, Counts], dict[str, int]]]) -> list[str]:
+    """Markdown rows of every counted step of every column: total, per symbol/shard/object, by kind."""
+    kinds = [k for k in COLUMNS if any(c.column(k) for counts, _ in requests.values() for c in counts.values())]
+    lines = [
+        "| step | layout | requests | per symbol | per shard | per object | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---:|" * (4 + len(kinds)),
+    ]
+    for step, per in STEPS.items():
+        for name, (counts, sizes) in requests.items():
+            c = counts.get(step)
+            if c is None:
+                continue
+            each = [
+                f"{c.total / sizes[u]:.2f}" if u == per or u == "symbol" else "" for u in ("symbol", "shard", "object")
+            ]
+            lines.append(
+                f"| {step} | {name} | {c.total:,} | "
+                + " | ".join(each)
+                + " | "
+                + " | ".join(f"{c.column(k):,}" for k in kinds)
+                + " |"
+            )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bars", type=int, default=600_000)
-    parser.add_argument("--many", type=int, default=2000, help="symbols of the many-symbols layout")
-    parser.add_argument("--few", type=int, default=4, help="symbols of the few-symbols layout")
+    parser.add_argument(
+        "--symbols", default="2000,4", help="comma-separated symbol counts of the layouts; ratios are to the last"
+    )
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--stores", default="local,s3", help="comma-separated: local, s3 (a moto server)")
     args = parser.parse_args(argv)
+    symbol_counts = [int(n) for n in args.symbols.split(",")]
 
     from shardcache.build.sample import make_sample_parquet
 
     env = {**os.environ, **ENV}
     columns: dict[str, dict[str, str]] = {}
+    requests: dict[str, tuple[dict[str, Counts], dict[str, int]]] = {}
+    stores = [s for s in ("local", "s3") if s in args.stores.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-symbols-") as work:
         layouts = {}
-        for name, n in (("many", args.many), ("few", args.few)):
-            folder = os.path.join(work, name)
+        for n in symbol_counts:
+            folder = os.path.join(work, f"in-{n}")
             files = make_sample_parquet(
                 folder, n_bars=args.bars, n_features=args.features, symbols=[f"S{i:05d}" for i in range(n)]
             )
-            layouts[name] = (str(files[0]), n)
-        stores = set(args.stores.split(","))
-        moto = Moto() if "s3" in stores else None
+            layouts[f"{n:,} x {args.bars // n:,}"] = (str(files[0]), n)
+        moto = Moto(os.path.join(work, "moto.log")) if "s3" in stores else None
         try:
-            for name, (src, n) in layouts.items():
-                label = f"{n:,} x {args.bars // n:,}"
+            for label, (src, n) in layouts.items():
                 if "local" in stores:
-                    columns[f"{label}, local"] = measure(src, os.path.join(work, f"{name}.zarr"), None, env)
+                    columns[f"{label}, local"], _, _ = measure(src, os.path.join(work, f"{n}.zarr"), None, env)
                 if moto:
                     import s3fs
 
-                    bucket = f"bench-{name}-{uuid.uuid4().hex[:8]}"
+                    bucket = f"bench-{n}-{uuid.uuid4().hex[:8]}"
                     s3fs.S3FileSystem(**moto.options).mkdir(bucket)
-                    columns[f"{label}, S3 (moto)"] = measure(src, f"s3://{bucket}/c.zarr", moto.options, env)
+                    name = f"{label}, S3 (moto)"
+                    columns[name], counts, sizes = measure(src, f"s3://{bucket}/c.zarr", moto.options, env, moto)
+                    requests[label] = (counts, sizes)
                 for column in list(columns)[-len(stores) :]:  # as they come: a later failure keeps them
                     print(column, json.dumps(columns[column]), file=sys.stderr, flush=True)
         finally:
             if moto:
                 moto.stop()
     names = list(columns)
-    rows = list(columns[names[0]])
-    print(
-        f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; ratio = many / few (same store)\n"
-    )
-    per_layout = len(names) // 2  # columns are many (each store), then few (each store)
-    stores_shown = [n.split(", ", 1)[1] for n in names[:per_layout]]
-    print("| | " + " | ".join(names) + " | " + " | ".join(f"ratio {s}" for s in stores_shown) + " |")
-    print("|---" * (len(names) + 1 + per_layout) + "|")
+    rows = list(dict.fromkeys(r for c in names for r in columns[c]))
+    print(f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; ratio = layout / last layout\n")
+    per_layout = len(stores)  # columns are layout by layout, each store in turn
+    ratio_names = [f"ratio {n.split(', ', 1)[0]} ({n.split(', ', 1)[1]})" for n in names[:-per_layout]]
+    print("| | " + " | ".join(names + ratio_names) + " |")
+    print("|---" * (len(names) + len(ratio_names) + 1) + "|")
     for row in rows:
-        values = [columns[c][row] for c in names]
-        ratios = []
-        for k in range(per_layout):
-            x, y = (float(values[j].replace(",", "")) for j in (k, k + per_layout))
-            ratios.append(f"{x / y:.2f}" if y else "-")
-        print(f"| {row} | " + " | ".join(values) + " | " + " | ".join(ratios) + " |")
+        values = [columns[c].get(row, "-") for c in names]
+        ratios = [_ratio(values[j], values[len(names) - per_layout + j % per_layout]) for j in range(len(ratio_names))]
+        print(f"| {row} | " + " | ".join(values + ratios) + " |")
+    if requests:
+        print("\nRequests to the moto S3 server, by kind (PUT: every key class; per: the layout's count):\n")
+        print("\n".join(request_table(requests)))
     return 0
 
 
