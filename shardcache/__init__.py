@@ -1,7 +1,8 @@
 """shardcache: every sliding window of long market-data series, streamed from a sharded Zarr v3 cache.
 
-``build_cache`` writes DBN or Parquet bars once into a compressed, sharded Zarr v3 store and
-``append_cache`` adds later bars to it;
+``build_cache`` writes DBN, Parquet or CSV bars once into a compressed, sharded Zarr v3 store with
+``BuildOptions`` (``RunOptions`` say how one run goes) and ``append_cache`` adds later bars to it;
+``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory;
 ``WindowDataset`` is the map-style twin for evaluation;
 ``info``, ``shards``, ``open_symbol`` and ``to_xarray`` show a cache to people (``shardcache.inspect.views``).
@@ -13,11 +14,16 @@ from typing import Any
 
 from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
+from .format.build_options import BuildOptions
 from .format.cache import Cache, open_cache
+from .format.manifest import Manifest
 
 __all__ = [
+    "BuildOptions",
     "Cache",
     "CacheError",
+    "Manifest",
+    "RunOptions",
     "ShardcacheError",
     "SourceError",
     "WindowDataset",
@@ -48,6 +54,10 @@ def __getattr__(name: str) -> Any:
         from .inspect import views as explore
 
         return getattr(explore, name)
+    if name == "RunOptions":
+        from .build.run import RunOptions
+
+        return RunOptions
     if name == "append_cache":
         from .build.append import append_cache
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import OptionError, ShardcacheError
+from .format.build_options import NORMALIZE, BuildOptions
 from .format.layout import CODECS
 
 if TYPE_CHECKING:
+    from .build.run import RunOptions
     from .inspect.views import ShardInfo
 
 __all__ = ["build_cache_main", "format_info", "format_shards", "main"]
@@ -77,7 +79,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--normalize",
-        choices=["zscore", "none"],
+        choices=NORMALIZE,
         default="zscore",
         help="z-score with train-split statistics (default) or none",
     )
@@ -163,84 +165,54 @@ def _explicit(argv: Sequence[str]) -> set[str]:
     return {k for k, v in given if v is not (None if k in appended else unset)}
 
 
-def _cmd_append(args: argparse.Namespace) -> int:
-    from .build.append import append_cache
-    from .build.checks import BUILD_OPTIONS
-    from .inspect.views import info
+def _options(args: argparse.Namespace) -> tuple[BuildOptions, RunOptions]:
+    """The command line's build options and run settings, each checked by its own class."""
+    from .build.run import RunOptions
 
-    build_only = (*BUILD_OPTIONS, "overwrite", "stats_from")  # what --append refuses: the cache has them
-    explicit = getattr(args, "explicit", None)
-    if explicit is None:  # called without the command line: compare with the defaults
-        parser = argparse.ArgumentParser()
-        _add_build_args(parser)
-        explicit = {k for k in build_only if getattr(args, k) != parser.get_default(k)}
-    given = [k for k in build_only if k in explicit]
-    if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
-    cache = append_cache(
-        args.sources,
-        args.out,
-        stats=args.stats or "frozen",
+    run = RunOptions(
         workers=args.workers,
         scheduler=args.scheduler,
+        overwrite=args.overwrite,
         resume=args.resume,
         storage_options=_storage_options(args.storage_option),
         progress=not args.quiet,
     )
-    windows = cache.manifest["counts"]["windows"]
-    _print_info(info(cache, windows["seq_len"], windows["horizon"]), args.json)
+    return BuildOptions(**{k: getattr(args, k) for k in BuildOptions.names() if hasattr(args, k)}), run
+
+
+def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
+    from .build.append import append_cache
+    from .inspect.views import info
+
+    build_only = (*BuildOptions.names(), "overwrite")  # what --append refuses: the cache has them
+    explicit = getattr(args, "explicit", None)
+    if explicit is None:  # called without the command line: compare with the defaults
+        parser = argparse.ArgumentParser()
+        _add_build_args(parser)
+        explicit = {k for k in build_only if hasattr(args, k) and getattr(args, k) != parser.get_default(k)}
+    given = [k for k in build_only if k in explicit]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
+    cache = append_cache(args.sources, args.out, stats=args.stats or "frozen", run=run)
+    windows = cache.manifest.counts.windows
+    _print_info(info(cache, windows.seq_len, windows.horizon), args.json)
     return 0
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
     from .build.builder import build_cache
-    from .build.checks import check_options
     from .build.tasks import tune_allocator
     from .inspect.views import info
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
-
-    check_options(
-        seq_len=args.seq_len,
-        horizon=args.horizon,
-        shard_rows=args.shard_rows,
-        chunk_rows=args.chunk_rows,
-        workers=args.workers,
-        bar=args.bar,
-        max_gap=args.max_gap,
-        csv_delimiter=args.csv_delimiter,
-    )
+    options, run = _options(args)  # checked before any input is read
     if args.append:
-        return _cmd_append(args)
+        return _cmd_append(args, run)
     if args.stats is not None:
         raise ShardcacheError("--stats applies to --append; for a new build use --stats-from CACHE")
-    cache = build_cache(
-        args.sources,
-        args.out,
-        features=args.features,
-        normalize=args.normalize,
-        split=args.split,
-        max_gap=args.max_gap,
-        bar=args.bar,
-        ts_column=args.ts_column,
-        symbol_column=args.symbol_column,
-        csv_delimiter=args.csv_delimiter,
-        columns=args.columns.split(",") if args.columns else None,
-        shard_rows=args.shard_rows,
-        chunk_rows=args.chunk_rows,
-        codec=args.codec,
-        workers=args.workers,
-        scheduler=args.scheduler,
-        seq_len=args.seq_len,
-        horizon=args.horizon,
-        overwrite=args.overwrite,
-        resume=args.resume,
-        storage_options=_storage_options(args.storage_option),
-        progress=not args.quiet,
-        stats_from=args.stats_from,
-    )
-    _print_info(info(cache, args.seq_len, args.horizon), args.json)
+    cache = build_cache(args.sources, args.out, options, run=run)
+    _print_info(info(cache, options.seq_len, options.horizon), args.json)
     return 0
 
 
@@ -276,14 +248,14 @@ def _some(names: Sequence[str], shown: int = 12) -> str:
 
 def format_info(info: dict[str, Any]) -> str:
     """A cache summary for people: counts, splits, drops, features with their statistics."""
-    c, b = info["counts"], info.get("bytes", {})
+    c, size = info["counts"], info.get("bytes", {})
     lines = [
         f"cache     {info['path']}  (format {info['format_version']}, built {info.get('created')})",
         f"bars      {info['bars']:,} in {len(info['symbols'])} symbols, {info['segments']:,} segments",
         f"symbols   {_some(info['symbols'])}",
         f"windows   {info['windows']:,} at seq_len {info['seq_len']}, horizon {info['horizon']}, stride 1",
-        f"size      {_fmt_bytes(b.get('stored'))} on disk for {_fmt_bytes(b.get('raw'))} of float32 "
-        f"(ratio {b.get('ratio')}x, codec {info['layout'].get('codec')}, "
+        f"size      {_fmt_bytes(size.get('stored'))} on disk for {_fmt_bytes(size.get('raw'))} of float32 "
+        f"(ratio {size.get('ratio')}x, codec {info['layout'].get('codec')}, "
         f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)",
     ]
     splits = info["splits"]
@@ -307,7 +279,7 @@ def format_info(info: dict[str, Any]) -> str:
     if rolls:
         lines.append(
             f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
-            "(manifest['rolls'] has their times and instruments)"
+            "(the manifest's rolls have their times and instruments)"
         )
     unmapped = c.get("unmapped") or {}
     if unmapped:

@@ -40,20 +40,35 @@ class OptionError(ShardcacheError, ValueError):
     """An option with a value it cannot take: ``option`` is the parameter's name (``max_gap``).
 
     ``str()`` names the parameter (``max_gap='-5m': ...``); ``flag()`` names the CLI flag
-    (``--max-gap -5m: ...``), which the command line prints instead.
+    (``--max-gap '-5m': ...``), which the command line prints instead. Other options the problem
+    names are written ``{name}`` in it, with their values in ``mentions`` (None: the name alone),
+    so each reader sees them as it would write them: ``normalize='none'`` or ``--normalize none``.
     """
 
-    def __init__(self, option: str, value: object, problem: str) -> None:
-        self.option, self.value, self.problem = option, value, problem
-        super().__init__(f"{option}={value!r}: {problem}")
+    def __init__(self, option: str, value: object, problem: str, mentions: dict[str, object] | None = None) -> None:
+        self.option, self.value, self.problem, self.mentions = option, value, problem, dict(mentions or {})
+        super().__init__(f"{option}={value!r}: {self._problem(cli=False)}")
 
-    def __reduce__(self) -> tuple[type, tuple[str, object, str]]:  # picklable across dask workers
-        return (type(self), (self.option, self.value, self.problem))
+    def __reduce__(self) -> tuple[type, tuple[str, object, str, dict[str, object]]]:  # picklable across dask workers
+        return (type(self), (self.option, self.value, self.problem, self.mentions))
+
+    def _problem(self, *, cli: bool) -> str:
+        text = self.problem
+        for name, value in self.mentions.items():
+            if cli:
+                shown = _flag(name) + ("" if value is None else f" {value}")
+            else:
+                shown = name + ("" if value is None else f"={value!r}")
+            text = text.replace("{" + name + "}", shown)
+        return text
 
     def flag(self) -> str:
         """The message as the command line says it, with the option's flag."""
-        value = self.value if isinstance(self.value, str) else repr(self.value)
-        return f"--{self.option.replace('_', '-')} {value}: {self.problem}"
+        return f"{_flag(self.option)} {self.value!r}: {self._problem(cli=True)}"
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
 
 
 class OptionTypeError(ShardcacheError, TypeError):

@@ -22,9 +22,10 @@ from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream,
 from shardcache.build import append as append_mod
 from shardcache.build.append import append_cache
 from shardcache.build.builder import build_cache
-from shardcache.build.checks import BUILD_OPTIONS
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.cli import build_cache_main, main
+from shardcache.format.build_options import BuildOptions
+from shardcache.format.layout import open_group
 from shardcache.inspect.verify import compare_caches, verify_cache
 from shardcache.read.plan import valid_ranges
 
@@ -85,11 +86,11 @@ def _bars(path: Path, minutes: np.ndarray, symbol: str = "ESM4", start_px: float
 def test_two_appends_equal_one_build_at_once(files, tmp_path):
     out = tmp_path / "c.zarr"
     first = build_cache(files[:9], out, **OPTS)
-    cuts = first.manifest["splits"]["cuts_ns"]
+    cuts = first.manifest.splits.cuts_ns
     append_cache(files[9:12], out, workers=2, progress=False)
     appended = append_cache(files[12:], out, workers=2, progress=False)
-    assert appended.manifest["splits"]["cuts_ns"] == cuts  # fraction cuts keep their first-build times
-    assert appended.manifest["stats"] == first.manifest["stats"]  # frozen
+    assert appended.manifest.splits.cuts_ns == cuts  # fraction cuts keep their first-build times
+    assert appended.manifest.stats == first.manifest.stats  # frozen
     whole = build_cache(files, tmp_path / "whole.zarr", stats_from=out, **OPTS)
     assert [d for d in compare_caches(appended, whole) if not d.startswith(BY_DESIGN)] == []
     a, w = appended.manifest, whole.manifest
@@ -105,10 +106,10 @@ def test_two_appends_equal_one_build_at_once(files, tmp_path):
         "bars_per_symbol",
         "groups",
     ):
-        assert a[key] == w[key], key
+        assert getattr(a, key) == getattr(w, key), key
     assert appended.history()["sources"] == whole.history()["sources"]
     assert sum(x["bars"] for x in appended.history()["appends"]) == appended.n_bars - first.n_bars > 0
-    assert a["appends"] == 2 and "appends" not in w
+    assert a.appends == 2 and w.appends == 0 and "appends" not in w.to_json()
     assert verify_cache(out).ok
     assert n_windows(appended, 60) == n_windows(whole, 60) > n_windows(first, 60)
     with WindowStream(appended, seq_len=60, split="all", batch_size=4096, shuffle=False) as stream:
@@ -170,8 +171,8 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
         progress=False,
     )
     assert cache.symbols == ["ESM4", "NQM4", "TINY"]  # a symbol shorter than a window is kept, as in a build
-    assert cache.manifest["groups"] == ["symbols/0", "symbols/1", "symbols/2"]
-    assert cache.manifest["bars_per_symbol"] == [150, 150, 10]
+    assert cache.manifest.groups == ["symbols/0", "symbols/1", "symbols/2"]
+    assert cache.manifest.bars_per_symbol == [150, 150, 10]
     assert cache.array(1, "features").shape == (150, cache.n_features) and cache.segments[1, 1] == cache.bases[1]
     assert verify_cache(out).ok and n_windows(cache, 60) == 2 * (150 - 61 + 1)  # TINY gives none at 60
     assert n_windows(cache, 5) == 2 * (150 - 6 + 1) + (10 - 6 + 1)
@@ -259,20 +260,24 @@ def test_cli_append_and_recompute(files, tmp_path, capsys):
         )
         == 0
     )
-    frozen = open_cache(out).manifest["stats"]
+    frozen = open_cache(out).manifest.stats
     capsys.readouterr()
     assert build_cache_main([*map(str, files[10:12]), "--append", "--out", str(out), "-q"]) == 0
-    assert "bars" in capsys.readouterr().out and open_cache(out).manifest["stats"] == frozen
+    assert "bars" in capsys.readouterr().out and open_cache(out).manifest.stats == frozen
     assert build_cache_main([*map(str, files[12:]), "--append", "--stats", "recompute", "--out", str(out), "-q"]) == 0
     rebuilt = open_cache(out)
     whole = build_cache(files, tmp_path / "w.zarr", **{**OPTS, "split": dates, "workers": None})
-    assert rebuilt.manifest["stats"] == whole.manifest["stats"] != frozen
-    # the rebuild takes BUILD_OPTIONS from the manifest: the builder must record every one of them
-    assert set(BUILD_OPTIONS) <= set(rebuilt.manifest["build"])
-    assert {k: rebuilt.manifest["build"][k] for k in BUILD_OPTIONS} == {
-        k: whole.manifest["build"][k] for k in BUILD_OPTIONS
-    }
-    assert "appends" not in rebuilt.manifest and len(rebuilt.history()["sources"]) == len(files)
+    assert rebuilt.manifest.stats == whole.manifest.stats != frozen
+    # the rebuild takes its BuildOptions from the manifest: the builder must record every one of them
+    recorded = open_group(str(out), "r").attrs["shardcache"]["build"]
+    assert set(BuildOptions.names()) - {"stats_from", "split_cuts_ns"} <= set(recorded)
+    assert rebuilt.manifest.build.options == whole.manifest.build.options.replace(
+        split_cuts_ns=recorded["split_cuts_ns"]
+    )
+    assert (
+        rebuilt.manifest.appends == 0 and "appends" not in recorded and len(rebuilt.history()["sources"]) == len(files)
+    )
+    assert "appends" not in open_group(str(out), "r").attrs["shardcache"]
 
 
 def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, monkeypatch):

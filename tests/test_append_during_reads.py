@@ -52,7 +52,7 @@ def _mixed(cache: Cache) -> list[str]:
             if shape[0] != n:
                 found.append(f"{symbol} {name} {shape[0]} rows, manifest {n}")
         last = int(cache.bases[i]) + n - 1
-        if int(cache.bar_times(np.array([last]))[0]) != int(cache.manifest["tails"][symbol]["ts"]):
+        if int(cache.bar_times(np.array([last]))[0]) != int(cache.manifest.tails[symbol]["ts"]):
             found.append(f"{symbol} last bar time")
     return found
 

@@ -61,8 +61,8 @@ def test_a_roll_at_or_after_the_append_boundary_is_cut_as_in_one_build(tmp_path,
     appended = append_cache(files[k:], out, progress=False)
     at_once = build_cache(files, whole, **opts)
     roll = [[T0 + 4 * HOUR, 100, 200]]
-    assert at_once.manifest["rolls"] == {"ES.c.0": roll} and at_once.manifest["counts"]["rolls"] == 1
-    assert appended.manifest["rolls"] == {"ES.c.0": roll} and appended.manifest["counts"]["rolls"] == 1
+    assert at_once.manifest.rolls == {"ES.c.0": roll} and at_once.manifest.counts.rolls == 1
+    assert appended.manifest.rolls == {"ES.c.0": roll} and appended.manifest.counts.rolls == 1
     np.testing.assert_array_equal(appended.segments, at_once.segments)
     assert len(appended.segments) == 2 and int(appended.segments[0, 2] - appended.segments[0, 1]) == 240
     assert [d for d in compare_caches(appended, at_once) if not d.startswith(BY_DESIGN)] == []
@@ -95,19 +95,19 @@ def test_recompute_keeps_the_split_cut_times_of_the_cache(tmp_path):
     opts = dict(split="train=0.6,val=0.2,test=0.2", shard_rows=1024, chunk_rows=128, workers=1, progress=False)
     out = tmp_path / "c.zarr"
     first = build_cache(files[:5], out, **opts)
-    cuts, before = first.manifest["splits"]["cuts_ns"], bar_splits(first)
+    cuts, before = first.manifest.splits.cuts_ns, bar_splits(first)
     frozen = tmp_path / "frozen.zarr"
     build_cache(files[:5], frozen, **opts)
     frozen = append_cache(files[5:], frozen, progress=False)
     moved = build_cache(files, tmp_path / "moved.zarr", **opts).manifest
-    assert moved["splits"]["cuts_ns"] != cuts  # fractions resolved over all bars would move every cut
+    assert moved.splits.cuts_ns != cuts  # fractions resolved over all bars would move every cut
     rebuilt = append_cache(files[5:], out, stats="recompute", progress=False)
-    assert rebuilt.manifest["splits"]["cuts_ns"] == cuts and rebuilt.manifest["splits"]["spec"] == opts["split"]
+    assert rebuilt.manifest.splits.cuts_ns == cuts and rebuilt.manifest.splits.spec == opts["split"]
     after = bar_splits(rebuilt)
     assert len(after) == rebuilt.n_bars > len(before) and all(after[k] == v for k, v in before.items())
-    assert after == bar_splits(frozen) and rebuilt.manifest["splits"]["bars"] == frozen.manifest["splits"]["bars"]
+    assert after == bar_splits(frozen) and rebuilt.manifest.splits.bars == frozen.manifest.splits.bars
     whole = build_cache(files, tmp_path / "whole.zarr", split_cuts_ns=cuts, **opts)
-    assert rebuilt.manifest["stats"] == whole.manifest["stats"] == frozen.manifest["stats"] != moved["stats"]
+    assert rebuilt.manifest.stats == whole.manifest.stats == frozen.manifest.stats != moved.stats
     assert [d for d in compare_caches(rebuilt, whole) if not d.startswith(BY_DESIGN)] == []
     assert [d for d in compare_caches(rebuilt, frozen) if not d.startswith(BY_DESIGN)] == []
     assert verify_cache(out).ok
@@ -117,13 +117,15 @@ def test_fixed_cut_times_are_checked_before_any_input_is_read(tmp_path):
     missing, out = tmp_path / "missing.dbn", tmp_path / "c.zarr"
     with pytest.raises(
         ShardcacheError,
-        match=r"^--split 'train=0.6,val=0.2,test=0.2': 1 cut time\(s\) given where "
+        match=r"^split='train=0.6,val=0.2,test=0.2': 1 cut time\(s\) given where "
         r"its 3 splits need 2, increasing$",
     ):
         build_cache([missing], out, split="train=0.6,val=0.2,test=0.2", split_cuts_ns=[T0], progress=False)
     with pytest.raises(ShardcacheError, match="need 2, increasing"):
         build_cache([missing], out, split="train=0.6,val=0.2,test=0.2", split_cuts_ns=[T0 + 1, T0], progress=False)
-    with pytest.raises(ShardcacheError, match="^--stats-from keeps its cache's split cut times: pass it or "):
+    with pytest.raises(
+        ShardcacheError, match="^stats_from=.*: keeps its cache's split cut times: pass it or split_cuts_ns, not both$"
+    ):
         build_cache([missing], out, split="val=2024-03-05", split_cuts_ns=[T0], stats_from=out, progress=False)
     assert not out.exists() and not Path(f"{out}.staging").exists()
 

@@ -15,6 +15,7 @@ from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import open_cache
+from shardcache.format.manifest import Manifest
 
 OPTS = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
 DAY = 86_400
@@ -26,9 +27,9 @@ def _cli(capsys, *argv: object) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
-def _unchanged(out: Path, before: dict) -> None:
+def _unchanged(out: Path, before: Manifest) -> None:
     cache = open_cache(out)
-    assert cache.n_bars == before["counts"]["bars"] and cache.manifest.get("appends", 0) == before.get("appends", 0)
+    assert cache.n_bars == before.counts.bars and cache.manifest.appends == before.appends
     assert not Path(f"{out}.staging").exists()
 
 
@@ -139,7 +140,7 @@ def test_records_read_counts_the_records_not_the_bars(tmp_path, capsys, schema, 
     assert code == 0
     text = capsys.readouterr().out
     assert "records   2 read; dropped none" in text
-    assert open_cache(out).manifest["counts"]["records_read"] == 2 and open_cache(out).n_bars == 1
+    assert open_cache(out).manifest.counts.records_read == 2 and open_cache(out).n_bars == 1
 
 
 # -- no silent skips ----------------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_default_features_without_the_ohlcv_columns_are_refused(tmp_path, capsys
     code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr", "--features", "default")
     assert code == 2 and err == [
         (
-            "build-cache: error: --features default: the default features need the source columns open, high, low, "
+            "build-cache: error: --features 'default': the default features need the source columns open, high, low, "
             "close, volume; the inputs have no close (their columns: open, high, low, volume); name the features, "
             "or pass --features raw"
         )
@@ -244,5 +245,5 @@ def test_a_split_time_with_a_zone_is_converted_to_utc_without_a_warning(es, tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy's "no explicit representation of timezones" would fail here
         assert _cli(capsys, es, "--out", out, "--split", "val=2023-01-03T12:00+01:00") == (0, [])
-    cut = open_cache(out).manifest["splits"]["cuts_ns"][0]
+    cut = open_cache(out).manifest.splits.cuts_ns[0]
     assert cut == int(np.datetime64("2023-01-03T11:00", "ns").astype(np.int64))

@@ -16,7 +16,8 @@ from helpers.cli import run_cli
 from shardcache import ShardcacheError, open_cache
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
-from shardcache.build.splits import parse_split
+from shardcache.errors import OptionError
+from shardcache.format.splits import parse_split
 from shardcache.read.plan import n_windows, valid_ranges
 
 OHLCV = ["open", "high", "low", "close", "volume"]
@@ -71,9 +72,9 @@ def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
     )
     ts, rows = expected_arrays(decode_bars(small_sample))
     group = zarr.open_group(str(tmp_path / "c.zarr"), mode="r")
-    first = group[cache.manifest["groups"][0]]["features"]
+    first = group[cache.manifest.groups[0]]["features"]
     assert first.dtype == np.float32 and first.shards == (4096, 5) and first.chunks == (512, 5)
-    assert first.shape == (cache.manifest["bars_per_symbol"][0], 5)  # dense: the symbol's bars only
+    assert first.shape == (cache.manifest.bars_per_symbol[0], 5)  # dense: the symbol's bars only
     got_rows, got_ts, _ = stored_rows(cache)
     np.testing.assert_array_equal(got_ts, ts)
     np.testing.assert_array_equal(got_rows, rows)
@@ -92,7 +93,7 @@ def test_default_sample_every_row_and_timestamp(tmp_path):
     got_rows, got_ts, _ = stored_rows(cache)
     np.testing.assert_array_equal(got_ts, ts)
     np.testing.assert_array_equal(got_rows, rows)
-    assert cache.manifest["counts"]["bars"] == len(ts)
+    assert cache.manifest.counts.bars == len(ts)
 
 
 def test_default_features_and_segments(small_sample, tmp_path):
@@ -141,9 +142,9 @@ def test_zscore_uses_train_split_only(small_sample, tmp_path):
 
 def test_fraction_and_date_splits_cut_segments(small_sample, tmp_path):
     cache = build_cache(small_sample, tmp_path / "c.zarr", split="train=0.8,val=0.1,test=0.1", progress=False)
-    bars = cache.manifest["splits"]["bars"]
+    bars = cache.manifest.splits.bars
     assert abs(bars["train"] / cache.n_bars - 0.8) < 0.02
-    cuts = cache.manifest["splits"]["cuts_ns"]
+    cuts = cache.manifest.splits.cuts_ns
     for (sym, a, b), s in zip(cache.segments, cache.segment_split):
         expected = np.searchsorted(cuts, cache.bar_times(np.arange(a, b)), side="right")
         assert np.all(expected == s), "a segment crosses a split boundary"
@@ -157,7 +158,7 @@ def test_fraction_and_date_splits_cut_segments(small_sample, tmp_path):
     "text", ["train=0.5", "a=0.5,b=0.6", "val=2024-02-01,test=2024-01-01", "x", "train=2024-01-01"]
 )
 def test_bad_split_specs(text):
-    with pytest.raises(ShardcacheError, match="--split"):
+    with pytest.raises(OptionError, match=f"^split={text!r}: "):
         parse_split(text)
 
 
@@ -176,8 +177,8 @@ def test_duplicates_and_unsorted_records(tmp_path):
     }
     path = write_dbn(tmp_path / "x.ohlcv-1m.dbn", "ohlcv-1m", recs, symbols={7: "ESM4"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
-    counts = cache.manifest["counts"]
-    assert counts["dropped"] == {"duplicate timestamp": 1} and counts["reordered"] == 1
+    counts = cache.manifest.counts
+    assert counts.dropped == {"duplicate timestamp": 1} and counts.reordered == 1
     got_ts = cache.array(0, "time")[...]  # one symbol
     assert np.all(np.diff(got_ts) > 0) and len(got_ts) == len(ts) - 1
     # the later record of the two at minute 3 wins
@@ -201,7 +202,7 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
     path = write_dbn(tmp_path / "x.dbn", "ohlcv-1m", recs, symbols={1: "LONG", 2: "TINY"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.symbols == ["LONG", "TINY"] and cache.n_bars == 210
-    assert "skipped_symbols" not in cache.manifest["counts"]
+    assert "skipped_symbols" not in cache.manifest.counts.to_json()
     assert n_windows(cache, 60, horizon=1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
     assert n_windows(cache, 5, horizon=1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
     r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q", "--seq-len", "100")

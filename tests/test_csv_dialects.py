@@ -70,12 +70,12 @@ def test_a_given_delimiter_is_used_recorded_and_kept_by_appends(tmp_path, capsys
     code, err = _cli(capsys, first, "--out", out, "--csv-delimiter", ";", "--normalize", "none", "--seq-len", "2")
     assert (code, err) == (0, [])
     cache = open_cache(out)
-    assert cache.feature_names == ["close, adjusted, usd"] and cache.manifest["build"]["csv_delimiter"] == ";"
+    assert cache.feature_names == ["close, adjusted, usd"] and cache.manifest.build.options.csv_delimiter == ";"
     assert _cli(capsys, later, "--out", out, "--append") == (0, [])
     assert open_cache(out).n_bars == 2 * N
     code, err = _cli(capsys, later, "--out", tmp_path / "d.zarr", "--csv-delimiter", "ab")
     assert code == 2 and err == [
-        "build-cache: error: --csv-delimiter ab: must be one character such as ';', or comma, semicolon, tab, pipe"
+        "build-cache: error: --csv-delimiter 'ab': must be one character such as ';', or comma, semicolon, tab, pipe"
     ]
 
 

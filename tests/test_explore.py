@@ -43,7 +43,7 @@ def test_shards_lists_every_shard_of_every_symbol(cache_path, source):
     table = shards(cache)
     assert len(table) == 6
     for s in table:
-        assert s.symbol == cache.symbols[s.symbol_id] and s.group == cache.manifest["groups"][s.symbol_id]
+        assert s.symbol == cache.symbols[s.symbol_id] and s.group == cache.manifest.groups[s.symbol_id]
         n, ts = COUNTS[s.symbol], source[s.symbol].ts
         a, b = s.shard * SHARD, min((s.shard + 1) * SHARD, n)
         assert (s.key, s.start, s.stop, s.rows) == (f"{s.group}/features/c/{s.shard}/0", a, b, b - a)
@@ -153,7 +153,7 @@ def test_to_xarray_is_the_datatree_with_labels(cache_path, source):
     cache = open_cache(cache_path)
     tree = to_xarray(cache)
     assert isinstance(tree, xr.DataTree) and tree.attrs["shardcache"]["format_version"] == 3
-    for i, (symbol, path) in enumerate(zip(cache.symbols, cache.manifest["groups"])):
+    for i, (symbol, path) in enumerate(zip(cache.symbols, cache.manifest.groups)):
         node = tree[path]
         assert node.symbol.item() == symbol
         np.testing.assert_array_equal(node.features.values, source[symbol].values)
@@ -204,7 +204,7 @@ def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_pat
 def test_ls_names_a_damaged_time_array_in_one_line(cache_path, tmp_path, capsys):
     broken = str(tmp_path / "broken.zarr")
     shutil.copytree(cache_path, broken)
-    group = open_cache(broken).manifest["groups"][1]
+    group = open_cache(broken).manifest.groups[1]
     with open(os.path.join(broken, *group.split("/"), "time", "c", "0"), "wb") as fh:
         fh.write(b"not zstd")
     assert main(["ls", broken]) == 2

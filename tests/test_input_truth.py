@@ -79,8 +79,8 @@ def test_continuous_roll_cuts_the_segment_and_no_window_crosses_it(tmp_path, cap
     cache = build_cache([path], out, features="close", normalize="none", max_gap="1h", progress=False)
     roll = T0 + 2 * HOUR
     assert cache.symbols == ["ES.c.0"] and cache.n_bars == 240
-    assert cache.manifest["rolls"] == {"ES.c.0": [[roll, 100, 200]]}
-    assert cache.manifest["counts"]["rolls"] == 1
+    assert cache.manifest.rolls == {"ES.c.0": [[roll, 100, 200]]}
+    assert cache.manifest.counts.rolls == 1
     assert len(cache.segments) == 2 and int(cache.segments[1, 1] - cache.segments[0, 1]) == 120
     info = published_ok(capsys, out)
     assert info["counts"]["rolls"] == 1
@@ -138,7 +138,7 @@ def test_unmapped_instrument_takes_another_inputs_mapping_or_is_counted(tmp_path
     out = tmp_path / "c.zarr"
     cache = build_cache([a, b], out, features="close", normalize="none", progress=False)
     assert cache.symbols == ["43", "ESH4"]  # 42 named from a.dbn's mappings: one series, not "42" and "ESH4"
-    unmapped = cache.manifest["counts"]["unmapped"]
+    unmapped = cache.manifest.counts.unmapped
     assert unmapped["instruments"] == 2 and unmapped["records"] == 200 and unmapped["named_from_other_inputs"] == 1
     assert "instrument 43 has no symbol mapping (100 records); kept as symbol '43'" in caplog.text
     assert "named ESH4 from another input" in caplog.text
@@ -159,7 +159,7 @@ def test_stray_record_types_are_counted_as_dropped(tmp_path, capsys):
     )
     out = tmp_path / "c.zarr"
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
-    assert cache.n_bars == 90 and cache.manifest["counts"]["dropped"] == {"other record type (ohlcv-1h)": 10}
+    assert cache.n_bars == 90 and cache.manifest.counts.dropped == {"other record type (ohlcv-1h)": 10}
     rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
     assert "other record type (ohlcv-1h): 10" in text
 
@@ -203,7 +203,7 @@ def test_bar_on_table_inputs_is_refused_unless_it_is_their_step(tmp_path, capsys
     )
     assert "a coarser input never gives finer bars" in refused(capsys, tmp_path / "b.zarr", str(path), "--bar", "30s")
     cache = build_cache([path], tmp_path / "c.zarr", bar="1m", normalize="none", progress=False)
-    assert cache.manifest["build"]["bar_ns"] == MIN
+    assert cache.manifest.build.bar_ns == MIN
 
 
 def test_dbn_bars_resampled_coarser_say_so_and_finer_is_refused(tmp_path, capsys):
@@ -211,8 +211,8 @@ def test_dbn_bars_resampled_coarser_say_so_and_finer_is_refused(tmp_path, capsys
     path = write_dbn(tmp_path / "m.dbn", "ohlcv-1m", bars(ts, np.full(120, 10.0), 7), symbols={7: "ESH4"})
     out = tmp_path / "c.zarr"
     cache = build_cache([path], out, bar="5m", features="close", normalize="none", progress=False)
-    assert cache.n_bars == 24 and cache.manifest["build"]["bar_ns"] == 5 * MIN
-    assert cache.manifest["counts"]["resampled"] == {"from": ["1m"], "to": "5m"}
+    assert cache.n_bars == 24 and cache.manifest.build.bar_ns == 5 * MIN
+    assert cache.manifest.counts.resampled == {"from": ["1m"], "to": "5m"}
     rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
     assert "resampled 1m bars into 5m bars (--bar)" in text
     assert "cannot make 30s bars from ohlcv-1m" in refused(capsys, tmp_path / "d.zarr", str(path), "--bar", "30s")
@@ -302,7 +302,7 @@ def test_integer_timestamp_units_are_read_from_the_values(tmp_path, unit, scale)
         pa.table({"ts": pa.array(ts, pa.int64()), "close": np.linspace(1, 2, 100)}), path, write_statistics=False
     )
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
-    assert cache.n_bars == 100 and cache.manifest["build"]["bar_ns"] == MIN
+    assert cache.n_bars == 100 and cache.manifest.build.bar_ns == MIN
     np.testing.assert_array_equal(times(cache, np.arange(100)), ts * scale)
 
 
@@ -343,7 +343,7 @@ def test_csv_gives_the_same_cache_as_parquet(tmp_path, capsys):
     a = build_cache([tmp_path / "bars.parquet"], tmp_path / "a.zarr", split="train=0.8,val=0.2", progress=False)
     b = build_cache([tmp_path / "bars.csv"], tmp_path / "b.zarr", split="train=0.8,val=0.2", progress=False)
     np.testing.assert_array_equal(a.read_rows(0, n), b.read_rows(0, n))
-    assert a.manifest["stats"] == b.manifest["stats"] and b.history()["sources"][0]["kind"] == "csv"
+    assert a.manifest.stats == b.manifest.stats and b.history()["sources"][0]["kind"] == "csv"
     published_ok(capsys, tmp_path / "b.zarr")
     found = build_cache(  # a folder's CSV files are inputs too (the cache goes outside the input folder)
         [tmp_path],
@@ -448,7 +448,7 @@ def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
         [a, b], tmp_path / "c.zarr", bar=bar, features="close", normalize="none", max_gap="1h", progress=False
     )
     per = 1 if bar is None else 5
-    assert cache.manifest["rolls"] == {"ES.c.0": [[T0 + 2 * HOUR, 100, 200]]}
+    assert cache.manifest.rolls == {"ES.c.0": [[T0 + 2 * HOUR, 100, 200]]}
     assert len(cache.segments) == 2 and int(cache.segments[0, 2] - cache.segments[0, 1]) == 120 // per
     ds = WindowDataset(cache, seq_len=10, horizon=1)
     assert len(ds) == 2 * (120 // per - 10)
@@ -526,7 +526,7 @@ def test_blank_symbols_are_trimmed_and_empty_ones_missing(tmp_path, capsys):
     )
     out = tmp_path / "c.zarr"
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
-    assert cache.symbols == ["ES"] and cache.manifest["counts"]["dropped"] == {"missing symbol": 20}
+    assert cache.symbols == ["ES"] and cache.manifest.counts.dropped == {"missing symbol": 20}
     published_ok(capsys, out)
 
 
@@ -578,5 +578,5 @@ def test_dbn_and_parquet_bars_of_one_symbol_build_together(tmp_path):
         volume=np.ones(100),
     )
     cache = build_cache([a, b], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
-    assert cache.n_bars == 150 and cache.manifest["counts"]["dropped"] == {"duplicate timestamp": 50}
-    assert cache.manifest["rolls"] == {}
+    assert cache.n_bars == 150 and cache.manifest.counts.dropped == {"duplicate timestamp": 50}
+    assert cache.manifest.rolls == {}

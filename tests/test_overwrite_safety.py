@@ -114,7 +114,7 @@ def test_a_parent_of_a_cache_is_never_replaced(inputs, tmp_path, capsys):
         capsys.readouterr().err.strip() == f"build-cache: error: {out}: already exists; pass --overwrite to replace it"
     )
     assert build_cache_main([str(inputs), "--out", str(out), "-q", "--normalize", "none", "--overwrite"]) == 0
-    assert open_cache(out).manifest["normalize"] == "none"
+    assert open_cache(out).manifest.normalize == "none"
 
 
 def test_an_interrupted_builds_staging_and_an_incomplete_cache_are_still_replaced(inputs, tmp_path, monkeypatch):
@@ -128,7 +128,7 @@ def test_an_interrupted_builds_staging_and_an_incomplete_cache_are_still_replace
     with pytest.raises(staging.ShardcacheError, match="interrupted build is kept .*--overwrite to start again"):
         build_cache(inputs, out, normalize="none", **OPTS)
     cache = build_cache(inputs, out, normalize="none", overwrite=True, **OPTS)
-    assert cache.manifest["normalize"] == "none" and verify_cache(out).ok
+    assert cache.manifest.normalize == "none" and verify_cache(out).ok
     assert not Path(f"{out}.staging").exists()
 
 
@@ -176,4 +176,4 @@ def test_an_object_store_prefix_that_is_not_a_cache_is_never_deleted(inputs, s3_
     out = f"{bucket}/c.zarr"
     assert build_cache_main([str(inputs), "--out", out, "-q", *flags]) == 0
     assert build_cache_main([str(inputs), "--out", out, "-q", "--overwrite", "--normalize", "none", *flags]) == 0
-    assert open_cache(out, options).manifest["normalize"] == "none"
+    assert open_cache(out, options).manifest.normalize == "none"

@@ -24,7 +24,7 @@ from helpers.kills import kill_after as _after
 from helpers.kills import kill_before as _before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache.build import builder, staging
+from shardcache.build import builder, merge, scan, staging
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.cli import build_cache_main, main
@@ -51,17 +51,17 @@ def clean(files, tmp_path_factory) -> Path:
 
 
 def _drop_one_then_die(job) -> None:
-    if job[0] == 1:
-        os.remove(job[2][0].path)
+    if job.sym == 1:
+        os.remove(job.runs[0].path)
         _die()
     _DROP(job)
 
 
-_DROP = builder._drop_runs
+_DROP = merge._drop_runs
 KILL_POINTS = {
-    "scan: file 3 spilled, not recorded": lambda: _after(builder, "_scan", lambda a: a[0][0] == 3),
-    "merge: symbol 1 clustered, not recorded": lambda: _after(builder, "_merge", lambda a: a[0][0] == 1),
-    "merge: symbol 1 recorded, runs half deleted": lambda: setattr(builder, "_drop_runs", _drop_one_then_die),
+    "scan: file 3 spilled, not recorded": lambda: _after(scan, "_scan", lambda a: a[0].index == 3),
+    "merge: symbol 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].sym == 1),
+    "merge: symbol 1 recorded, runs half deleted": lambda: setattr(merge, "_drop_runs", _drop_one_then_die),
     "plan: cache created, not recorded": lambda: _before(staging.Staging, "save", lambda a: a[1] == "created"),
     "stats: shard 3 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[0][1] == 3),
     "write: shard 4 written, not recorded": lambda: _after(builder, "write_shard", lambda a: a[0][1] == 4),
@@ -106,7 +106,7 @@ def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, 
     build_cache(files, out, **{**OPTS, "normalize": "none"})
     assert _in_child(_killed_overwrite, point, files, out, OPTS) == -signal.SIGKILL
     assert verify_cache(out).ok  # still a complete cache: the old one, or the new one once swapped
-    assert open_cache(out).manifest["normalize"] == ("zscore" if point.startswith("cleanup") else "none")
+    assert open_cache(out).manifest.normalize == ("zscore" if point.startswith("cleanup") else "none")
     cache = build_cache(files, out, resume=True, **OPTS)  # the interrupted build was an --overwrite
     assert compare_caches(clean, cache) == [] and not Path(f"{out}.staging").exists()
 
@@ -125,7 +125,7 @@ def test_resume_refuses_other_inputs_or_options(files, tmp_path):
     with pytest.raises(ShardcacheError, match="other inputs"):
         build_cache(moved, out, resume=True, **OPTS)
     cache = build_cache(files, out, overwrite=True, **{**OPTS, "normalize": "none"})
-    assert cache.manifest["normalize"] == "none" and not Path(f"{out}.staging").exists()
+    assert cache.manifest.normalize == "none" and not Path(f"{out}.staging").exists()
 
 
 def test_cli_resume(files, clean, tmp_path, capsys):
@@ -194,7 +194,7 @@ def _poll(out: Path, stop: Path, log: Path) -> None:
             cache = open_cache(out)
             report = verify_cache(cache)
             seen.append(
-                {"none": "A", "zscore": "B"}[cache.manifest["normalize"]] if report.ok else f"BAD {report.problems}"
+                {"none": "A", "zscore": "B"}[cache.manifest.normalize] if report.ok else f"BAD {report.problems}"
             )
         except CacheError as exc:
             seen.append(
@@ -235,7 +235,7 @@ def test_a_cache_replaced_under_an_open_handle_is_refused(files, tmp_path):
         old.read_rows(0, 10)
     with pytest.raises(CacheError, match="replaced"):
         pickle.loads(pickled).read_rows(0, 10)  # as a DataLoader worker would
-    assert open_cache(out).manifest["normalize"] == "zscore"
+    assert open_cache(out).manifest.normalize == "zscore"
 
 
 # -- bad inputs: one line, exit 2, no complete-looking cache ---------------------------------
@@ -291,7 +291,7 @@ def test_bad_dbn_values_are_dropped_and_counted_in_the_summary(tmp_path, capsys)
     out = tmp_path / "c.zarr"
     code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--features", "close", "--normalize", "none")
     assert code == 0, err
-    dropped = open_cache(out).manifest["counts"]["dropped"]
+    dropped = open_cache(out).manifest.counts.dropped
     assert dropped == {
         "timestamp out of range": 2,
         "non-finite price": 1,
@@ -319,7 +319,7 @@ def test_bad_parquet_values_are_dropped_and_counted(tmp_path, capsys):
     out = tmp_path / "c.zarr"
     code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--seq-len", "10", "-q")
     assert code == 0, err
-    assert open_cache(out).manifest["counts"]["dropped"] == {
+    assert open_cache(out).manifest.counts.dropped == {
         "non-finite price": 3,
         "non-positive price": 2,
         "timestamp out of range": 1,

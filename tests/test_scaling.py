@@ -63,13 +63,13 @@ def assert_same_cache(got: Cache, want: Cache) -> None:
     """Array for array equality of two caches (their stored rows), plus statistics and shard digests."""
     g = open_group(got.url, "r", got.storage_options)
     w = open_group(want.url, "r", want.storage_options)
-    assert got.manifest["bars_per_symbol"] == want.manifest["bars_per_symbol"]
+    assert got.manifest.bars_per_symbol == want.manifest.bars_per_symbol
     for name, a, b in zip(ARRAYS, stored_rows(got), stored_rows(want)):
         np.testing.assert_array_equal(a, b, err_msg=name)
     np.testing.assert_array_equal(g["segments"][...], w["segments"][...], err_msg="segments")
     for key in ("stats", "symbols", "splits"):
-        assert got.manifest[key] == want.manifest[key], key
-    for path in got.manifest["groups"]:
+        assert getattr(got.manifest, key) == getattr(want.manifest, key), key
+    for path in got.manifest.groups:
         assert g[path]["features"].attrs["digests"] == w[path]["features"].attrs["digests"], path
 
 

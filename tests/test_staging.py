@@ -5,6 +5,7 @@ the same output is refused while the first runs."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import itertools
 import logging
@@ -24,15 +25,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardcache.build import builder, staging
-from shardcache.build.builder import Merged, build_cache
-from shardcache.build.compute import read_arrow, shard_stats, write_arrow, write_shard
+from shardcache.build import append, merge, scan, staging
+from shardcache.build.builder import build_cache
+from shardcache.build.compute import ShardWork, read_arrow, shard_stats, write_arrow, write_shard
 from shardcache.build.markers import Unreadable, decode, encode
+from shardcache.build.merge import Merged
 from shardcache.build.sample import make_sample
 from shardcache.cli import build_cache_main
 from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
 from shardcache.format.layout import FORMAT_VERSION
+from shardcache.format.manifest import Manifest
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)
@@ -71,32 +74,32 @@ def _copy_state(interrupted: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 
 # -- markers: data in, data out ----------------------------------------------------------------
-def _scan_result() -> builder._Scan:
-    runs = np.zeros(3, builder._RUN)
+def _scan_result() -> scan._Scan:
+    runs = np.zeros(3, scan.RUN)
     runs["n"], runs["ts_max"] = [5, 6, 7], [10**18, 2, 3]
-    return builder._Scan(
-        ["ESM4", "NQM4"],
-        runs,
-        np.arange(3 * builder._SKETCH).reshape(3, -1),
-        collections.Counter({"NaN price": 3}),
-        2,
-        21,
-        60 * 10**9,
-        60 * 10**9,
-        {"unmapped": {"42": "ESH3"}},
+    return scan._Scan(
+        symbols=["ESM4", "NQM4"],
+        runs=runs,
+        sketch=np.arange(3 * scan.SKETCH).reshape(3, -1),
+        drops=collections.Counter({"NaN price": 3}),
+        reordered=2,
+        records=21,
+        median_dt=60 * 10**9,
+        step=60 * 10**9,
+        symbology={"unmapped": {"42": "ESH3"}},
     )
 
 
 def _merged() -> Merged:
     return Merged(
-        "ESM4",
-        3,
-        np.array([5, 7]),
-        12,
-        np.array([0, 9]),
-        np.array([0, 1], np.int8),
-        1,
-        {"ts": 17, "close": 4321.25, "volume": None},
+        symbol="ESM4",
+        sym=3,
+        cluster_rows=np.array([5, 7]),
+        n=12,
+        seg_starts=np.array([0, 9]),
+        seg_split=np.array([0, 1], np.int8),
+        duplicates=1,
+        tail={"ts": 17, "close": 4321.25, "volume": None},
     )
 
 
@@ -111,8 +114,8 @@ def _equal(a, b) -> bool:
 
 
 RESULTS = {  # a task's result as the build writes it, and the type it is read back as
-    "scan": (_scan_result(), staging._returns(builder._scan)),
-    "merge": (_merged(), staging._returns(builder._merge)),
+    "scan": (_scan_result(), staging._returns(scan._scan)),
+    "merge": (_merged(), staging._returns(merge._merge)),
     "stats": ((np.ones(4), np.zeros(4), np.arange(4.0)), staging._returns(shard_stats)),
     "write": ("9f2c0d", staging._returns(write_shard)),
     "created": (True, bool),
@@ -128,6 +131,31 @@ def test_every_task_result_round_trips_as_data(kind):
     if suffix == ".npz":  # every member loads without pickle
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             assert all(npz[name].dtype != object for name in npz.files)
+
+
+def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
+    """Jobs, results, the shard work and an append's placement and finish have named fields only (no
+    positional records, no 7-tuples); the ones a resume reads back (a scan's, a merge's, an append's
+    finish) decode as their own types."""
+    records = [scan.ScanJob, scan._Scan, scan.Scanned, scan.Inputs, merge.MergeJob, Merged, merge._Run, ShardWork]
+    for record in [*records, append._Placement, append._Finish]:
+        with pytest.raises(TypeError, match="positional argument"):
+            record(*range(len(dataclasses.fields(record))))
+    manifest = open_cache(clean).manifest
+    finish = append._Finish(
+        bars_per_symbol=np.array([3, 4]),
+        segments=np.array([[0, 0, 3], [1, 1024, 1028]]),
+        segment_split=np.array([0, 1], np.int8),
+        shards=[0, 1],
+        digests=["9f2c0d", "77aa01"],
+        grown=[1],
+        manifest=manifest.to_json(),
+        history={"sources": [{"path": "a.dbn"}], "appends": [{"bars": 7}]},
+    )
+    back = decode(encode(finish)[1], append._Finish)
+    assert _equal(back, finish) and Manifest.from_json(back.manifest) == manifest
+    for value, kind in (RESULTS["scan"], RESULTS["merge"]):
+        assert _equal(decode(encode(value)[1], kind), value)
 
 
 def test_results_that_are_not_data_are_refused_when_written():
@@ -151,7 +179,7 @@ def _object_array_npz() -> bytes:
         (encode(_merged())[1].replace(b'"marker": 1', b'"marker": 2'), Merged, "another marker format"),
         (b'{"marker": 1, "value": "x"}', str, "no digest"),
         (encode("9f2c0d")[1], Merged, "another type"),
-        (encode(_merged())[1], staging._returns(builder._scan), "another dataclass"),
+        (encode(_merged())[1], staging._returns(scan._scan), "another dataclass"),
         (encode((np.ones(2), np.ones(2)))[1], staging._returns(shard_stats), "a tuple of another length"),
         (_object_array_npz(), object, "an object array"),
     ],
@@ -406,7 +434,7 @@ def test_a_killed_build_leaves_no_lock(files, tmp_path, capsys):
     assert build_cache_main(argv) == 2
     assert "an interrupted build is kept" in capsys.readouterr().err
     assert build_cache_main([*argv, "--resume"]) == 0
-    assert open_cache(out).manifest["format_version"] == FORMAT_VERSION and verify_cache(out).ok
+    assert open_cache(out).manifest.format_version == FORMAT_VERSION and verify_cache(out).ok
 
 
 def test_spill_files_with_a_pickled_arrow_extension_type_run_no_code(tmp_path):

@@ -112,7 +112,7 @@ def measure_build(
     if prof.exit_code:
         raise SystemExit(f"bench: {label}: build-cache failed with exit code {prof.exit_code}")
     cache = open_cache(out)
-    size = cache.manifest.get("bytes", {})
+    size = cache.manifest.bytes
     inputs = len([p for p in sources.iterdir() if not p.name.startswith(".")]) if sources.is_dir() else 1
     result = BuildResult(
         label=label,
@@ -122,8 +122,8 @@ def measure_build(
         wall_s=prof.wall_s,
         peak_rss=max(prof.kernel_max_rss, prof.peak_rss_tree),
         peak_pss=prof.peak_pss_tree,
-        stored_bytes=int(size.get("stored", 0)),
-        raw_bytes=int(size.get("raw", cache.n_bars * cache.n_features * 4)),
+        stored_bytes=int(size.stored),
+        raw_bytes=int(size.raw),
         exit_code=prof.exit_code,
     )
     return result, prof
@@ -291,7 +291,7 @@ def read_probe(spec: dict) -> dict[str, Any]:
                     dtype="float32",
                     chunks=(chunk, f),
                     shards=(rows, f),
-                    compressors=compressors(cache.manifest["layout"]["codec"]),
+                    compressors=compressors(cache.manifest.layout.codec),
                     fill_value=np.nan,
                     zarr_format=3,
                 )

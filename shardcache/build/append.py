@@ -38,13 +38,13 @@ and a ``resume`` of an append already finished changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import logging
 import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,17 +52,21 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from ..errors import CacheError, ShardcacheError, SourceError
+from .._version import __version__
+from ..errors import CacheError, OptionError, ShardcacheError, SourceError
 from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.layout import ATTR, open_group, symbol_bases
+from ..format.manifest import Manifest
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
-from .builder import Merged, build_cache, connect, merge_symbols, open_inputs, place_clusters, scan_inputs
-from .checks import BUILD_OPTIONS, check_bar_sizes
+from .builder import build_cache, connect
+from .checks import check_bar_sizes
 from .compute import ShardWork, write_shard
-from .features import required_columns, resolve_features
+from .merge import Merged, merge_symbols, place_clusters
+from .run import RunOptions, settings
+from .scan import Inputs, Scanned, Stage, open_inputs, scan_inputs
 from .staging import Staging, digest, fingerprint, prepare
-from .summary import bytes_summary, split_bar_counts, stored_bytes, window_count
+from .summary import grown, stored_bytes
 
 __all__ = ["STATS", "append_cache"]
 
@@ -70,36 +74,53 @@ STATS = ("frozen", "recompute")
 log = logging.getLogger("shardcache")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Placement:
     """The appended cache's symbols, segment table and what to write."""
 
     symbols: list[str]
     bars_per_symbol: np.ndarray
     grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
-    segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
+    segments: np.ndarray  # virtual rows of the appended cache (format.layout.symbol_bases)
     segment_split: np.ndarray
-    clusters: tuple[
-        np.ndarray, np.ndarray, np.ndarray
-    ]  # cluster ids (see ShardWork), first rows, bar counts; row order
-    tails: dict[int, dict]  # row -> raw bar before the first new row of a symbol
+    clusters: np.ndarray  # cluster ids (see ShardWork), in row order
+    first_rows: np.ndarray  # each cluster's first row
+    counts: np.ndarray  # each cluster's bars
+    tails: dict[int, dict[str, Any]]  # row -> raw bar before the first new row of a symbol
     first_new: dict[int, int]  # tail shard -> first new row
     touched: list[int]  # shards to write, in row order
     new_bars: int
+
+
+@dataclass(kw_only=True)
+class _Finish:
+    """An append's last writes (history, segment tables, digests, manifest), saved in its staging folder
+    before the first of them. On an object store they go in place, so a rerun after a kill among them
+    writes these again: it cannot place the bars again from a half-written cache, and it never records
+    its inputs and its append a second time."""
+
+    bars_per_symbol: np.ndarray
+    segments: np.ndarray
+    segment_split: np.ndarray
+    shards: list[int]  # the shards written and their digests
+    digests: list[str]
+    grown: list[int]
+    manifest: dict[str, Any]  # the new manifest, as stored (``Manifest.to_json``)
+    history: dict[str, Any]
 
 
 def _t(ts_ns: int) -> str:
     return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
 
 
-def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | None]:
+def _open_target(out: str, storage_options: dict[str, Any] | None) -> tuple[Manifest, Cache | None]:
     """The manifest of the cache to append to and the cache opened, or a one-line refusal (missing,
     not a cache, an old format). The cache is None when its segment index is already an append's
     and its manifest not yet (an object-store append killed in its last writes, see ``_Finish``)."""
     try:
         cache = open_cache(out, storage_options)
     except IndexAheadError:
-        return dict(open_group(out, "r", storage_options).attrs[ATTR]), None
+        return Manifest.from_json(open_group(out, "r", storage_options).attrs[ATTR], url=out), None
     except NoCacheError:
         fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
         if fs.exists(path):
@@ -108,18 +129,16 @@ def _open_target(out: str, storage_options: dict | None) -> tuple[dict, Cache | 
     return cache.manifest, cache
 
 
-def _check_inputs(
-    out: str, manifest: dict[str, Any], history: dict[str, Any], srcs: list[Any], names: list[str]
-) -> None:
+def _check_inputs(out: str, manifest: Manifest, history: dict[str, Any], inputs: Inputs) -> None:
     """Refuse, before reading any bar, inputs a build would refuse to mix with the cache's own: other
     features, other source columns (a tick schema beside bars) or, where a file knows it (DBN), another
     bar size."""
-    have = manifest["feature_names"]
-    if names != have:
+    first = inputs.sources[0]
+    if inputs.names != manifest.feature_names:
         raise ShardcacheError(
-            f"{srcs[0].path}: gives features {', '.join(names)}; the cache {out} has {', '.join(have)}"
+            f"{first.path}: gives features {', '.join(inputs.names)}; the cache {out} has "
+            f"{', '.join(manifest.feature_names)}"
         )
-    first = srcs[0]
     built = next((s for s in reversed(history.get("sources") or []) if s.get("columns")), None)
     if built is not None and list(built["columns"]) != first.columns:
         raise SourceError(
@@ -128,15 +147,14 @@ def _check_inputs(
             f"{built.get('schema')} data with columns {', '.join(built['columns'])}; one cache holds one kind "
             "of bars (build them apart)",
         )
-    known = [s for s in srcs if s.bar_ns is not None]
+    known = [s for s in inputs.sources if s.bar_ns is not None]
     _check_bar_size(out, manifest, known, [None] * len(known))
 
 
-def _check_bar_size(out: str, manifest: dict[str, Any], srcs: list[Any], steps: list[int | None]) -> None:
+def _check_bar_size(out: str, manifest: Manifest, srcs: list[Any], steps: list[int | None]) -> None:
     """Refuse inputs whose bar size (DBN: the schema's; a table: the scan's most common ``steps``) is
     not the cache's ``bar_ns``, as ``checks.check_bar_sizes`` refuses two sizes in one build."""
-    b = manifest["build"]
-    size, want = check_bar_sizes(srcs, steps, b.get("bar")), b.get("bar_ns")
+    size, want = check_bar_sizes(srcs, steps, manifest.build.options.bar), manifest.build.bar_ns
     if size is not None and want and int(size) != int(want):
         path = next(s.path for s in srcs if s.bar_ns == size)
         raise SourceError(
@@ -146,9 +164,9 @@ def _check_bar_size(out: str, manifest: dict[str, Any], srcs: list[Any], steps: 
         )
 
 
-def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
+def _check_after(cache: Cache, scanned: Scanned, paths: list[str]) -> None:
     """Refuse new bars at or before a symbol's last stored bar, naming the first such file."""
-    tails = cache.manifest.get("tails", {})
+    tails = cache.manifest.tails
     runs = scanned.runs
     for run in runs[np.argsort(runs["file"], kind="stable")]:
         sym = scanned.symbols[int(run["sym"])]
@@ -163,8 +181,8 @@ def _check_after(cache: Cache, scanned: Any, paths: list[str]) -> None:
 def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
     appended cache's virtual rows."""
-    shard_rows, max_gap = cache.shard_rows, int(cache.manifest["build"]["max_gap_ns"])
-    tails = cache.manifest.get("tails", {})
+    shard_rows, max_gap = cache.shard_rows, int(cache.manifest.build.max_gap_ns)
+    tails = cache.manifest.tails
     symbols = cache.symbols
     where = {s: i for i, s in enumerate(symbols)}
     local = cache.local_segments.copy()  # symbol, start, stop, split in the symbol's rows
@@ -194,7 +212,10 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     bases = symbol_bases(n, shard_rows)
     virtual = np.stack([local[:, 0], local[:, 1] + bases[local[:, 0]], local[:, 2] + bases[local[:, 0]]], axis=1)
     order = np.argsort(virtual[:, 1], kind="stable")
-    lead, first_new, touched, placed = {}, {}, [], []
+    lead: dict[int, dict[str, Any]] = {}
+    first_new: dict[int, int] = {}
+    touched: list[int] = []
+    placed = []
     for i, (m, r0) in grown.items():
         v0 = int(bases[i]) + r0
         if r0:
@@ -209,16 +230,18 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
         ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     by_row = np.argsort(first_rows, kind="stable")
     return _Placement(
-        symbols,
-        np.asarray(n, dtype=np.int64),
-        sorted(grown),
-        virtual[order],
-        local[order, 3].astype(np.int8),
-        (ids[by_row], first_rows[by_row], counts[by_row]),
-        lead,
-        first_new,
-        sorted(touched),
-        int(counts.sum()),
+        symbols=symbols,
+        bars_per_symbol=np.asarray(n, dtype=np.int64),
+        grown=sorted(grown),
+        segments=virtual[order],
+        segment_split=local[order, 3].astype(np.int8),
+        clusters=ids[by_row],
+        first_rows=first_rows[by_row],
+        counts=counts[by_row],
+        tails=lead,
+        first_new=first_new,
+        touched=sorted(touched),
+        new_bars=int(counts.sum()),
     )
 
 
@@ -243,10 +266,10 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
     staging.save("linked", True)
 
 
-def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
-    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones, at the
-    cache's split cut times (fractions are not resolved again over all bars: no bar changes split)."""
-    b = cache.manifest["build"]
+def _rebuild(cache: Cache, sources: Any, out: str, run: RunOptions) -> Cache:
+    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones, with its
+    build options at its split cut times (fractions are not resolved again over all bars: no bar
+    changes split)."""
     old = [s["path"] for s in cache.history().get("sources", [])]
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
     missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
@@ -255,14 +278,8 @@ def _rebuild(cache: Cache, sources: Any, out: str, **kwargs: Any) -> Cache:
             f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
             "(use --stats frozen to append without it)"
         )
-    return build_cache(
-        [*old, *new],
-        out,
-        overwrite=True,
-        **{k: b.get(k) for k in BUILD_OPTIONS},
-        split_cuts_ns=cache.manifest["splits"]["cuts_ns"],
-        **kwargs,
-    )
+    options = cache.manifest.build.options.replace(stats_from=None, split_cuts_ns=cache.manifest.splits.cuts_ns)
+    return build_cache([*old, *new], out, options, run=dataclasses.replace(run, overwrite=True))
 
 
 def append_cache(
@@ -270,61 +287,44 @@ def append_cache(
     out: str | os.PathLike[str],
     *,
     stats: str = "frozen",
-    workers: int | None = None,
-    scheduler: Any = None,
-    resume: bool = False,
-    storage_options: dict | None = None,
-    progress: bool = True,
+    run: RunOptions | None = None,
+    **fields: Any,
 ) -> Cache:
     """Add the bars of ``sources`` (later than each symbol's last bar) to the cache at ``out``.
 
-    Uses the cache's build options; ``stats="frozen"`` keeps its statistics and rewrites only
-    each symbol's partial last shard, ``"recompute"`` rebuilds it (see the module docstring).
-    ``resume`` finishes an interrupted append; run again once it is finished, it changes nothing.
+    Uses the cache's build options (a build option given here is refused); ``run`` (or its fields
+    as keyword arguments: workers, scheduler, resume, storage_options, progress) says how this run
+    goes. ``stats="frozen"`` keeps the cache's statistics and rewrites only each symbol's partial
+    last shard, ``"recompute"`` rebuilds it (see the module docstring). ``resume`` finishes an
+    interrupted append; run again once it is finished, it changes nothing.
     """
     t0 = time.perf_counter()
     out = os.fspath(out)
+    _, run = settings("append_cache", None, run, fields, build=False)
+    if run.overwrite:
+        raise OptionError("overwrite", True, "an append adds to its cache in place, it never replaces it")
     if stats not in STATS:
-        raise ShardcacheError(f"--stats {stats!r}: choose {' or '.join(STATS)}")
-    m, cache = _open_target(out, storage_options)
-    b = m["build"]
+        raise OptionError("stats", stats, f"choose {' or '.join(STATS)}")
+    m, cache = _open_target(out, run.storage_options)
     if stats == "recompute":
         if cache is None:
             raise CacheError(
                 f"{out}: an append to it stopped in its last writes; finish it first (--append "
                 "--resume with the same inputs)"
             )
-        return _rebuild(
-            cache,
-            sources,
-            out,
-            workers=workers,
-            scheduler=scheduler,
-            resume=resume,
-            storage_options=storage_options,
-            progress=progress,
-        )
-    specs, paths, srcs = open_inputs(
-        sources,
-        storage_options,
-        bar=b.get("bar"),
-        ts_column=b.get("ts_column"),
-        symbol_column=b.get("symbol_column"),
-        csv_delimiter=b.get("csv_delimiter"),
-        columns=b.get("columns"),
-    )
-    names = resolve_features(b.get("features"), srcs[0].columns)
-    _check_inputs(out, m, {} if cache is None else cache.history(), srcs, names)
-    previous = {"fingerprint": b["fingerprint"], "bars": m["counts"]["bars"], "appends": m.get("appends", 0)}
-    done = _finished(cache, srcs, stats) if resume and cache is not None else None
-    wanted = done or fingerprint(srcs, {"append_to": previous, "stats": stats}, _version())
-    staging = prepare(out, storage_options, wanted, resume=resume, overwrite=True, inputs=specs)
+        return _rebuild(cache, sources, out, run)
+    inputs = open_inputs(sources, m.build.options, run.storage_options)
+    _check_inputs(out, m, {} if cache is None else cache.history(), inputs)
+    previous = {"fingerprint": m.build.fingerprint, "bars": m.counts.bars, "appends": m.appends}
+    done = _finished(cache, inputs, stats) if run.resume and cache is not None else None
+    wanted = done or fingerprint(inputs.sources, {"append_to": previous, "stats": stats}, __version__)
+    staging = prepare(out, run.storage_options, wanted, resume=run.resume, overwrite=True, inputs=inputs.specs)
     assert isinstance(staging, Staging)  # a finished cache is returned only for a build's own fingerprint
-    if done is not None:  # an object store's append killed after its last write: only its folder is left
+    if done is not None and cache is not None:  # an object store's append killed after its last write
         staging.remove()
         log.info("%s: this append is already in the cache; nothing to resume", out)
         return cache
-    with staging.guard("append"), connect(scheduler, staging.root, [out, *paths]) as client:
+    with staging.guard("append"), connect(run.scheduler, staging.root, [out, *inputs.paths]) as client:
         finish = staging.load("finish", kind=_Finish)
         if finish is None:
             if cache is None:
@@ -332,179 +332,136 @@ def append_cache(
                     f"{out}: its segment index is an append's and its manifest is not, and "
                     f"{staging.root} keeps no append to finish; rebuild the cache"
                 )
-            stage = functools.partial(staging.run, workers=workers, client=client, show=progress)
-            read_cols = required_columns(names, srcs[0].columns)
-            described = [s.describe() for s in srcs]
-            scanned = scan_inputs(stage, srcs, staging.root, read_cols)
-            _check_bar_size(out, m, srcs, scanned.steps)
-            del srcs
-            placement, manifest, digests = _write(stage, staging, cache, scanned, paths, names, read_cols)
-            record = {
-                "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "inputs": len(described),
-                "bars": placement.new_bars,
-                "stats": stats,
-                "fingerprint": digest(wanted),
-                "append_to": previous,
-                "shards_rewritten": len(placement.first_new),
-                "shards_written": len(placement.touched) - len(placement.first_new),
-                "elapsed_s": round(time.perf_counter() - t0, 3),
-            }
-            old = cache.history()
-            finish = _Finish(
-                placement.bars_per_symbol,
-                placement.segments,
-                placement.segment_split,
-                list(placement.touched),
-                list(digests),
-                list(placement.grown),
-                manifest,
-                {"sources": [*old.get("sources", []), *described], "appends": [*old.get("appends", []), record]},
-            )
+            stage = functools.partial(staging.run, workers=run.workers, client=client, show=run.progress)
+            finish = _plan(stage, staging, cache, inputs, stats, previous, digest(wanted), t0)
             staging.save("finish", finish)
         staging.written = True
+        layout = m.layout
         writer = CacheWriter(
             staging.cache_path,
-            feature_names=names,
+            feature_names=inputs.names,
             bars_per_symbol=finish.bars_per_symbol,
-            shard_rows=int(m["layout"]["shard_rows"]),
-            chunk_rows=int(m["layout"]["chunk_rows"]),
-            codec=m["layout"]["codec"],
-            storage_options=storage_options,
+            shard_rows=layout.shard_rows,
+            chunk_rows=layout.chunk_rows,
+            codec=layout.codec,
+            storage_options=run.storage_options,
             create=False,
         )
         writer.write_history(finish.history)
         writer.finish(
             finish.segments,
             finish.segment_split,
-            finish.manifest,
+            Manifest.from_json(finish.manifest, url=out),
             dict(zip(finish.shards, finish.digests)),
             symbols=finish.grown,
         )
         staging.publish()
         staging.remove()
-    return open_cache(out, storage_options)
+    return open_cache(out, run.storage_options)
 
 
-@dataclass
-class _Finish:
-    """An append's last writes (history, segment tables, digests, manifest), saved in its staging folder
-    before the first of them. On an object store they go in place, so a rerun after a kill among them
-    writes these again: it cannot place the bars again from a half-written cache, and it never records
-    its inputs and its append a second time."""
+def _plan(
+    stage: Stage,
+    staging: Staging,
+    cache: Cache,
+    inputs: Inputs,
+    stats: str,
+    previous: dict[str, Any],
+    fingerprint: str,
+    t0: float,
+) -> _Finish:
+    """Scan, merge, place and write the new bars: the append's last writes, decided once."""
+    described = [s.describe() for s in inputs.sources]
+    scanned = scan_inputs(stage, inputs.sources, staging.root, inputs.read_columns)
+    _check_bar_size(cache.url, cache.manifest, inputs.sources, scanned.steps)
+    inputs.sources.clear()  # the readers' state is not needed again
+    placement, manifest, digests = _write(stage, staging, cache, scanned, inputs)
+    record = {
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "inputs": len(described),
+        "bars": placement.new_bars,
+        "stats": stats,
+        "fingerprint": fingerprint,
+        "append_to": previous,
+        "shards_rewritten": len(placement.first_new),
+        "shards_written": len(placement.touched) - len(placement.first_new),
+        "elapsed_s": round(time.perf_counter() - t0, 3),
+    }
+    old = cache.history()
+    return _Finish(
+        bars_per_symbol=placement.bars_per_symbol,
+        segments=placement.segments,
+        segment_split=placement.segment_split,
+        shards=list(placement.touched),
+        digests=list(digests),
+        grown=list(placement.grown),
+        manifest=manifest.to_json(),
+        history={"sources": [*old.get("sources", []), *described], "appends": [*old.get("appends", []), record]},
+    )
 
-    bars_per_symbol: np.ndarray
-    segments: np.ndarray
-    segment_split: np.ndarray
-    shards: list[int]  # the shards written and their digests
-    digests: list[str]
-    grown: list[int]
-    manifest: dict[str, Any]
-    history: dict[str, Any]
 
-
-def _finished(cache: Cache, srcs: list, stats: str) -> dict | None:
+def _finished(cache: Cache, inputs: Inputs, stats: str) -> dict[str, Any] | None:
     """The fingerprint of this append if it is the cache's last one, finished (its manifest, written
     after its history, counts it); else None."""
     last = (cache.history().get("appends") or [{}])[-1]
-    if "append_to" not in last or cache.manifest.get("appends", 0) != last["append_to"]["appends"] + 1:
+    if "append_to" not in last or cache.manifest.appends != last["append_to"]["appends"] + 1:
         return None
-    wanted = fingerprint(srcs, {"append_to": last["append_to"], "stats": stats}, _version())
+    wanted = fingerprint(inputs.sources, {"append_to": last["append_to"], "stats": stats}, __version__)
     return wanted if digest(wanted) == last.get("fingerprint") else None
 
 
 def _write(
-    stage: Any, staging: Staging, cache: Cache, scanned: Any, paths: list[str], names: list[str], read_cols: list[str]
-) -> tuple[_Placement, dict, list[str]]:
+    stage: Stage, staging: Staging, cache: Cache, scanned: Scanned, inputs: Inputs
+) -> tuple[_Placement, Manifest, list[str]]:
     """Merge and place the scanned bars and write the shards they touch: the placement, the new
     manifest and the shards' digests."""
-    m, b = cache.manifest, cache.manifest["build"]
-    _check_after(cache, scanned, paths)
-    instruments = {sym: int(t["instrument"]) for sym, t in m.get("tails", {}).items() if "instrument" in t}
-    merged = merge_symbols(stage, staging.root, scanned, int(b["max_gap_ns"]), m["splits"]["cuts_ns"], instruments)
+    m = cache.manifest
+    _check_after(cache, scanned, inputs.paths)
+    instruments = {sym: int(t["instrument"]) for sym, t in m.tails.items() if "instrument" in t}
+    merged = merge_symbols(stage, staging.root, scanned, m.build.max_gap_ns, m.splits.cuts_ns, instruments)
     placement = _place(cache, merged)
     if not placement.new_bars:
-        raise ShardcacheError(f"{', '.join(paths[:3])}: no bars to append")
+        raise ShardcacheError(f"{', '.join(inputs.paths[:3])}: no bars to append")
     _stage_copy(cache, staging)
     writer = CacheWriter(
         staging.cache_path,
-        feature_names=names,
+        feature_names=inputs.names,
         bars_per_symbol=placement.bars_per_symbol,
         shard_rows=cache.shard_rows,
         chunk_rows=cache.chunk_rows,
-        codec=m["layout"]["codec"],
+        codec=m.layout.codec,
         storage_options=cache.storage_options,
         create=False,
     )
-    ids, first_rows, counts = placement.clusters
     work = ShardWork(
-        staging.root,
-        ids,
-        first_rows,
-        counts,
-        placement.segments,
-        placement.segment_split,
-        names,
-        writer,
-        read_columns=read_cols,
+        staging=staging.root,
+        clusters=placement.clusters,
+        first_row=placement.first_rows,
+        counts=placement.counts,
+        segments=placement.segments,
+        segment_split=placement.segment_split,
+        names=inputs.names,
+        writer=writer,
+        read_columns=inputs.read_columns,
         symbols=placement.symbols,
         tails=placement.tails,
         first_new=placement.first_new,
     )
-    if m.get("stats"):  # frozen
-        work.mean = np.asarray(m["stats"]["mean"]).astype(np.float32)
-        work.std = np.asarray(m["stats"]["std"]).astype(np.float32)
+    if m.stats is not None:  # frozen
+        work.mean = np.asarray(m.stats.mean).astype(np.float32)
+        work.std = np.asarray(m.stats.std).astype(np.float32)
     digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
     staging.written = True
     writer.sweep()
-    stored = stored_bytes(staging.cache_path, cache.storage_options)
-    return placement, _manifest(cache, placement, merged, scanned, writer, stored), digests
-
-
-def _manifest(
-    cache: Cache, placement: _Placement, merged: list[Merged], scanned: Any, writer: CacheWriter, stored: int
-) -> dict:
-    """The old manifest with the appended bars, segments and shards counted in."""
-    m = cache.manifest
-    names = m["splits"]["names"]
-    counts = m["counts"]
-    dropped = Counter(counts.get("dropped", {})) + Counter(scanned.drops)
-    dups = sum(x.duplicates for x in merged)
-    if dups:
-        dropped["duplicate timestamp"] += dups
-    n_bars = cache.n_bars + placement.new_bars
-    w = counts["windows"]
-    known = set(placement.symbols)
-    return {
-        **m,
-        "symbols": placement.symbols,
-        "splits": {**m["splits"], "bars": split_bar_counts(placement.segments, placement.segment_split, names)},
-        "tails": {**m.get("tails", {}), **{x.symbol: x.tail for x in merged if x.symbol in known}},
-        "rolls": {
-            **m.get("rolls", {}),
-            **{x.symbol: [*m.get("rolls", {}).get(x.symbol, []), *x.rolls] for x in merged if x.rolls},
-        },
-        "counts": {
-            **counts,
-            "bars": n_bars,
-            "records_read": counts["records_read"] + scanned.records,
-            "symbols": len(placement.symbols),
-            "segments": len(placement.segments),
-            "dropped": {k: int(v) for k, v in dropped.items()},
-            "reordered": counts.get("reordered", 0) + scanned.reordered,
-            "rolls": counts.get("rolls", 0) + sum(len(x.rolls) for x in merged),
-            "windows": {
-                **w,
-                "count": window_count(placement.segments, placement.segment_split, names, w["seq_len"], w["horizon"]),
-            },
-        },
-        "bytes": bytes_summary(stored, n_bars * cache.n_features * 4),
-        "layout": {**m["layout"], "shards": writer.n_shards},
-        "appends": m.get("appends", 0) + 1,  # how many; their records are in the history group
-    }
-
-
-def _version() -> str:
-    from .._version import __version__
-
-    return __version__
+    manifest = grown(
+        m,
+        symbols=placement.symbols,
+        segments=placement.segments,
+        segment_split=placement.segment_split,
+        merged=merged,
+        scanned=scanned,
+        writer=writer,
+        stored=stored_bytes(staging.cache_path, cache.storage_options),
+        appended=True,
+    )
+    return placement, manifest, digests

@@ -1,4 +1,4 @@
-"""The build's checks: options before any input is read, then what the inputs must agree on.
+"""The build's checks of what the inputs must agree on (the options are checked before, by ``BuildOptions``).
 
 Each check ends a build with one :class:`~shardcache.errors.ShardcacheError` line naming the
 option or the files, or logs a warning for what it keeps (unmapped instruments, empty splits).
@@ -9,102 +9,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
-import numpy as np
+from ..errors import OptionError, ShardcacheError
+from ..format.durations import format_duration
+from ..format.splits import SplitSpec
+from .sources import Source
 
-from ..errors import CacheError, ShardcacheError
-from ..format.layout import CODECS
-from ..format.paths import probe
-from .sources import Source, format_duration, parse_duration
-from .sources.csv import parse_delimiter
-from .splits import SplitSpec
-
-__all__ = ["BUILD_OPTIONS", "check_bar_sizes", "check_options", "check_splits", "resolve_unmapped", "stats_source"]
+__all__ = ["check_bar_sizes", "check_splits", "resolve_unmapped"]
 
 log = logging.getLogger("shardcache")
-
-# The options a cache is built with, recorded in its manifest's "build": an append keeps them,
-# ``--stats recompute`` rebuilds with them.
-BUILD_OPTIONS = (
-    "features",
-    "normalize",
-    "split",
-    "max_gap",
-    "bar",
-    "ts_column",
-    "symbol_column",
-    "csv_delimiter",
-    "columns",
-    "shard_rows",
-    "chunk_rows",
-    "codec",
-    "seq_len",
-    "horizon",
-)
-
-
-def _positive(flag: str, value: Any, *, zero: bool = False) -> None:
-    """Refuse a non-integer, negative (or, unless ``zero``, zero) value of ``flag``."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ShardcacheError(f"{flag} {value!r}: expected a whole number")
-    if value < 0 or (value == 0 and not zero):
-        raise ShardcacheError(f"{flag} {value}: must be {'0 or more' if zero else 'at least 1'}")
-
-
-def check_options(
-    *,
-    seq_len: int,
-    horizon: int,
-    shard_rows: int | None,
-    chunk_rows: int | None,
-    workers: int | None,
-    bar: str | None,
-    max_gap: str | int | None,
-    csv_delimiter: str | None = None,
-    normalize: str = "zscore",
-    codec: str = "blosc-lz4",
-    out: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> None:
-    """Refuse malformed options before any input is read or anything is written: numbers, durations,
-    the CSV delimiter, choices, and an ``out`` URL whose store does not answer (``format.paths.probe``)."""
-    if normalize not in ("zscore", "none"):
-        raise ShardcacheError(f"--normalize {normalize!r}: choose zscore or none")
-    if codec not in CODECS:
-        raise ShardcacheError(f"--codec {codec!r}: choose one of {', '.join(CODECS)}")
-    parse_delimiter(csv_delimiter)
-    problem = None if out is None else probe(out, storage_options)
-    if problem is not None:
-        raise CacheError(f"{out}: {problem}")
-    _positive("--seq-len", seq_len)
-    _positive("--horizon", horizon, zero=True)
-    _positive("--shard-rows", shard_rows)
-    _positive("--chunk-rows", chunk_rows)
-    _positive("--workers", workers)
-    if shard_rows is not None and chunk_rows is not None and chunk_rows > shard_rows:
-        raise ShardcacheError(f"--chunk-rows {chunk_rows}: must not exceed --shard-rows {shard_rows}")
-    if shard_rows is not None and chunk_rows is not None and shard_rows % chunk_rows:
-        raise ShardcacheError(f"--chunk-rows {chunk_rows}: must divide --shard-rows {shard_rows}")
-    if bar is not None and _signed_duration("--bar", bar) <= 0:
-        raise ShardcacheError(f"--bar {bar!r}: must be a positive duration such as 1s, 1m or 5m")
-    if isinstance(max_gap, str) and max_gap != "auto" and _signed_duration("--max-gap", max_gap) < 0:
-        raise ShardcacheError(f"--max-gap {max_gap!r}: must be 0 (never cut) or more")
-    elif isinstance(max_gap, int) and max_gap < 0:
-        raise ShardcacheError(f"--max-gap {max_gap}: must be 0 (never cut) or more")
-
-
-def _signed_duration(flag: str, text: str) -> int:
-    """``text`` as ns, a leading ``-`` kept (so the option can say which values it takes); one line if malformed."""
-    body = str(text).strip()
-    negative = body.startswith("-") and body[1:2].isdigit()
-    try:
-        ns = parse_duration(body[1:] if negative else body)
-    except ValueError as exc:
-        raise ShardcacheError(f"{flag} {text!r}: {exc}") from None
-    return -ns if negative else ns
 
 
 def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: str | None) -> int | None:
@@ -120,15 +33,16 @@ def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: st
             size = step
             want = getattr(src, "bar_request", None)
             if want is not None and want < step:
-                raise ShardcacheError(
-                    f"--bar {bar}: {src.path} holds {format_duration(step)} bars; a coarser "
-                    "input never gives finer bars"
+                raise OptionError(
+                    "bar", bar, f"{src.path} holds {format_duration(step)} bars; a coarser input never gives finer bars"
                 )
             if want is not None and want != step:
-                raise ShardcacheError(
-                    f"--bar {bar}: {src.path} holds {format_duration(step)} bars and "
-                    f"{src.kind} bars are taken as they are; resample them before the build, "
-                    "or drop --bar"
+                raise OptionError(
+                    "bar",
+                    bar,
+                    f"{src.path} holds {format_duration(step)} bars and {src.kind} bars are taken as they are; "
+                    "resample them before the build, or drop {bar}",
+                    {"bar": None},
                 )
             src.bar_ns = step
         if size is not None:
@@ -190,27 +104,15 @@ def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbolo
     }
 
 
-def stats_source(spec: SplitSpec, normalize: str) -> str | None:
-    """Where z-score statistics come from: ``"train"``, ``"all"`` (no splits) or None (no
-    normalization); refuse, before any input is read, a layout with splits but no train."""
-    if normalize != "zscore":
-        return None
-    if spec.names == ["all"]:
-        return "all"
-    if "train" not in spec.names:
-        raise ShardcacheError(
-            f"--split {spec.text!r}: --normalize zscore takes its statistics from a split named "
-            "train, and this layout has none; name one train, or pass --normalize none"
-        )
-    return "train"
-
-
 def check_splits(spec: SplitSpec, stats_of: str | None, bars: dict[str, int]) -> None:
     """Refuse z-score statistics over an empty train split; warn about other splits with no bars."""
     if stats_of == "train" and not bars.get("train"):
-        raise ShardcacheError(
-            f"--split {spec.text!r}: the train split has no bars, so --normalize zscore has no "
-            "statistics; move the split dates later, or pass --normalize none"
+        raise OptionError(
+            "split",
+            spec.text,
+            "the train split has no bars, so z-score normalization has no statistics; move the split dates "
+            "later, or pass {normalize}",
+            {"normalize": "none"},
         )
     for name in spec.names:
         if len(spec.names) > 1 and not bars.get(name):

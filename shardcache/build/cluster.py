@@ -27,7 +27,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ShardcacheError
+from ..errors import OptionError, ShardcacheError
 from .staging import STATE
 
 __all__ = ["check_cluster"]
@@ -46,7 +46,7 @@ def check_cluster(client: Any, staging_root: str, urls: Sequence[str]) -> None:
         )
     seen = client.run(os.path.exists, os.path.join(staging_root, STATE))
     if not seen:
-        raise ShardcacheError(f"--scheduler {client.scheduler.address}: the cluster has no workers")
+        raise OptionError("scheduler", client.scheduler.address, "the cluster has no workers")
     blind = sorted(w for w, ok in seen.items() if not ok)
     if blind:
         hint = "" if os.path.isabs(staging_root) else "; a relative --out is relative to each worker's own folder"

@@ -31,7 +31,7 @@ def cluster_path(staging: str, sym: int, c: int) -> str:
     return os.path.join(staging, "clusters", f"{sym:06d}-{c:06d}.arrow")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ShardWork:
     """Where each row to compute comes from, and how to normalize and write it."""
 

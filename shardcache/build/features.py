@@ -100,14 +100,15 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
         return default
     given = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
     if not given:
-        raise ShardcacheError("--features names no feature")
+        raise OptionError("features", spec, "names no feature")
     if "default" in given and not ohlcv:
         absent = ", ".join(c for c in _OHLCV if c not in columns)
         raise OptionError(
             "features",
             spec if isinstance(spec, str) else ",".join(spec),
             f"the default features need the source columns {', '.join(_OHLCV)}; the inputs have no {absent} "
-            f"(their columns: {', '.join(columns)}); name the features, or pass --features raw",
+            f"(their columns: {', '.join(columns)}); name the features, or pass {{features}}",
+            {"features": "raw"},
         )
     names = []
     for name in given:
@@ -124,7 +125,11 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
             raise ShardcacheError(f"feature {name!r} needs source column(s) {', '.join(missing)}")
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
-        raise ShardcacheError(f"--features names {', '.join(twice)} twice (count what 'default' and 'raw' hold)")
+        raise OptionError(
+            "features",
+            spec if isinstance(spec, str) else ",".join(spec),
+            f"names {', '.join(twice)} twice (count what 'default' and 'raw' hold)",
+        )
     return names
 
 

@@ -134,7 +134,7 @@ def _value(tree: Any, kind: Any, arrays: dict[str, np.ndarray]) -> Any:
         return tuple(_value(v, k, arrays) for v, k in zip(tree, kinds))
     if base in (dict, collections.Counter):
         _check(tree, isinstance(tree, dict) and _ARRAY not in tree, kind)
-        of = args[-1] if args else (int if base is collections.Counter else Any)
+        of = int if base is collections.Counter else args[-1] if args else Any  # a Counter counts: int values
         items = {k: _value(v, of, arrays) for k, v in tree.items()}
         return collections.Counter(items) if base is collections.Counter else items
     raise Unreadable(f"no marker holds a {kind}")

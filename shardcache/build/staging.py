@@ -59,6 +59,7 @@ import fsspec
 from ..errors import CacheError, ShardcacheError, SourceError, one_line
 from ..format.cache import Cache
 from ..format.layout import ATTR, FORMAT_VERSION, open_group
+from ..format.manifest import marked_complete
 from ..format.paths import is_local, local_path
 from . import outputs
 from .markers import SUFFIXES, Unreadable, decode, encode
@@ -317,8 +318,8 @@ def _root(out: str) -> str:
 def _out_state(
     out: str, storage_options: dict | None, specs: Sequence[str] = (), files: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any]]:
-    """What is at ``out``: ``missing``; a cache --overwrite may replace (``complete``, with its manifest;
-    ``incomplete``: its build did not finish; ``damaged``: a cache that cannot be opened; ``empty``: an
+    """What is at ``out``: ``missing``; a cache --overwrite may replace (``complete``, with the
+    ``{"fingerprint": ...}`` of its build; ``incomplete``: its build did not finish; ``damaged``: a cache that cannot be opened; ``empty``: an
     empty folder); or what it never replaces, with ``{"what": ...}`` saying what is there: ``input`` (an
     input of the build, ``specs`` or ``files``, or a folder holding or inside one), ``file``, ``parent``
     (a folder holding a cache) or ``folder``."""
@@ -332,7 +333,7 @@ def _out_state(
     if not fs.isdir(path):
         return "file", {"what": outputs.file_kind(fs, path)}
     try:
-        return "complete", Cache(out, storage_options).manifest
+        return "complete", {"fingerprint": Cache(out, storage_options).manifest.build.fingerprint}
     except CacheError as exc:
         problem = one_line(exc).removeprefix(f"{out}: ")
     try:
@@ -340,7 +341,7 @@ def _out_state(
     except (OSError, ValueError, KeyError, TypeError):  # not a zarr group, or its metadata cannot be read
         attrs = None
     if isinstance(attrs, dict) and attrs:
-        return ("damaged" if attrs.get("complete") else "incomplete"), {"what": problem}
+        return ("damaged" if marked_complete(attrs) else "incomplete"), {"what": problem}
     if attrs is None and outputs.has_cache_layout(fs, path):
         return "damaged", {"what": problem}
     entries = fs.ls(path, detail=False)
@@ -511,8 +512,8 @@ def _act(
     root, out = held.root, held.out
     state = _read_state(root) if locked else None
     files = [str(i[0]) for i in wanted.get("inputs", [])]
-    status, manifest = _out_state(out, storage_options, inputs, files)
-    if status == "complete" and manifest.get("build", {}).get("fingerprint") == digest(wanted):
+    status, seen = _out_state(out, storage_options, inputs, files)
+    if status == "complete" and seen["fingerprint"] == digest(wanted):
         status = "built"
     staged = (
         "none"
@@ -526,7 +527,7 @@ def _act(
     outcome = decide(running, staged, status, resume, overwrite)
     if outcome.startswith("refuse:"):
         why = _differences(state.get("fingerprint", {}), wanted) if state else ""
-        raise ShardcacheError(refusal(outcome, out, root, why, manifest.get("what", "")))
+        raise ShardcacheError(refusal(outcome, out, root, why, seen.get("what", "")))
     if outcome == "done":
         if locked:  # killed while cleaning up after publishing
             held.remove()

@@ -1,20 +1,30 @@
-"""The manifest's counted parts, computed one way for a build and an append: bars per split,
-the summary's window count, and stored against raw bytes."""
+"""The manifest, made in one place: a build's fresh record (``fresh``) grown by its bars, or an
+append's cache manifest grown by the new ones (``grown``), with the parts both count the same way:
+bars per split, the summary's window count, and stored against raw bytes."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import fsspec
 import numpy as np
 
+from .._version import __version__
+from ..format.build_options import BuildOptions
+from ..format.manifest import BuildRecord, Bytes, Counts, Manifest, Splits, Stats, Windows
+from ..format.writer import CacheWriter
 from ..read.plan import SegmentTable, valid_ranges
+from .merge import Merged
+from .scan import Scanned
 
-__all__ = ["bytes_summary", "split_bar_counts", "stored_bytes", "window_count"]
+__all__ = ["fresh", "grown", "split_bar_counts", "stored_bytes", "window_count"]
 
 
-def stored_bytes(url: str, storage_options: dict | None) -> int:
+def stored_bytes(url: str, storage_options: dict[str, Any] | None) -> int:
     """Bytes of every symbol's ``features`` shard objects (what the compression ratio is about)."""
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     found = fs.find(path.rstrip("/") + "/symbols", detail=True)
@@ -33,6 +43,85 @@ def window_count(
     return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
 
 
-def bytes_summary(stored: int, raw: int) -> dict[str, Any]:
-    """The manifest's ``bytes``: stored against raw float32 features, and their ratio."""
-    return {"stored": stored, "raw": raw, "ratio": round(raw / stored, 3) if stored else None}
+def fresh(
+    options: BuildOptions,
+    *,
+    names: list[str],
+    cuts: Sequence[int],
+    stats: Stats | None,
+    build: BuildRecord,
+    writer: CacheWriter,
+    resampled: dict[str, Any] | None,
+    unmapped: dict[str, int],
+    elapsed_s: float,
+) -> Manifest:
+    """A build's manifest before its bars are counted in (``grown``): what it was built with and from."""
+    spec = options.splits()
+    return Manifest(
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        shardcache_version=__version__,
+        feature_names=names,
+        symbols=[],
+        groups=[],
+        bars_per_symbol=[],
+        layout=writer.layout,
+        stats=stats,
+        splits=Splits(
+            spec=spec.text, names=spec.names, stats_split=options.stats_split, cuts_ns=[int(c) for c in cuts]
+        ),
+        build=build,
+        counts=Counts(
+            resampled=resampled,
+            unmapped=unmapped or None,
+            windows=Windows(seq_len=options.seq_len, horizon=options.horizon),
+        ),
+        elapsed_s=elapsed_s,
+    )
+
+
+def grown(
+    base: Manifest,
+    *,
+    symbols: list[str],
+    segments: np.ndarray,
+    segment_split: np.ndarray,
+    merged: list[Merged],
+    scanned: Scanned,
+    writer: CacheWriter,
+    stored: int,
+    appended: bool,
+) -> Manifest:
+    """``base`` with the bars of ``merged`` (and the scan's counts) in: the cache ``writer`` wrote, whose
+    ``symbols`` and segment table these are; an ``appended`` one counts one append more."""
+    counts = base.counts
+    dropped = Counter(counts.dropped) + Counter(scanned.drops)
+    dups = sum(x.duplicates for x in merged)
+    if dups:
+        dropped["duplicate timestamp"] += dups
+    n_bars = int(writer.bars_per_symbol.sum())
+    names, windows, known = base.splits.names, counts.windows, set(symbols)
+    return base.replace(
+        symbols=symbols,
+        groups=writer.groups,
+        bars_per_symbol=writer.bars_per_symbol.tolist(),
+        layout=writer.layout,
+        splits=dataclasses.replace(base.splits, bars=split_bar_counts(segments, segment_split, names)),
+        tails={**base.tails, **{x.symbol: x.tail for x in merged if x.symbol in known}},
+        rolls={**base.rolls, **{x.symbol: [*base.rolls.get(x.symbol, []), *x.rolls] for x in merged if x.rolls}},
+        counts=dataclasses.replace(
+            counts,
+            bars=n_bars,
+            records_read=counts.records_read + scanned.records,
+            symbols=len(symbols),
+            segments=len(segments),
+            dropped={k: int(v) for k, v in dropped.items()},
+            reordered=counts.reordered + scanned.reordered,
+            rolls=counts.rolls + sum(len(x.rolls) for x in merged),
+            windows=dataclasses.replace(
+                windows,
+                count=window_count(segments, segment_split, names, windows.seq_len, windows.horizon),
+            ),
+        ),
+        bytes=Bytes(stored=stored, raw=n_bars * len(base.feature_names) * 4),
+        appends=base.appends + int(appended),
+    )

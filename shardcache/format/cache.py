@@ -23,7 +23,8 @@ from zarr.core.sync import sync
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
-from .layout import ATTR, FORMAT_VERSION, describe_damage, gather, open_group, symbol_bases
+from .layout import ATTR, describe_damage, gather, open_group, symbol_bases
+from .manifest import Manifest
 from .paths import is_url, local_path, probe
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
@@ -79,24 +80,11 @@ class Cache:
     def _load(self) -> None:
         """Read and check the manifest, then the root segment index; lay out the virtual rows."""
         group = self._open()
-        manifest = dict(group.attrs.get(ATTR) or {})
-        if not manifest:
+        attrs = group.attrs.get(ATTR)
+        if not attrs:
             raise NoCacheError(f"{self.url}: not a shardcache cache (no 'shardcache' attributes)")
-        version = manifest.get("format_version")
-        if version in (1, 2):
-            raise CacheError(f"{self.url}: cache format {version} is no longer read; rebuild it with build-cache")
-        if version != FORMAT_VERSION:
-            raise CacheError(
-                f"{self.url}: cache format version {version} is newer than this shardcache "
-                f"(reads {FORMAT_VERSION}); upgrade shardcache"
-            )
-        if not manifest.get("complete"):
-            raise CacheError(
-                f"{self.url}: cache is incomplete (its build did not finish); rerun build-cache "
-                "with --resume to finish it or --overwrite to start again"
-            )
-        self.manifest = manifest
-        self.bars_per_symbol = np.asarray(manifest["bars_per_symbol"], dtype=np.int64)
+        self.manifest = Manifest.from_json(attrs, url=self.url)
+        self.bars_per_symbol = np.asarray(self.manifest.bars_per_symbol, dtype=np.int64)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         try:
             local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
@@ -243,43 +231,44 @@ class Cache:
     # -- manifest views ------------------------------------------------------------------
     @property
     def feature_names(self) -> list[str]:
-        return list(self.manifest["feature_names"])
+        return list(self.manifest.feature_names)
 
     @property
     def symbols(self) -> list[str]:
-        return list(self.manifest["symbols"])
+        return list(self.manifest.symbols)
 
     @property
     def groups(self) -> list[str]:
         """Group path of each symbol, relative to the cache root."""
-        return list(self.manifest["groups"])
+        return list(self.manifest.groups)
 
     @property
     def split_names(self) -> list[str]:
-        return list(self.manifest["splits"]["names"])
+        return list(self.manifest.splits.names)
 
     @property
     def stats(self) -> dict[str, dict[str, float]]:
         """Normalization statistics per feature (``mean``, ``std``), from the train split."""
-        stats = self.manifest.get("stats") or {}
-        means, stds = stats.get("mean") or [], stats.get("std") or []
-        return {n: {"mean": m, "std": s} for n, m, s in zip(self.feature_names, means, stds)}
+        stats = self.manifest.stats
+        if stats is None:
+            return {}
+        return {n: {"mean": m, "std": s} for n, m, s in zip(self.feature_names, stats.mean, stats.std)}
 
     @property
     def n_bars(self) -> int:
-        return int(self.manifest["counts"]["bars"])
+        return int(self.manifest.counts.bars)
 
     @property
     def n_features(self) -> int:
-        return len(self.manifest["feature_names"])
+        return len(self.manifest.feature_names)
 
     @property
     def shard_rows(self) -> int:
-        return int(self.manifest["layout"]["shard_rows"])
+        return int(self.manifest.layout.shard_rows)
 
     @property
     def chunk_rows(self) -> int:
-        return int(self.manifest["layout"]["chunk_rows"])
+        return int(self.manifest.layout.chunk_rows)
 
     @property
     def n_rows(self) -> int:

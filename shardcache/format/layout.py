@@ -4,7 +4,7 @@ Layout (readable with plain ``zarr`` and ``xarray``)::
 
     CACHE/                      root group; attributes["shardcache"] = manifest (bounded size)
       segments  int64 (S, 4)    derived index: symbol, start, stop (rows of that symbol), split
-      symbols/<i>/              symbol ``manifest["symbols"][i]``; path ``manifest["groups"][i]``
+      symbols/<i>/              the manifest's symbol i (``symbols[i]``), at path ``groups[i]``
         features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks;
                                     attrs["digests"]: one digest per shard, in shard order
         time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])

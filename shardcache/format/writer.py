@@ -15,7 +15,6 @@ from zarr.core.sync import sync
 from ..errors import CacheError
 from .layout import (
     ATTR,
-    FORMAT_VERSION,
     TIME_ATTRS,
     compressors,
     gather,
@@ -24,6 +23,7 @@ from .layout import (
     shard_digest,
     symbol_bases,
 )
+from .manifest import Layout, Manifest, incomplete
 from .paths import is_url, local_path
 
 __all__ = ["CacheWriter"]
@@ -81,7 +81,7 @@ class CacheWriter:
         self._group: zarr.Group | None = None
         if create:
             self._group = open_group(self.url, "w", storage_options)
-            self._group.attrs[ATTR] = {"format_version": FORMAT_VERSION, "complete": False}
+            self._group.attrs[ATTR] = incomplete()
         self._ensure_symbols()
 
     def __getstate__(self) -> dict:
@@ -189,6 +189,16 @@ class CacheWriter:
         return int(self.bases[-1]) // self.shard_rows
 
     @property
+    def layout(self) -> Layout:
+        """The manifest's ``layout`` of what this writer writes."""
+        return Layout(shard_rows=self.shard_rows, chunk_rows=self.chunk_rows, codec=self.codec, shards=self.n_shards)
+
+    @property
+    def groups(self) -> list[str]:
+        """The manifest's ``groups``: each symbol's group path."""
+        return [group_path(i) for i in range(len(self.bars_per_symbol))]
+
+    @property
     def shard_ids(self) -> list[int]:
         """Every shard, in row order."""
         return list(range(self.n_shards))
@@ -257,7 +267,7 @@ class CacheWriter:
         self,
         segments: np.ndarray,
         segment_split: np.ndarray,
-        manifest: dict,
+        manifest: Manifest,
         digests: dict[int, str],
         symbols: Any = None,
     ) -> None:
@@ -266,8 +276,10 @@ class CacheWriter:
 
         ``segments`` are virtual rows; ``digests`` maps the shards written to their digests
         (the other shards keep the ones stored); ``symbols`` limits the per-symbol writes to
-        those (an append), all by default.
+        those (an append), all by default. ``manifest`` must describe this writer's symbols and layout.
         """
+        if manifest.bars_per_symbol != self.bars_per_symbol.tolist() or manifest.layout != self.layout:
+            raise CacheError(f"{self.url}: the manifest to write does not describe the cache written")
         seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
         split = np.asarray(segment_split, dtype=np.int8).reshape(-1)
         order = np.lexsort((seg[:, 1], seg[:, 0]))
@@ -276,7 +288,7 @@ class CacheWriter:
         local = np.stack([sym, seg[:, 1] - self.bases[sym], seg[:, 2] - self.bases[sym], split], axis=1)
         bounds = np.searchsorted(sym, np.arange(len(self.bars_per_symbol) + 1))
         root = self.root
-        todo = range(len(self.bars_per_symbol)) if symbols is None else sorted(set(int(s) for s in symbols))
+        todo = range(len(self.bars_per_symbol)) if symbols is None else sorted({int(s) for s in symbols})
         for i in todo:
             for name in _SEGMENT_ARRAYS:
                 self._release(f"{group_path(i)}/{name}")
@@ -299,12 +311,4 @@ class CacheWriter:
         gather([one(i) for i in todo])
         sync(self._asmall(root._async_group, "segments", local.astype(np.int64), ("all_segments", "field")))
         self._release("zarr.json")
-        root.attrs[ATTR] = {
-            **manifest,
-            "format_version": FORMAT_VERSION,
-            "symbols": list(manifest["symbols"]),
-            "groups": [group_path(i) for i in range(len(self.bars_per_symbol))],
-            "bars_per_symbol": self.bars_per_symbol.tolist(),
-            "layout": {"shard_rows": self.shard_rows, "chunk_rows": self.chunk_rows, **manifest.get("layout", {})},
-            "complete": True,
-        }
+        root.attrs[ATTR] = manifest.to_json()

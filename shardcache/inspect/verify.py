@@ -175,7 +175,6 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
 
 def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
     """Counts and the root segment index against the manifest."""
-    m = cache.manifest
     if len(cache.groups) != len(cache.symbols) or len(cache.bars_per_symbol) != len(cache.symbols):
         problems.append(
             Problem(
@@ -190,8 +189,8 @@ def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
                 "manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, counts say {cache.n_bars}"
             )
         )
-    expected = m.get("counts", {}).get("segments")
-    if expected is not None and expected != len(cache.segments):
+    expected = cache.manifest.counts.segments
+    if expected != len(cache.segments):
         problems.append(Problem("segments", f"{len(cache.segments)} segments, manifest says {expected}"))
 
 
@@ -249,7 +248,7 @@ def compare_caches(
     """
     ca, cb = open_cache(a, storage_options), open_cache(b, storage_options)
     out = []
-    ma, mb = ({k: v for k, v in c.manifest.items() if k not in _VOLATILE} for c in (ca, cb))
+    ma, mb = ({k: v for k, v in c.manifest.to_json().items() if k not in _VOLATILE} for c in (ca, cb))
     out += [
         f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb)) if ma.get(k) != mb.get(k)
     ]

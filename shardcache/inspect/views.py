@@ -99,7 +99,7 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     start = shard * rows
     stop = np.minimum(start + rows, bars[symbol])
     times = _symbol_times(cache, np.flatnonzero(counts))
-    names, groups = cache.symbols, list(cache.manifest["groups"])
+    names, groups = cache.symbols, cache.groups
     keys = [
         f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())
     ]  # zarr's default key encoding
@@ -131,7 +131,7 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
     import zarr.api.asynchronous as zarr_async
     from zarr.core.sync import sync
 
-    groups = list(cache.manifest["groups"])
+    groups = cache.groups
     options = cache.storage_options if "://" in cache.url else None
 
     async def read_all() -> list[np.ndarray]:
@@ -186,10 +186,9 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
     cache = open_cache(cache)
     m = cache.manifest
     per_split = {name: valid_ranges(cache, seq_len, horizon, 1, name).total() for name in cache.split_names}
-    build = m.get("build") or {}
     return {
         "path": cache.url,
-        "format_version": m["format_version"],
+        "format_version": m.format_version,
         "bars": cache.n_bars,
         "symbols": cache.symbols,
         "bars_per_symbol": [int(n) for n in cache.bars_per_symbol],
@@ -197,16 +196,16 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "shards": int(_shard_counts(cache).sum()),
         "features": cache.feature_names,
         "stats": cache.stats,
-        "normalize": m.get("normalize", build.get("normalize")),
-        "splits": m["splits"],
+        "normalize": m.normalize,
+        "splits": m.splits.to_json(),
         "seq_len": seq_len,
         "horizon": horizon,
         "windows": sum(per_split.values()),
         "windows_per_split": per_split,
-        "layout": m["layout"],
-        "counts": m["counts"],
-        "bytes": m.get("bytes", {}),
-        "created": m.get("created"),
+        "layout": m.layout.to_json(),
+        "counts": m.counts.to_json(),
+        "bytes": m.bytes.to_json(),
+        "created": m.created,
     }
 
 
@@ -278,18 +277,18 @@ def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> xar
     xr = _xarray()
     cache = open_cache(cache)
     i = _symbol_id(cache, symbol)
-    ds = xr.open_zarr(cache.url, group=cache.manifest["groups"][i], **_open_kwargs(cache))
+    ds = xr.open_zarr(cache.url, group=cache.groups[i], **_open_kwargs(cache))
     return _labelled(ds, cache, i, split=True)
 
 
 def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     """The whole cache as a lazy ``xarray.DataTree``: ``xr.open_datatree(CACHE, engine="zarr")`` with
-    one node per symbol (``tree[cache.manifest["groups"][i]]``), each labelled with its ``symbol``
+    one node per symbol (``tree[cache.groups[i]]``), each labelled with its ``symbol``
     and the feature statistics (``open_symbol`` adds the split per bar). The root's attributes
     hold the manifest. Opening reads every symbol's metadata and ``time`` index."""
     xr = _xarray()
     cache = open_cache(cache)
     tree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
-    for i, path in enumerate(cache.manifest["groups"]):
+    for i, path in enumerate(cache.groups):
         tree[path] = _labelled(tree[path].to_dataset(), cache, i, split=False)
     return tree

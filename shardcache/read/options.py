@@ -202,9 +202,7 @@ def check_split(cache: Cache, split: str | None) -> str | None:
 def cache_digest(cache: Cache) -> str:
     """Names a cache's content as a stream reads it, for a ``state_dict``: its bar count (an append
     changes it) and a digest of its build fingerprint, features, symbols and segment table."""
-    build = cache.manifest.get("build")
-    fingerprint = build.get("fingerprint") if isinstance(build, dict) else None
-    h = hashlib.sha256(json.dumps([fingerprint, cache.feature_names, cache.symbols]).encode())
+    h = hashlib.sha256(json.dumps([cache.manifest.build.fingerprint, cache.feature_names, cache.symbols]).encode())
     h.update(np.ascontiguousarray(cache.local_segments, dtype=np.int64).tobytes())
     return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
 

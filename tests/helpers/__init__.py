@@ -27,6 +27,7 @@ import numpy as np
 
 from shardcache.format.cache import Cache
 from shardcache.format.layout import symbol_bases
+from shardcache.format.manifest import Counts, Manifest, Splits
 from shardcache.format.writer import CacheWriter
 
 __all__ = ["Bars", "brute_starts", "ddp_rank", "make_cache", "run_helper", "stored_rows", "synthetic_bars"]
@@ -159,12 +160,15 @@ def make_cache(
         digests[s] = writer.write_shard(s, bars.features[rows], bars.ts[rows])
     virtual = seg.copy()
     virtual[:, 1:] += (writer.bases[:-1] - first)[seg[:, 0]][:, None]
-    manifest = {
-        "feature_names": names,
-        "symbols": bars.symbols,
-        "splits": {"names": bars.split_names},
-        "counts": {"bars": int((last - first).sum()), "segments": len(seg)},
-    }
+    manifest = Manifest(
+        feature_names=names,
+        symbols=bars.symbols,
+        groups=writer.groups,
+        bars_per_symbol=writer.bars_per_symbol.tolist(),
+        layout=writer.layout,
+        splits=Splits(names=bars.split_names),
+        counts=Counts(bars=int((last - first).sum()), symbols=n_sym, segments=len(seg)),
+    )
     writer.finish(virtual, bars.segment_split, manifest, digests)
     return Cache(path)
 

@@ -1,4 +1,4 @@
-"""What every input reader shares: the :class:`Source` contract, the value policy and durations.
+"""What every input reader shares: the :class:`Source` contract and the value policy (durations: ``format.durations``).
 
 Kept apart from the package's discovery code so that the readers (``dbn``, ``parquet``,
 ``csv``) import it and the package imports them, one way.
@@ -7,7 +7,6 @@ Kept apart from the package's discovery code so that the readers (``dbn``, ``par
 from __future__ import annotations
 
 import os
-import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -15,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ...errors import SourceError
+from ...format.durations import DAY_NS, format_duration, parse_duration
 from ...format.paths import is_url
 from .files import stat_input
 
@@ -37,41 +37,10 @@ __all__ = [
 PRICE_COLUMNS = ("open", "high", "low", "close", "price", "bid", "ask")
 TS_MIN = 315_532_800_000_000_000  # 1980-01-01T00:00:00Z in ns
 TS_MAX = 4_102_444_800_000_000_000  # 2100-01-01T00:00:00Z in ns
-DAY_NS = 86_400_000_000_000
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 PARQUET_MAGIC = b"PAR1"
 DBN_MAGIC = b"DBN"
-
-_UNITS = {
-    "ns": 1,
-    "us": 1_000,
-    "ms": 1_000_000,
-    "s": 1_000_000_000,
-    "m": 60_000_000_000,
-    "h": 3_600_000_000_000,
-    "d": DAY_NS,
-}
-_DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
-
-
-def parse_duration(text: str) -> int:
-    """Nanoseconds in ``text`` such as ``1s``, ``1m``, ``5m``, ``1h``, ``1d`` or ``0``."""
-    match = _DURATION.match(str(text))
-    if not match or (match.group(2) is None and int(match.group(1)) != 0):
-        raise ValueError(
-            f"bad duration {text!r}: use a whole number and a unit "
-            "(ns, us, ms, s, m, h, d), e.g. 30s, 1m, 5m, 1h, 1d, or 0"
-        )
-    return int(match.group(1)) * _UNITS[match.group(2) or "ns"]
-
-
-def format_duration(ns: int) -> str:
-    """``ns`` in the largest unit that divides it (``60_000_000_000`` -> ``1m``), for messages."""
-    for unit in ("d", "h", "m", "s", "ms", "us"):
-        if ns and ns % _UNITS[unit] == 0:
-            return f"{ns // _UNITS[unit]}{unit}"
-    return f"{ns}ns"
 
 
 class Source:

@@ -26,15 +26,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ...errors import OptionError, SourceError, one_line
+from ...errors import SourceError, one_line
+from ...format.build_options import DELIMITERS, parse_delimiter
 from .files import open_input
 from .table import TabularSource
 
-__all__ = ["DELIMITERS", "CsvSource", "parse_delimiter", "sniff_delimiter"]
+__all__ = ["CsvSource", "sniff_delimiter"]
 
 _BLOCK = 4 << 20  # bytes per block: bounds a piece's memory
 GZIP_MAGIC = b"\x1f\x8b"
-DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}
 _SAMPLE = 4096  # distinct texts of a column looked at to tell how its numbers are written
 
 # how a number may be written in a text column (the first block's texts tell which marks a file uses)
@@ -43,16 +43,6 @@ _COMMA_GROUPS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?")  # 1,100 or 1,100.2
 _DOT_GROUPS = re.compile(r"[+-]?\d{1,3}(\.\d{3})+(,\d*)?")  # 1.100 or 1.100,25
 _COMMA_DECIMAL = re.compile(r"[+-]?\d*,\d+")  # 1100,25 or ,5
 _NOT_A_NUMBER = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
-
-
-def parse_delimiter(value: str | None) -> str | None:
-    """The one-character delimiter that ``--csv-delimiter`` names (None: sniffed from each file's header)."""
-    if value is None:
-        return None
-    text = DELIMITERS.get(str(value).lower(), "\t" if value == "\\t" else value)
-    if not isinstance(text, str) or len(text) != 1 or text in '"\r\n':
-        raise OptionError("csv_delimiter", value, "must be one character such as ';', or comma, semicolon, tab, pipe")
-    return text
 
 
 def sniff_delimiter(header: str) -> str:

@@ -1,8 +1,9 @@
-"""Train/val/test splits: parsed from ``--split`` and resolved to cut timestamps.
+"""Train/val/test splits: the ``split`` build option parsed, and resolved to cut timestamps.
 
 Every split is a time range shared by all symbols (no symbol's validation data overlaps
 another symbol's training data in time). Fractions are of all bars and are resolved from a
-sketch of each input run's timestamps; dates name where each later split starts.
+sketch of each input run's timestamps; dates name where each later split starts. The format's,
+as ``BuildOptions`` checks the option and the manifest records the names and cut times.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShardcacheError
+from ..errors import OptionError
 
 __all__ = ["SplitSpec", "parse_split"]
 
@@ -32,7 +33,7 @@ class SplitSpec:
         order = np.argsort(points, kind="stable")
         cum = np.cumsum(weights[order])
         cuts = []
-        for f in np.cumsum(self.fractions[:-1]):
+        for f in np.cumsum((self.fractions or [])[:-1]):
             j = min(int(np.searchsorted(cum, f * cum[-1], side="left")) + 1, len(order) - 1)
             cuts.append(int(points[order][j]))
         return cuts
@@ -42,9 +43,10 @@ class SplitSpec:
         fractions were resolved to, so no bar changes split."""
         cuts = [int(c) for c in cuts_ns]
         if len(cuts) != len(self.names) - 1 or cuts != sorted(set(cuts)):
-            raise ShardcacheError(
-                f"--split {self.text!r}: {len(cuts)} cut time(s) given where its "
-                f"{len(self.names)} splits need {len(self.names) - 1}, increasing"
+            raise OptionError(
+                "split",
+                self.text,
+                f"{len(cuts)} cut time(s) given where its {len(self.names)} splits need {len(self.names) - 1}, increasing",
             )
         return SplitSpec(self.names, dates_ns=cuts, text=self.text)
 
@@ -57,28 +59,28 @@ def parse_split(text: str | None) -> SplitSpec:
     for part in text.split(","):
         name, sep, value = part.partition("=")
         if not sep or not name.strip() or not value.strip():
-            raise ShardcacheError(f"--split {text!r}: expected NAME=FRACTION or NAME=DATE pairs")
+            raise OptionError("split", text, "expected NAME=FRACTION or NAME=DATE pairs")
         pairs.append((name.strip(), value.strip()))
     names = [n for n, _ in pairs]
     if len(set(names)) != len(names):
-        raise ShardcacheError(f"--split {text!r}: a split name appears twice")
+        raise OptionError("split", text, "a split name appears twice")
     try:
         fractions = [float(v) for _, v in pairs]
     except ValueError:
         fractions = None
     if fractions is not None:
         if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-            raise ShardcacheError(f"--split {text!r}: fractions must be positive and sum to 1")
+            raise OptionError("split", text, "fractions must be positive and sum to 1")
         return SplitSpec(names, fractions=fractions, text=text)
     if "train" in names:
-        raise ShardcacheError(
-            f"--split {text!r}: with dates, name only the later splits (train is everything before the first date)"
+        raise OptionError(
+            "split", text, "with dates, name only the later splits (train is everything before the first date)"
         )
     if any(_is_number(v) for _, v in pairs):
-        raise ShardcacheError(f"--split {text!r}: values must be all fractions or all dates (YYYY-MM-DD)")
+        raise OptionError("split", text, "values must be all fractions or all dates (YYYY-MM-DD)")
     dates = [_date_ns(text, v) for _, v in pairs]
     if dates != sorted(dates) or len(set(dates)) != len(dates):
-        raise ShardcacheError(f"--split {text!r}: dates must increase")
+        raise OptionError("split", text, "dates must increase")
     return SplitSpec(["train", *names], dates_ns=dates, text=text)
 
 
@@ -102,9 +104,9 @@ def _date_ns(text: str, value: str) -> int:
     try:
         return int(np.datetime64(value, "ns").astype(np.int64))
     except ValueError:
-        raise ShardcacheError(
-            f"--split {text!r}: {value!r} is not a date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM])"
-            + (f": {why}" if when is None and _looks_like_a_date(value) else "")
+        why = f": {why}" if when is None and _looks_like_a_date(value) else ""
+        raise OptionError(
+            "split", text, f"{value!r} is not a date or time (YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM]){why}"
         ) from None
 
 

@@ -1,0 +1,72 @@
+"""``RunOptions``: how one build or append runs (threads, cluster, replace or resume, store options,
+progress), never recorded in the cache; and the split of ``build_cache``'s keyword arguments
+between it and ``BuildOptions``, the options a cache is built with."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OptionError, OptionTypeError
+from ..format.build_options import BuildOptions
+from ..format.cache import Cache
+from ..format.paths import check_storage_options
+
+__all__ = ["RunOptions", "settings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """One run's settings: ``workers`` local dask threads (default one per core), a dask.distributed
+    ``scheduler`` (an address or a Client; else ``DASK_SCHEDULER_ADDRESS``), ``overwrite`` a cache at
+    the output, ``resume`` an interrupted run, fsspec ``storage_options``, a ``progress`` display."""
+
+    workers: int | None = None
+    scheduler: Any = None
+    overwrite: bool = False
+    resume: bool = False
+    storage_options: dict[str, Any] | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.workers is not None:
+            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+                raise OptionTypeError(f"workers={self.workers!r}: expected a whole number")
+            if self.workers < 1:
+                raise OptionError("workers", self.workers, "must be at least 1")
+        check_storage_options(self.storage_options)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def settings(
+    caller: str,
+    options: BuildOptions | None,
+    run: RunOptions | None,
+    given: dict[str, Any],
+    *,
+    build: bool = True,
+) -> tuple[BuildOptions, RunOptions]:
+    """``caller``'s options and run settings from its ``options``/``run`` objects or from keyword
+    arguments ``given`` naming their fields (one or the other for each). Without ``build`` (an
+    append) a build option is refused: the cache keeps its own."""
+    names, run_names = BuildOptions.names(), RunOptions.names()
+    for key, value in given.items():
+        if key not in names and key not in run_names:
+            raise OptionTypeError(f"{caller}() got an unexpected keyword argument {key!r}")
+        if key in names and not build:
+            raise OptionError(key, value, f"{caller} keeps the build options of its cache; drop it")
+    opts = {k: v for k, v in given.items() if k in names}
+    runs = {k: v for k, v in given.items() if k in run_names}
+    if options is not None and opts:
+        raise OptionTypeError(f"{caller}(): pass options=BuildOptions(...) or its fields ({', '.join(opts)}), not both")
+    if run is not None and runs:
+        raise OptionTypeError(f"{caller}(): pass run=RunOptions(...) or its fields ({', '.join(runs)}), not both")
+    if isinstance(opts.get("stats_from"), (Cache, os.PathLike)):
+        frozen = opts["stats_from"]
+        opts["stats_from"] = frozen.url if isinstance(frozen, Cache) else os.fspath(frozen)
+    return options or BuildOptions(**opts), run or RunOptions(**runs)

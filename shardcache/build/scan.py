@@ -1,0 +1,221 @@
+"""Stage 1 of a build or an append, the scan: each input file read in bounded pieces, split by symbol,
+sorted by time and spilled as Arrow run files in the staging folder (one task per file).
+
+Runs travel as rows of one array per file (``RUN``), never as Python objects: a build holds every run
+of every input between the scan and the merge, so their size is what grows with the data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ShardcacheError
+from ..format.build_options import BuildOptions
+from .checks import resolve_unmapped
+from .compute import write_arrow
+from .features import required_columns, resolve_features
+from .sources import Source, expand_inputs, open_sources
+
+__all__ = ["RUN", "SKETCH", "Inputs", "ScanJob", "Scanned", "open_inputs", "run_path", "scan_inputs"]
+
+SKETCH = 65  # timestamps kept per run to place fraction splits
+# One row per run file: which input file, piece and per-piece symbol code it came from (its path, see
+# ``run_path``), the global symbol id (filled in by the driver), rows and time range.
+RUN = np.dtype(
+    [
+        ("file", "<i4"),
+        ("piece", "<i4"),
+        ("code", "<i4"),
+        ("sym", "<i4"),
+        ("n", "<i8"),
+        ("ts_min", "<i8"),
+        ("ts_max", "<i8"),
+    ]
+)
+Stage = Callable[..., list[Any]]  # ``Staging.run`` with the run's workers and client bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """A run's inputs: the specs as given, the files they name, those files opened (one schema for all),
+    the feature names they give and the source columns those read."""
+
+    specs: list[str]
+    paths: list[str]
+    sources: list[Source]
+    names: list[str]
+    read_columns: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScanJob:
+    """Scan input ``index`` (``source``) into run files under ``staging``, reading ``columns``; with
+    ``sketch``, sample each run's timestamps to place fraction splits."""
+
+    index: int
+    source: Source
+    staging: str
+    columns: list[str]
+    sketch: bool
+
+
+@dataclass(kw_only=True)
+class _Scan:
+    """One file's scan: its runs and what the summary counts (a task's result, saved as a marker)."""
+
+    symbols: list[str]  # names of ``runs["sym"]`` (file-local ids until the driver renumbers them)
+    runs: np.ndarray  # RUN rows, in the order written
+    sketch: np.ndarray  # (len(runs), SKETCH) int64: timestamps placing fraction splits
+    drops: Counter[str]
+    reordered: int
+    records: int
+    median_dt: int | None
+    step: int | None  # the most common step between a symbol's consecutive bars (tabular inputs' bar size)
+    symbology: dict[str, Any]  # what the source learned about symbols (DBN: unmapped instruments), plain JSON
+
+
+@dataclass(kw_only=True)
+class Scanned:
+    """Every input's runs after the scan, with what the summary counts."""
+
+    runs: np.ndarray
+    sketch: np.ndarray
+    symbols: list[str]
+    dts: list[int]
+    records: int
+    reordered: int
+    drops: Counter[str]
+    steps: list[int | None]  # per input: the most common step between a symbol's bars
+    unmapped: dict[str, int]  # DBN instruments with no symbol mapping (see ``checks.resolve_unmapped``)
+
+
+def run_path(staging: str, run: np.void | np.ndarray) -> str:
+    """The spill file of one ``RUN`` row."""
+    return os.path.join(staging, "runs", f"{int(run['file']):06d}-{int(run['piece']):05d}-{int(run['code']):05d}.arrow")
+
+
+def open_inputs(
+    sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    options: BuildOptions,
+    storage_options: dict[str, Any] | None,
+) -> Inputs:
+    """The files ``sources`` name, opened as ``options`` read them (refused when their schemas differ)."""
+    specs = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
+    paths = expand_inputs(specs, storage_options)
+    srcs = open_sources(
+        paths,
+        storage_options,
+        bar=options.bar,
+        ts_column=options.ts_column,
+        symbol_column=options.symbol_column,
+        csv_delimiter=options.csv_delimiter,
+        columns=list(options.columns) if options.columns else None,
+    )
+    first = srcs[0]
+    s = next((s for s in srcs[1:] if s.columns != first.columns), None)
+    if s is not None:
+        raise ShardcacheError(
+            f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
+            f"{first.path}: {first.schema} ({', '.join(first.columns)})"
+        )
+    names = resolve_features(options.features, first.columns)
+    return Inputs(
+        specs=specs, paths=paths, sources=srcs, names=names, read_columns=required_columns(names, first.columns)
+    )
+
+
+def _scan(job: ScanJob) -> _Scan:
+    src, columns = job.source, job.columns
+    runs, sketches, reordered, dts, steps = [], [], 0, [], Counter[int]()
+    names: dict[str, int] = {}
+    max_rows = max(4096, (64 << 20) // (8 * (len(columns) + 2)))
+    for k, piece in enumerate(src.pieces(max_rows)):
+        if piece.num_rows == 0:
+            continue
+        enc = pc.dictionary_encode(piece["symbol"]).combine_chunks()
+        codes = enc.indices.to_numpy(zero_copy_only=False)
+        symbols = enc.dictionary.to_pylist()
+        ts = piece["ts"].to_numpy().astype(np.int64, copy=False)
+        by_code = np.argsort(codes, kind="stable")
+        grouped_ts, grouped_codes = ts[by_code], codes[by_code]
+        same = grouped_codes[1:] == grouped_codes[:-1]
+        reordered += int(np.count_nonzero(same & (grouped_ts[1:] < grouped_ts[:-1])))
+        order = np.lexsort((ts, codes))
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        body = piece.select(["ts", *(["instrument"] if "instrument" in piece.column_names else []), *columns])
+        for rows in np.split(order, bounds):
+            code = int(codes[rows[0]])
+            sym = names.setdefault(symbols[code], len(names))
+            part = body.take(pa.array(rows))
+            part_ts = ts[rows]
+            run = np.array((job.index, k, code, sym, len(rows), part_ts[0], part_ts[-1]), dtype=RUN)
+            write_arrow(run_path(job.staging, run), part)
+            del part
+            if len(part_ts) > 1:
+                diffs = np.diff(part_ts)
+                dts.append(int(np.median(diffs)))
+                if src.bar_ns is None:  # a table's bar size: the most common step (DBN files know theirs)
+                    values, counts = np.unique(diffs[diffs > 0], return_counts=True)
+                    top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
+                    steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+            runs.append(run)
+            if job.sketch:  # only fraction splits need it (65 timestamps per run)
+                sketches.append(part_ts[np.linspace(0, len(rows) - 1, SKETCH).round().astype(np.int64)])
+        del piece, body
+    return _Scan(
+        symbols=list(names),
+        runs=np.array(runs, dtype=RUN),
+        sketch=np.stack(sketches) if sketches else np.empty((0, SKETCH), np.int64),
+        drops=Counter(src.drops),
+        reordered=reordered,
+        records=src.records,  # the file's records (DBN ticks folded into bars count one by one)
+        median_dt=int(np.median(dts)) if dts else None,
+        step=steps.most_common(1)[0][0] if steps else None,
+        symbology=dict(src.symbology),
+    )
+
+
+def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Every run of every file (global symbol ids, sorted names) and their sketches, in scan order."""
+    names = sorted({name for s in scans for name in s.symbols})
+    ids = {name: j for j, name in enumerate(names)}
+    runs, sketches = [], []
+    for s in scans:
+        r = s.runs.copy()
+        if len(r):
+            r["sym"] = np.array([ids[name] for name in s.symbols], dtype=np.int32)[r["sym"]]
+        runs.append(r)
+        sketches.append(s.sketch)
+    return (
+        np.concatenate(runs) if runs else np.empty(0, RUN),
+        np.concatenate(sketches) if sketches else np.empty((0, SKETCH), np.int64),
+        names,
+    )
+
+
+def scan_inputs(stage: Stage, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
+    """Stage 1 over every input: runs spilled, counts gathered; with ``sketch``, timestamps sampled
+    from every run to place fraction splits."""
+    jobs = [ScanJob(index=i, source=s, staging=staging, columns=read_cols, sketch=sketch) for i, s in enumerate(srcs)]
+    scans = stage(_scan, jobs, "scan", desc="read files", unit="file")
+    unmapped = resolve_unmapped([s.path for s in srcs], [s.symbols for s in scans], [s.symbology for s in scans])
+    runs, sketches, symbols = _gather_runs(scans)
+    return Scanned(
+        runs=runs,
+        sketch=sketches,
+        symbols=symbols,
+        dts=[s.median_dt for s in scans if s.median_dt],
+        records=sum(s.records for s in scans),
+        reordered=sum(s.reordered for s in scans),
+        drops=sum((s.drops for s in scans), Counter()),
+        steps=[s.step for s in scans],
+        unmapped=unmapped,
+    )

@@ -1,0 +1,233 @@
+"""``BuildOptions``: what a cache is built with, checked once, recorded in its manifest.
+
+One frozen, keyword-only record: the command line parses into it, ``build_cache`` takes it (its
+keyword arguments make one), an append reads it back from the cache (``Manifest.build.options``)
+and ``--stats recompute`` rebuilds with it. Its field names are the one list of build options: an
+append refuses any of them. Settings of one run (workers, scheduler, overwrite, resume, storage
+options, progress) are not recorded and live apart (``shardcache.build.run.RunOptions``).
+
+The format's, as the manifest records it (``to_json``, in the order of the fields, ``stats_from``
+and ``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
+the command line shows its flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError, OptionTypeError
+from .durations import format_duration, parse_duration
+from .layout import CODECS
+from .splits import SplitSpec, parse_split
+
+__all__ = ["DELIMITERS", "NORMALIZE", "BuildOptions", "parse_delimiter"]
+
+NORMALIZE = ("zscore", "none")
+DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}
+_AUTO_GAP = 3_600 * 10**9  # max_gap="auto": max(1 h, 5 bars)
+_OPTIONAL = ("stats_from", "split_cuts_ns")  # recorded only when set
+
+
+def parse_delimiter(value: str | None) -> str | None:
+    """The one-character delimiter that ``csv_delimiter`` names (None: sniffed from each file's header)."""
+    if value is None:
+        return None
+    text = DELIMITERS.get(str(value).lower(), "\t" if value == "\\t" else value)
+    if not isinstance(text, str) or len(text) != 1 or text in '"\r\n':
+        raise OptionError("csv_delimiter", value, "must be one character such as ';', or comma, semicolon, tab, pipe")
+    return text
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """How a cache is built: features, normalization, splits, segment gaps, input columns, layout.
+
+    ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars) (an int is nanoseconds, kept as
+    a duration); ``normalize="zscore"`` standardizes every feature with train-split statistics, or
+    with those of the cache ``stats_from`` (whose split cut times are then kept too);
+    ``split_cuts_ns`` fixes ``split``'s cut times instead of resolving its fractions (what
+    ``--stats recompute`` keeps of its cache). ``seq_len``/``horizon`` only size the summary's
+    window count: windows are chosen at read time. ``columns`` may be one comma-separated text.
+    """
+
+    features: str | tuple[str, ...] | None = None
+    normalize: str = "zscore"
+    split: str = "none"
+    max_gap: str = "auto"
+    bar: str | None = None
+    ts_column: str | None = None
+    symbol_column: str | None = None
+    csv_delimiter: str | None = None
+    columns: tuple[str, ...] | None = None
+    shard_rows: int | None = None
+    chunk_rows: int | None = None
+    codec: str = "blosc-lz4"
+    seq_len: int = 60
+    horizon: int = 1
+    stats_from: str | None = None
+    split_cuts_ns: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: the checked, normalized values are set once, here
+        set_(self, "features", _features(self.features))
+        set_(self, "columns", _columns(self.columns))
+        for name in ("bar", "ts_column", "symbol_column", "csv_delimiter"):
+            _text_or_none(name, getattr(self, name))
+        if self.normalize not in NORMALIZE:
+            raise OptionError("normalize", self.normalize, "choose zscore or none")
+        if self.codec not in CODECS:
+            raise OptionError("codec", self.codec, f"choose one of {', '.join(CODECS)}")
+        parse_delimiter(self.csv_delimiter)
+        for name, zero in (("seq_len", False), ("horizon", True), ("shard_rows", False), ("chunk_rows", False)):
+            set_(self, name, _count(name, getattr(self, name), zero=zero))
+        if self.shard_rows is not None and self.chunk_rows is not None:
+            if self.chunk_rows > self.shard_rows:
+                raise OptionError(
+                    "chunk_rows", self.chunk_rows, "must not exceed {shard_rows}", {"shard_rows": self.shard_rows}
+                )
+            if self.shard_rows % self.chunk_rows:
+                raise OptionError(
+                    "chunk_rows", self.chunk_rows, "must divide {shard_rows}", {"shard_rows": self.shard_rows}
+                )
+        if self.bar is not None and _signed_duration("bar", self.bar) <= 0:
+            raise OptionError("bar", self.bar, "must be a positive duration such as 1s, 1m or 5m")
+        set_(self, "max_gap", _max_gap(self.max_gap))
+        split = "none" if self.split is None else self.split
+        if not isinstance(split, str):
+            raise OptionTypeError(f"split={split!r}: must be a str such as train=0.8,val=0.2 or none")
+        set_(self, "split", parse_split(split).text)
+        if self.stats_from is not None:
+            set_(self, "stats_from", os.fspath(self.stats_from))
+        if self.split_cuts_ns is not None:
+            if self.stats_from is not None:
+                raise OptionError(
+                    "stats_from",
+                    self.stats_from,
+                    "keeps its cache's split cut times: pass it or {split_cuts_ns}, not both",
+                    {"split_cuts_ns": None},
+                )
+            set_(self, "split_cuts_ns", tuple(int(c) for c in self.split_cuts_ns))
+        spec = self.splits()  # fixed cut times fit the split's names
+        if self.normalize == "zscore" and spec.names != ["all"] and "train" not in spec.names:
+            raise OptionError(
+                "split",
+                self.split,
+                "z-score statistics come from a split named train, and this layout has none; name one train, "
+                "or pass {normalize}",
+                {"normalize": "none"},
+            )
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The build options' names: what the manifest records, and what an append refuses."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> BuildOptions:
+        """These options with ``changes``, checked again."""
+        return dataclasses.replace(self, **changes)
+
+    def splits(self) -> SplitSpec:
+        """``split`` parsed (at ``split_cuts_ns`` when those are fixed)."""
+        spec = parse_split(self.split)
+        return spec if self.split_cuts_ns is None else spec.at(self.split_cuts_ns)
+
+    @property
+    def stats_split(self) -> str | None:
+        """Where z-score statistics come from: ``"train"``, ``"all"`` (no splits) or None (no normalization)."""
+        if self.normalize != "zscore":
+            return None
+        return "all" if parse_split(self.split).names == ["all"] else "train"
+
+    def max_gap_ns(self, bar_ns: int | None) -> int:
+        """``max_gap`` in ns; ``auto`` from the bar size (``bar_ns``, one minute when unknown)."""
+        if self.max_gap == "auto":
+            return max(_AUTO_GAP, 5 * (bar_ns or 60 * 10**9))
+        return parse_duration(self.max_gap)
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the manifest's ``build`` records them (lists for sequences)."""
+        out: dict[str, Any] = {}
+        for name in self.names():
+            value = getattr(self, name)
+            if name in _OPTIONAL and value is None:
+                continue
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> BuildOptions:
+        """The options a manifest's ``build`` records (other keys ignored; an option recorded before it
+        existed takes its default)."""
+        given = {k: doc[k] for k in cls.names() if k in doc}
+        gap = given.get("max_gap")
+        if gap == "None":  # recorded from max_gap=None (auto) before the options were checked here
+            given["max_gap"] = "auto"
+        elif isinstance(gap, str) and gap.isdigit():  # an int (ns) recorded as its text
+            given["max_gap"] = int(gap)
+        return cls(**given)
+
+
+def _features(value: Any) -> str | tuple[str, ...] | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise OptionTypeError(f"features={value!r}: must be a str (comma-separated) or a sequence of str")
+
+
+def _columns(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [c.strip() for c in value.split(",") if c.strip()]
+    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise OptionTypeError(f"columns={value!r}: must be a sequence of column names")
+    return tuple(value) or None
+
+
+def _text_or_none(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise OptionTypeError(f"{name}={value!r}: must be a str")
+
+
+def _count(name: str, value: Any, *, zero: bool = False) -> int | None:
+    """``value`` as an int; refuse a non-integer, negative (or, unless ``zero``, zero) value of option ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise OptionTypeError(f"{name}={value!r}: expected a whole number")
+    if value < 0 or (value == 0 and not zero):
+        raise OptionError(name, int(value), f"must be {'0 or more' if zero else 'at least 1'}")
+    return int(value)
+
+
+def _max_gap(value: Any) -> str:
+    """``max_gap`` as its text (``auto``, a duration; an int of ns as the duration it is), checked."""
+    if value is None:
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise OptionError("max_gap", value, "must be 0 (never cut) or more")
+        return format_duration(value) if value else "0"
+    if not isinstance(value, str):
+        raise OptionTypeError(f"max_gap={value!r}: must be 'auto', a duration such as 5m or 1h, or 0")
+    if value != "auto" and _signed_duration("max_gap", value) < 0:
+        raise OptionError("max_gap", value, "must be 0 (never cut) or more")
+    return value
+
+
+def _signed_duration(name: str, text: str) -> int:
+    """``text`` as ns, a leading ``-`` kept (so the option can say which values it takes); one line if malformed."""
+    body = str(text).strip()
+    negative = body.startswith("-") and body[1:2].isdigit()
+    try:
+        ns = parse_duration(body[1:] if negative else body)
+    except ValueError as exc:
+        raise OptionError(name, text, str(exc)) from None
+    return -ns if negative else ns
