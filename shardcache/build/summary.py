@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from ..read.plan import SegmentTable, valid_ranges
+from ..format.windows import SegmentTable, n_windows
 
 __all__ = ["bytes_summary", "split_bar_counts", "stored_bytes", "window_count"]
 
@@ -30,7 +30,8 @@ def window_count(
     segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int, horizon: int
 ) -> int:
     """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
-    return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
+    table = SegmentTable(segments=segments, segment_split=segment_split, split_names=list(names))
+    return n_windows(table, seq_len, horizon=horizon)
 
 
 def bytes_summary(stored: int, raw: int) -> dict[str, Any]:

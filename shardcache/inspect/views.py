@@ -180,12 +180,12 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
 
 def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
     """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon``
-    (a read-time choice, counted by ``index.valid_ranges``), features with their statistics, size."""
-    from ..read.plan import valid_ranges
+    (a read-time choice, counted by ``windows.n_windows``), features with their statistics, size."""
+    from ..format.windows import n_windows
 
     cache = open_cache(cache)
     m = cache.manifest
-    per_split = {name: valid_ranges(cache, seq_len, horizon, 1, name).total() for name in cache.split_names}
+    per_split = {name: n_windows(cache, seq_len, horizon=horizon, split=name) for name in cache.split_names}
     build = m.get("build") or {}
     return {
         "path": cache.url,

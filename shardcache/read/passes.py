@@ -36,8 +36,9 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, StateError
+from ..format.windows import Ranges
 from .options import MAX_COUNT, PlanSettings
-from .plan import EpochPlan, Ranges, make_plan
+from .plan import EpochPlan, make_plan
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "History", "Pass", "PassState", "Planner", "SharedPass", "check_history"]
 

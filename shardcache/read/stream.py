@@ -94,6 +94,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import OptionError, OptionTypeError, StateError, StreamClosedError
 from ..format.cache import Cache
+from ..format.windows import WindowSpec
 from .dataset import WindowDataset
 from .lifetime import StreamResources
 from .loader import StreamLoader
@@ -113,7 +114,7 @@ from .options import (
     window_spec,
 )
 from .passes import Pass, PassState, Planner, check_history
-from .plan import EpochPlan, WindowSpec
+from .plan import EpochPlan
 from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
 from .resident import resident_bytes
 from .ship import forget, ship
@@ -320,7 +321,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
 
     def _capacity(self, plan: EpochPlan, workers: int) -> int:
         """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
-        block = (self.cache.shard_rows + self.span - 1) * self.read_spec.row_bytes
+        block = self.spec.block_rows(self.cache.shard_rows) * self.read_spec.row_bytes
         return self.settings.capacity(plan.max_open_pieces(), block, workers, self.mix)
 
     # -- iteration -----------------------------------------------------------------------
@@ -394,7 +395,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
     def _worker_ring(self) -> Any:
         """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
         s, n = self.read_spec, self.batch_windows
-        return self.resources.worker_ring(((n, s.seq_len, s.nx), s.y_shape(n)))
+        return self.resources.worker_ring((s.x_shape(n), s.y_shape(n)))
 
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
