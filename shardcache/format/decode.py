@@ -30,10 +30,10 @@ import numcodecs
 import numpy as np
 import zarr
 from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
+
+from .zarr_adapter import ArrayV3Metadata, sync
 
 __all__ = ["ChunkError", "MissingShard", "ShardDecoder"]
 

@@ -47,7 +47,7 @@ class Problem:
         return f"{self.key}: {self.problem}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VerifyReport:
     """What ``verify_cache`` checked and found; ``ok`` when nothing is wrong."""
 
@@ -236,8 +236,15 @@ def verify_cache(
                 else:
                     prev = None
                 bar.update()
-    cache._check_same()
-    return VerifyReport(cache.url, cache.n_shards, cache.n_bars, checked, problems, time.perf_counter() - t0)
+    cache.check_same()
+    return VerifyReport(
+        path=cache.url,
+        shards=cache.n_shards,
+        rows=cache.n_bars,
+        digests_checked=checked,
+        problems=problems,
+        elapsed_s=time.perf_counter() - t0,
+    )
 
 
 def compare_caches(

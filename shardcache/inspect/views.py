@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardInfo", "info", "open_symbol", "shards", "to_xarray"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardInfo:
     """One stored shard of one symbol's ``features``: its object, its rows and bars, its size."""
 
@@ -129,7 +129,8 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
     """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
     async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
     import zarr.api.asynchronous as zarr_async
-    from zarr.core.sync import sync
+
+    from ..format.zarr_adapter import sync
 
     groups = list(cache.manifest["groups"])
     options = cache.storage_options if "://" in cache.url else None

@@ -41,7 +41,6 @@ import glob
 import itertools
 import os
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,6 +57,7 @@ from ..format.windows import Ranges, WindowSpec, valid_ranges
 from .options import columns, no_windows_error
 from .plan import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
 from .resident import Resident, mapped, window_view
+from .ship import Loan
 
 __all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
 
@@ -193,38 +193,28 @@ class Ready:
 _END = object()
 
 
-def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
-    return [sys.getrefcount(a) for a in arrays]
-
-
-_UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
-
-
 class _Outputs:
-    """Output buffers of runs, reused once every batch taken from them is gone.
+    """Output buffers of runs, each reused once every batch taken from it is gone (``ship.Loan``).
 
-    Batches are ``torch.from_numpy`` views of numpy buffers (``resident.mapped``), and a tensor's
-    storage holds a reference to its buffer, so a buffer whose reference count is back to
-    the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
-    faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
-    reused buffer ran 1.1-1.5x faster here). At most ``keep`` sets are kept; when all are in
-    use (the caller holds on to batches) new ones are made and left to the caller.
+    Reuse saves faulting in fresh pages for every batch (docs/performance.md). At most ``keep``
+    sets are kept; when all are lent (the caller holds on to batches) new ones are made and left
+    to the caller.
     """
 
     def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[Any], keep: int) -> None:
         self.shapes, self.dtypes, self.keep = shapes, dtypes, keep
-        self.slots: list[tuple[np.ndarray, ...]] = []
+        self.slots: list[Loan] = []
 
     def take(self, n: int) -> list[torch.Tensor]:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
-        slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
+        slot = next((s for s in self.slots if s.free()), None)
         if slot is None:
-            slot = tuple(
-                mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)
+            slot = Loan(
+                [mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)]
             )
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
-        return [torch.from_numpy(a[:n]) for a in slot]
+        return slot.lend(n)
 
 
 @functools.lru_cache(maxsize=1)

@@ -175,7 +175,13 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
         self.split = check_split(self.cache, split)
         self.read_spec = ReadSpec.of(self.cache, self.spec, self.split, self.device, meta)
         where = self.cache.url if self.split in (None, "all") else f"split {self.split!r} of {self.cache.url}"
-        self.planner = Planner(self.read_spec.ranges, self.cache.n_rows, self.cache.shard_rows, self.order, where)
+        self.planner = Planner(
+            ranges=self.read_spec.ranges,
+            n_rows=self.cache.n_rows,
+            shard_rows=self.cache.shard_rows,
+            settings=self.order,
+            what=where,
+        )
         self.passes = PassState()
         self.resources = StreamResources(uuid.uuid4().hex)  # its id names this stream's workers' rings
         weakref.finalize(self, forget, self.resources.ship_id)
