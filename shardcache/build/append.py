@@ -77,7 +77,7 @@ class _Placement:
     symbols: list[str]
     bars_per_symbol: np.ndarray
     grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
-    segments: np.ndarray  # virtual rows of the appended cache (store.symbol_bases)
+    segments: np.ndarray  # virtual rows of the appended cache (layout.symbol_bases)
     segment_split: np.ndarray
     clusters: tuple[
         np.ndarray, np.ndarray, np.ndarray

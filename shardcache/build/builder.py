@@ -10,7 +10,7 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
    (gaps above ``max_gap`` and split boundaries).
 3. **place** (in the driver, small): skip symbols shorter than a window, lay each symbol's
    rows out in time order in its own group (``format.layout``; shards addressed in the virtual row
-   space of ``store.symbol_bases``), build the segment table.
+   space of ``layout.symbol_bases``), build the segment table.
 4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
    split, merged with Chan's formula, so no statistic leaks from val/test.
 5. **write** (one task per shard): compute features, normalize, write the whole shard.

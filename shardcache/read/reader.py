@@ -17,8 +17,8 @@ batches carry metadata), made by ``WindowStream``; the reader touches no private
 the stream.
 
 Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
-On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
-another thread was busy (a decoder, the training loop), and limiting it would mean
+An ``index_select`` spread over several threads runs several times slower as soon as another
+thread is busy (a decoder, the training loop; docs/performance.md), and limiting it would mean
 ``torch.set_num_threads``, which also sets the default of every thread started later: a
 process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
 the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per

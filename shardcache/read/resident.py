@@ -46,13 +46,12 @@ def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: boo
     """A new array in an anonymous memory map of its own (page-aligned): only written pages are
     resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
 
-    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): gathering windows
-    from 4 KiB pages ran 6-10% slower here than from numpy's own (huge-page) arrays. The map is
-    private: a shared anonymous map is shmem, whose pages fault in ~20% slower and which takes no
-    huge pages here (``shmem_enabled`` is ``never``). ``populate`` faults every page in at once (an
-    output buffer: 16 MiB in 2.2 against 3.9 ms page by page). ``huge=False`` leaves the advice out
-    for short-lived maps faulted in on the way to a first batch: fresh huge pages faulted in slower
-    here (the first batch at F=256: 58.9 against 51.1 ms median, 8 processes each)."""
+    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): windows gather
+    faster from them than from 4 KiB pages. The map is private: a shared anonymous map is shmem,
+    whose pages fault in slower and may take no huge pages. ``populate`` faults every page in at
+    once (an output buffer), faster than page by page. ``huge=False`` leaves the advice out for
+    short-lived maps faulted in on the way to a first batch, where fresh huge pages fault in
+    slower. docs/performance.md has the figures behind each choice."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     buf = mmap.mmap(-1, max(1, nbytes), flags=flags)

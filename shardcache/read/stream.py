@@ -68,9 +68,8 @@ Outputs
     each target bar's); every tensor is one the caller may keep. A DataLoader worker
     gathers its batches into a few reused shared-memory slots that the main process maps once
     (``shardcache.read.ship``): a batch crosses as a few integers, and a slot is reused only
-    once the caller has dropped every tensor over it.
-    ``return_index`` (before 1.0) is gone: ``meta=True`` gives each window's symbol and row
-    in that symbol's own arrays, which plain zarr and xarray users can read.
+    once the caller has dropped every tensor over it. ``MetaBatch.index`` is each window's
+    symbol and row in that symbol's own arrays, which plain zarr and xarray users can read.
 
 Resources
     ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
