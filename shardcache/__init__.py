@@ -51,9 +51,9 @@ def __getattr__(name: str) -> Any:
 
         return build_cache
     if name in ("info", "open_symbol", "shards", "to_xarray"):
-        from .inspect import views as explore
+        from .inspect import views
 
-        return getattr(explore, name)
+        return getattr(views, name)
     if name == "RunOptions":
         from .build.run import RunOptions
 

@@ -62,11 +62,12 @@ def test_a_reader_that_opened_before_an_append_reads_nothing_of_the_new_cache(tm
     then the reader reaches for its arrays, times and rows."""
     out = tmp_path / "c.zarr"
     build_cache(_day(tmp_path, 0), out, **OPTS)
-    readers = [open_cache(out) for _ in range(4)]
+    readers = [open_cache(out) for _ in range(5)]
     stream = WindowStream(open_cache(out), 10, batch_size=32)
     append_cache(_day(tmp_path, 1), out, progress=False)
     before = 300
     for reach in (
+        lambda c: c.check_same(),  # what a reader of its own (verify) asks before it trusts what it read
         lambda c: c.array(0, "features"),
         lambda c: c.array(1, "time"),
         lambda c: c.bar_times(np.array([before - 1])),

@@ -33,10 +33,10 @@ def test_a_pool_layout_shuffles_only_when_its_order_is_asked_for(stream_cache, m
     assert lay.n_rows == int((lay.hi - lay.lo).sum()) > 0
     monkeypatch.setattr(type(plan), "pool_order", shuffle)
     assert np.array_equal(lay.starts, want)
-    given = PoolLayout(0, lay.lo, lay.hi, lay.at, lay.starts, lay.rows)  # a layout whose order is known
+    given = PoolLayout(pool=0, lo=lay.lo, hi=lay.hi, at=lay.at, starts=lay.starts, rows=lay.rows)  # a known order
     assert given.rows is lay.rows and given.n_rows == lay.n_rows
     with pytest.raises(TypeError):
-        PoolLayout(0, lay.lo, lay.hi, lay.at, lay.starts)
+        PoolLayout(pool=0, lo=lay.lo, hi=lay.hi, at=lay.at, starts=lay.starts)
 
 
 def test_no_later_pool_is_decoded_before_the_first_batch_is_taken(stream_cache):

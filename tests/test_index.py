@@ -175,7 +175,7 @@ def test_reader_runs_and_pool_layouts(bars, batch, mix, workers, start, run):
 
 
 def test_pools_between_and_empty_plan():
-    r = Ranges(np.zeros(0, np.int64), np.zeros(0, np.int64), 1, 5)
+    r = Ranges(start=np.zeros(0, np.int64), count=np.zeros(0, np.int64), stride=1, span=5)
     plan = make_plan(r, 1000, SHARD, batch_size=8)
     assert plan.n_batches == plan.n_windows == plan.max_open_pieces() == 0
     assert len(plan.pools_between(0, 0)) == 0

@@ -123,7 +123,7 @@ def test_history_values_and_positions_inside_the_epoch():
 
     ranges = valid_ranges(Table(), 10)
     settings = PlanSettings.of(batch_size=100, shuffle=True, seed=0, mix=2, drop_last=False)
-    planner = Planner(ranges, 3072, 256, settings, "the table")
+    planner = Planner(ranges=ranges, n_rows=3072, shard_rows=256, settings=settings, what="the table")
     n = planner.batches(Pass(epoch=0))
     assert n == -(-ranges.total() // 100)
     planner.check_position(0, ((1, n - 1),))

@@ -80,3 +80,23 @@ def test_a_batch_held_across_later_ones_keeps_its_values(stream_cache):
                 held = b
             seen += 1
         assert seen == len(want) and _same([tuple(held)], [want[1]])
+
+
+def test_a_loan_is_back_only_once_every_tensor_and_view_over_it_is_gone():
+    """Reuse is decided by the loan's handles, not by reference counts of the arrays: a view, a
+    numpy array or the storage of a lent tensor keeps the loan out; another name for the array
+    itself (which a reference count would have taken for a live batch) does not."""
+    import numpy as np
+
+    loan = ship.Loan([np.zeros((8, 3), np.float32), np.zeros((8, 2), np.float32)])
+    same_array = loan.arrays[0]  # held for the whole test
+    assert loan.free()
+    for keep in (lambda x, y: x[2:4], lambda x, y: y.numpy()[1:], lambda x, y: x.untyped_storage(), lambda x, y: y.T):
+        x, y = loan.lend(5)
+        assert x.shape == (5, 3) and y.shape == (5, 2) and not loan.free()
+        kept = keep(x, y)
+        del x, y
+        assert not loan.free()
+        del kept
+        assert loan.free()
+    assert same_array is loan.arrays[0]

@@ -16,8 +16,8 @@ import numpy as np
 from .._version import __version__
 from ..format.build_options import BuildOptions
 from ..format.manifest import BuildRecord, Bytes, Counts, Manifest, Splits, Stats, Windows
+from ..format.windows import SegmentTable, n_windows
 from ..format.writer import CacheWriter
-from ..read.plan import SegmentTable, valid_ranges
 from .merge import Merged
 from .scan import Scanned
 
@@ -40,7 +40,8 @@ def window_count(
     segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int, horizon: int
 ) -> int:
     """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
-    return valid_ranges(SegmentTable(segments, segment_split, list(names)), seq_len, horizon, 1, None).total()
+    table = SegmentTable(segments=segments, segment_split=segment_split, split_names=list(names))
+    return n_windows(table, seq_len, horizon=horizon)
 
 
 def fresh(

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
 from .layout import ATTR, describe_damage, gather, open_group, symbol_bases
 from .manifest import Manifest
 from .paths import is_url, local_path, probe
+from .zarr_adapter import async_group, sync
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
 
@@ -127,7 +127,7 @@ class Cache:
             return (-1, -1, -1)
         return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
-    def _check_same(self) -> None:
+    def check_same(self) -> None:
         """Refuse to go on reading a local cache that a rebuild replaced after it was opened."""
         if self._ident is not None and self._identity() != self._ident:
             raise CacheError(
@@ -156,7 +156,7 @@ class Cache:
     def handles(self) -> _Handles:
         if self._handles is None or self._handles.pid != os.getpid():  # a forked DataLoader worker reopens
             self._open()
-            self._check_same()
+            self.check_same()
         assert self._handles is not None
         return self._handles
 
@@ -182,13 +182,13 @@ class Cache:
             try:
                 node = h.group[f"{self.groups[i]}/{name}"]
             except KeyError:
-                self._check_same()
+                self.check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
             except ValueError as exc:  # damaged metadata (zarr.json that is not JSON, a bad field)
                 raise CacheError(
                     f"{self.url}: {self.groups[i]}/{name} cannot be opened ({describe_damage(exc)}); rebuild the cache"
                 ) from None
-            self._check_same()
+            self.check_same()
             arr = h.arrays[(i, name)] = node
         return arr
 
@@ -196,7 +196,7 @@ class Cache:
         """Refuse to read symbol ``i``'s array ``name`` (``features`` or ``time``) of another shape than the
         manifest's: a local cache swapped since it was opened, or a damaged one (an object store's may be
         longer while an append writes it: the rows the manifest counts are the ones stored before)."""
-        self._check_same()
+        self.check_same()
         n = int(self.bars_per_symbol[i])
         want = (n, self.n_features) if name == "features" else (n,)
         growing = is_url(self.url) and shape[0] > n and tuple(shape[1:]) == want[1:]
@@ -217,7 +217,7 @@ class Cache:
             try:
                 dec = ShardDecoder.open(root.store, path)
             except FileNotFoundError:
-                self._check_same()
+                self.check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/features is missing; rebuild the cache") from None
             except (ValueError, TypeError, KeyError) as exc:  # damaged metadata (not JSON, a bad field)
                 raise CacheError(
@@ -314,7 +314,7 @@ class Cache:
         out = np.empty(sym.shape, dtype=np.int64)
         if not out.size:
             return out
-        h, group = self.handles, self.handles.group._async_group
+        h, group = self.handles, async_group(self.handles.group)
 
         opened: dict[int, zarr.Array[Any]] = {}
 
@@ -342,7 +342,7 @@ class Cache:
         async def load(i: int, c: int) -> None:
             arr = h.arrays[(i, "time")]
             part = slice(c * int(size[i]), min((c + 1) * int(size[i]), arr.shape[0]))
-            have[(i, c)] = np.asarray(await arr._async_array.getitem(part), dtype=np.int64)
+            have[(i, c)] = np.asarray(await arr.async_array.getitem(part), dtype=np.int64)
 
         gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
         for i, c, where in groups:
@@ -353,7 +353,7 @@ class Cache:
                 self._times.move_to_end((i, c))
             while len(self._times) > TIME_CHUNKS:
                 self._times.popitem(last=False)
-        self._check_same()
+        self.check_same()
         return out
 
     def region_stop(self, row: int) -> int:
@@ -393,7 +393,7 @@ class Cache:
                 f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
                 "`shardcache verify` lists every damaged shard; rebuild the cache"
             ) from None
-        self._check_same()
+        self.check_same()
         return block
 
     def shard_symbol(self, shard: int) -> tuple[int, int]:

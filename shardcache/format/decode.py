@@ -1,9 +1,8 @@
 """Rows of the cache's sharded ``features`` array, decoded without zarr's async pipeline.
 
-``zarr`` reads a shard through an event loop, a thread pool and a buffer per inner chunk:
-3.6 ms for a 2.2 MiB shard and 11.7 ms for an 8 MiB one on the 2-core machine, against
-0.6 and 3.0 ms for fetching the shard object and decoding its chunks directly
-(``tools/bench.py``, "Zarr read path"). ``ShardDecoder`` does the latter for the layout
+``zarr`` reads a shard through an event loop, a thread pool and a buffer per inner chunk,
+several times slower than fetching the shard object and decoding its chunks directly
+(docs/performance.md, "Why the read path is built this way"). ``ShardDecoder`` does the latter for the layout
 ``build-cache`` writes (Zarr v3 ``sharding_indexed``, row-wise inner chunks of whole rows,
 ``bytes`` + one of blosc/zstd/lz4/none + ``crc32c``; index ``bytes`` + ``crc32c``): per
 shard, one request for the whole object, or for the index and then one byte range when
@@ -13,8 +12,7 @@ from the array's own zarr store, so local paths and fsspec URLs behave alike; fr
 ``LocalStore`` they are read with a plain file read on the calling thread rather than a hop
 through zarr's event loop and its file thread (thread switches that a busy machine turns into
 milliseconds per shard before the first batch), into a buffer each thread reuses (a fresh
-8 MiB buffer costs its page faults again: 1.0-1.8 ms against 7.4 ms for the first reads of
-a process here).
+buffer costs its page faults again on every read).
 ``tests/test_decode.py`` checks it bit for bit against zarr's read for every codec.
 """
 
@@ -30,10 +28,10 @@ import numcodecs
 import numpy as np
 import zarr
 from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
+
+from .zarr_adapter import ArrayV3Metadata, sync
 
 __all__ = ["ChunkError", "MissingShard", "ShardDecoder"]
 

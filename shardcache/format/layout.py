@@ -31,15 +31,11 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
-from zarr.core.sync import sync
+from zarr.codecs.numcodecs import LZ4
 
 from ..errors import CacheError, one_line
 from .paths import check_storage_options
-
-try:  # zarr >= 3.1.3 ships the numcodecs bridge itself
-    from zarr.codecs.numcodecs import LZ4
-except ImportError:  # pragma: no cover - older zarr 3.1 with numcodecs' own bridge
-    from numcodecs.zarr3 import LZ4
+from .zarr_adapter import sync
 
 __all__ = [
     "ATTR",

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.sync import sync
 
 from ..errors import CacheError
 from .layout import (
@@ -25,6 +24,7 @@ from .layout import (
 )
 from .manifest import Layout, Manifest, incomplete
 from .paths import is_url, local_path
+from .zarr_adapter import async_group, sync
 
 __all__ = ["CacheWriter"]
 
@@ -132,8 +132,8 @@ class CacheWriter:
         sizes = list(enumerate(self.bars_per_symbol.tolist()))
         grow = [(i, n) for i, n in sizes if str(i) in have]
         gather(
-            [self._acreate_symbol(symbols._async_group, str(i), n) for i, n in sizes if str(i) not in have]
-            + [self._agrow(symbols._async_group, i, n) for i, n in grow]
+            [self._acreate_symbol(async_group(symbols), str(i), n) for i, n in sizes if str(i) not in have]
+            + [self._agrow(async_group(symbols), i, n) for i, n in grow]
         )
 
     async def _acreate_symbol(self, symbols: Any, name: str, n: int) -> None:
@@ -293,7 +293,7 @@ class CacheWriter:
             for name in _SEGMENT_ARRAYS:
                 self._release(f"{group_path(i)}/{name}")
         self._release("segments")
-        groups = root.require_group("symbols")._async_group
+        groups = async_group(root.require_group("symbols"))
 
         async def one(i: int) -> None:
             g = await groups.getitem(str(i))
@@ -309,6 +309,6 @@ class CacheWriter:
             await feats.update_attributes({"digests": [digests.get(first + k, old[k]) for k in range(n_local)]})
 
         gather([one(i) for i in todo])
-        sync(self._asmall(root._async_group, "segments", local.astype(np.int64), ("all_segments", "field")))
+        sync(self._asmall(async_group(root), "segments", local.astype(np.int64), ("all_segments", "field")))
         self._release("zarr.json")
         root.attrs[ATTR] = manifest.to_json()

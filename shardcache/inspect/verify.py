@@ -7,7 +7,7 @@ store key it concerns (``symbols/3/features/c/0/0``, ``symbols/3/time/c/0``, ``s
 * a shard object that is missing, or that fails to decode: zarr checks the crc32c of
   every inner chunk and of the shard index, so flipped or truncated bytes show up here;
 * a shard whose decoded rows differ from the digest recorded at build time (the
-  ``digests`` attribute of each symbol's ``features``, see ``store.shard_digest``);
+  ``digests`` attribute of each symbol's ``features``, see ``layout.shard_digest``);
 * a symbol's timestamps that do not strictly increase, a symbol's segment table
   (``segment_start``/``segment_stop``/``segment_split``) that does not tile its rows in
   order or disagrees with the root ``segments`` index, split ids outside the manifest's
@@ -47,7 +47,7 @@ class Problem:
         return f"{self.key}: {self.problem}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VerifyReport:
     """What ``verify_cache`` checked and found; ``ok`` when nothing is wrong."""
 
@@ -235,8 +235,15 @@ def verify_cache(
                 else:
                     prev = None
                 bar.update()
-    cache._check_same()
-    return VerifyReport(cache.url, cache.n_shards, cache.n_bars, checked, problems, time.perf_counter() - t0)
+    cache.check_same()
+    return VerifyReport(
+        path=cache.url,
+        shards=cache.n_shards,
+        rows=cache.n_bars,
+        digests_checked=checked,
+        problems=problems,
+        elapsed_s=time.perf_counter() - t0,
+    )
 
 
 def compare_caches(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["ShardInfo", "info", "open_symbol", "shards", "to_xarray"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardInfo:
     """One stored shard of one symbol's ``features``: its object, its rows and bars, its size."""
 
@@ -129,7 +129,8 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
     """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
     async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
     import zarr.api.asynchronous as zarr_async
-    from zarr.core.sync import sync
+
+    from ..format.zarr_adapter import sync
 
     groups = cache.groups
     options = cache.storage_options if "://" in cache.url else None
@@ -180,12 +181,12 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
 
 def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
     """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon``
-    (a read-time choice, counted by ``index.valid_ranges``), features with their statistics, size."""
-    from ..read.plan import valid_ranges
+    (a read-time choice, counted by ``windows.n_windows``), features with their statistics, size."""
+    from ..format.windows import n_windows
 
     cache = open_cache(cache)
     m = cache.manifest
-    per_split = {name: valid_ranges(cache, seq_len, horizon, 1, name).total() for name in cache.split_names}
+    per_split = {name: n_windows(cache, seq_len, horizon=horizon, split=name) for name in cache.split_names}
     return {
         "path": cache.url,
         "format_version": m.format_version,

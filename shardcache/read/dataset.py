@@ -21,8 +21,8 @@ from torch.utils.data import Dataset
 
 from ..errors import OptionTypeError
 from ..format.cache import Cache
+from ..format.windows import WindowSpec
 from .options import Batch, check_split, open_for_reading, window_spec
-from .plan import WindowSpec
 from .reader import ReadSpec
 
 __all__ = ["WindowDataset"]
@@ -58,8 +58,6 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
         self._read = ReadSpec.of(self.cache, self.spec, self.split, torch.device("cpu"), meta=False)
         self._ranges = self._read.ranges
         self._n = self._ranges.total()
-        self._x_steps = np.arange(self.spec.seq_len, dtype=np.int64)  # a window's rows from its first
-        self._y_steps = self._read.target_steps  # its target rows, one per horizon
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
     seq_len = property(lambda self: self.spec.seq_len)
@@ -104,18 +102,18 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
         copied out of it together."""
         r, n = self._read, len(pos)
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
-        x = np.empty((n, r.seq_len, r.nx), np.float32)
-        y = np.empty((n, len(r.horizons), r.ny), np.float32)
+        x = np.empty(r.x_shape(n), np.float32)
+        y = np.empty(r.y_shape(n), np.float32)
         shard = rows // self.cache.shard_rows
         order = np.argsort(shard, kind="stable")
         cuts = np.flatnonzero(np.diff(shard[order])) + 1
         for sel in np.split(order, cuts) if n else []:
             row0, block = self._block(int(shard[sel[0]]))
             local = rows[sel] - row0
-            ix, iy = local[:, None] + self._x_steps, local[:, None] + self._y_steps
+            ix, iy = self.spec.input_rows(local), self.spec.target_rows(local)
             x[sel] = block[ix] if r.xcols is None else block[ix[..., None], r.xcols]
             y[sel] = block[iy] if r.ycols is None else block[iy[..., None], r.ycols]
-        return Batch(torch.from_numpy(x), torch.from_numpy(y if r.multi else y[:, 0]))
+        return Batch(torch.from_numpy(x), torch.from_numpy(y))
 
     def _block(self, shard: int) -> tuple[int, np.ndarray]:
         """Rows of ``shard`` plus the overhang its last windows need, from the LRU or one zarr call."""
@@ -124,7 +122,7 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
             self._lru.move_to_end(shard)
             return hit
         lo = shard * self.cache.shard_rows
-        hi = min(lo + self.cache.shard_rows + self.span - 1, self.cache.region_stop(lo))
+        hi = min(lo + self.spec.block_rows(self.cache.shard_rows), self.cache.region_stop(lo))
         self._lru[shard] = hit = (lo, self.cache.read_rows(lo, hi))
         while len(self._lru) > _LRU_BLOCKS:
             self._lru.popitem(last=False)

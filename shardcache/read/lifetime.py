@@ -14,6 +14,7 @@ from ..errors import StreamClosedError
 from .reader import Reader, ReadSpec
 from .resident import Resident
 from .ship import WorkerRing, forget
+from .torch_adapter import shutdown_workers
 
 __all__ = ["StreamResources"]
 
@@ -61,7 +62,7 @@ class StreamResources:
         """Stop every reader thread and DataLoader worker, free the arena and the rings' mappings."""
         self.closed = True
         for it in list(self.loader_iters):
-            it._shutdown_workers()
+            shutdown_workers(it)
         self.close_readers()
         if self.resident is not None:  # freed now, even while an iterator of it is still referenced
             self.resident.release()

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
-from .plan import WindowSpec, split_segments
+from ..format.windows import WindowSpec, split_segments
 
 __all__ = [
     "AUTO_CPU_FRACTION",
@@ -207,17 +207,16 @@ def cache_digest(cache: Cache) -> str:
     return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
 
 
-def no_windows_error(cache: Any, spec: WindowSpec, split: str | None) -> ValueError:
+def no_windows_error(cache: Cache, spec: WindowSpec, split: str | None) -> ValueError:
     """The error of a stream with no window: the longest segment against the window's span."""
     seg = split_segments(cache, split)
     where = f" in split {split!r}" if split not in (None, "all") else ""
     if not len(seg):
         if where:
             return OptionError("split", split, "no window: the cache has no bars in this split")
-        return CacheError(f"{getattr(cache, 'url', 'the cache')}: no window: the cache has no bars")
+        return CacheError(f"{cache.url}: no window: the cache has no bars")
     k = int(np.argmax(seg[:, 2] - seg[:, 1]))
-    symbols = getattr(cache, "symbols", None)
-    sym = symbols[int(seg[k, 0])] if symbols else f"#{int(seg[k, 0])}"
+    sym = cache.symbols[int(seg[k, 0])]
     return OptionError(
         "seq_len",
         spec.seq_len,

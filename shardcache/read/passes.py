@@ -36,8 +36,10 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, StateError
+from ..format.windows import Ranges
 from .options import MAX_COUNT, PlanSettings
-from .plan import EpochPlan, Ranges, make_plan
+from .plan import EpochPlan, make_plan
+from .torch_adapter import in_shared_memory
 
 __all__ = ["MAX_HISTORY", "MAX_WORKERS", "History", "Pass", "PassState", "Planner", "SharedPass", "check_history"]
 
@@ -61,10 +63,6 @@ class Pass:
 
 _ANCHOR, _HLEN, _HIST = 0, 1, 2
 _WORKERS = _HIST + 2 * MAX_HISTORY
-
-
-def _in_shared_memory(t: torch.Tensor) -> torch.Tensor:
-    return t.share_memory_()  # type: ignore[no-untyped-call,no-any-return]  # torch leaves it untyped
 
 
 def check_history(history: Any) -> History:
@@ -91,7 +89,7 @@ class PassState:
     """The pass count and position of one stream, shared with its DataLoader workers (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._shared = _in_shared_memory(torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64))
+        self._shared = in_shared_memory(torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64))
         self._owner = os.getpid()  # the process whose passes this state counts (and its DataLoader workers)
         self.main_passes = 0  # passes begun in the main process since the pin
         self.current: Pass | None = None  # the main process's current pass
@@ -134,7 +132,7 @@ class PassState:
         """In a process that is not the state's owner nor its DataLoader worker (a stream pickled to
         ``mp.spawn`` ranks), take a private copy: ranks must not count each other's passes."""
         if self._owner != os.getpid():
-            self._shared, self._owner = _in_shared_memory(self._shared.clone()), os.getpid()
+            self._shared, self._owner = in_shared_memory(self._shared.clone()), os.getpid()
 
     def pin(self, epoch: int, history: History = ()) -> None:
         """Make the next pass ``epoch``, continuing ``history``; every count starts again."""
@@ -197,7 +195,7 @@ class SharedPass:
     start or resume (its encoding: epoch, rank, world, n, then the n history pairs)."""
 
     def __init__(self) -> None:
-        self._shared = _in_shared_memory(torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64))
+        self._shared = in_shared_memory(torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64))
 
     def write(self, p: Pass) -> None:
         flat = [v for pair in p.history for v in pair]
@@ -217,7 +215,7 @@ class Planner:
 
     _KEEP = 4
 
-    def __init__(self, ranges: Ranges, n_rows: int, shard_rows: int, settings: PlanSettings, what: str) -> None:
+    def __init__(self, *, ranges: Ranges, n_rows: int, shard_rows: int, settings: PlanSettings, what: str) -> None:
         self.ranges, self.n_rows, self.shard_rows, self.settings = ranges, n_rows, shard_rows, settings
         self.n_windows = ranges.total()
         self.what = what  # names the windows in a message ("split 'train' of /data/es.zarr")

@@ -4,10 +4,8 @@ Everything here is plain numpy data computed before a byte of features is read (
 xbatcher's ``BatchSchema``), so coverage, shuffling and the rank/worker split are testable
 on their own.
 
-* ``WindowSpec`` says what a window is. A window at row ``p`` is rows ``[p, p + seq_len)``;
-  its target rows are ``p + seq_len - 1 + h`` for each horizon ``h``. It is valid when that
-  whole span (to its largest horizon) lies in one segment (and so in one symbol, one
-  gap-free run and one split). ``stride`` counts inside each segment.
+* ``WindowSpec`` says what a window is, and ``valid_ranges`` which windows are valid
+  (``shardcache.format.windows``, the one home of window arithmetic, re-exported here).
 * An epoch orders the shards (shuffled by ``seed`` and ``epoch``), cuts the resulting
   window sequence into equal contiguous parts, one per rank, and mixes each rank's windows
   within pools of ``mix`` consecutive shards. Batch ``i`` of a rank goes to DataLoader
@@ -22,210 +20,31 @@ on their own.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
-from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.random import default_rng  # imported with the plan, not lazily at the first shuffle
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.layout import spanned_shards
+from ..format.windows import Ranges, WindowSpec, n_windows, valid_ranges
 
 __all__ = [
     "EpochPlan",
     "PoolLayout",
     "Ranges",
     "Run",
-    "SegmentTable",
     "WindowSpec",
-    "as_spec",
     "make_plan",
     "n_windows",
     "pool_layout",
     "reader_runs",
-    "split_segments",
     "valid_ranges",
 ]
 
 
-@dataclass(frozen=True)
-class WindowSpec:
-    """What one window is, shared by ``WindowStream``, ``WindowDataset`` and ``n_windows``.
-
-    ``seq_len`` input bars; targets ``horizon`` bars after the last input bar (an int >= 0, or
-    a sequence of them for several targets per window; 0 is the last input bar itself, for a
-    ``target`` column that is not an input, such as a label computed at that bar); every
-    ``stride``-th start of a segment; ``features``/``target`` name the input and target
-    columns (None: all).
-    """
-
-    seq_len: int
-    horizon: int | tuple[int, ...] = 1
-    stride: int = 1
-    features: tuple[str, ...] | None = None
-    target: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("features", "target"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                raise OptionTypeError(f"{name} must be a list of feature names, not a string")
-            if value is not None:
-                object.__setattr__(self, name, tuple(value))
-        object.__setattr__(self, "horizon", _horizon(self.horizon))
-        for name in ("seq_len", "stride"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise OptionError(name, value, "must be an int >= 1")
-            object.__setattr__(self, name, int(value))
-
-    @property
-    def horizons(self) -> tuple[int, ...]:
-        """Every horizon, in the order of ``y``'s rows."""
-        return self.horizon if isinstance(self.horizon, tuple) else (self.horizon,)
-
-    @property
-    def span(self) -> int:
-        """Bars from a window's first input bar to its last target bar, plus one."""
-        return self.seq_len + max(self.horizons)
-
-
-def _horizon(value: Any) -> int | tuple[int, ...]:
-    """A horizon as an int or a tuple of ints, each >= 0 (the same rule for both)."""
-
-    def ok(v: Any) -> bool:
-        return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= 0
-
-    if ok(value):
-        return int(value)
-    many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
-    values = list(value) if many else []
-    if not values or not all(map(ok, values)):
-        raise OptionError("horizon", value, "must be an int >= 0 or a non-empty sequence of them")
-    return tuple(int(v) for v in values)
-
-
-def as_spec(
-    seq_len: int | WindowSpec, horizon: int | Sequence[int] | None = None, stride: int | None = None
-) -> WindowSpec:
-    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left
-    unset), else a spec of the three (None: 1)."""
-    if isinstance(seq_len, WindowSpec):
-        beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
-        if beside:
-            raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
-        return seq_len
-    return WindowSpec(seq_len, 1 if horizon is None else horizon, 1 if stride is None else stride)
-
-
-@dataclass(frozen=True)
-class Ranges:
-    """Valid window starts as arithmetic runs: ``start[i] + stride * k`` for ``k < count[i]``."""
-
-    start: np.ndarray
-    count: np.ndarray
-    stride: int
-    span: int
-
-    def total(self) -> int:
-        return int(self.count.sum())
-
-    def count_below(self, rows: np.ndarray) -> np.ndarray:
-        """How many valid starts lie strictly below each of ``rows`` (vectorised)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(self.start) == 0:
-            return np.zeros(rows.shape, dtype=np.int64)
-        before = np.concatenate([[0], np.cumsum(self.count)])
-        i = np.searchsorted(self.start, rows, side="right") - 1
-        ic = np.clip(i, 0, None)
-        partial = np.clip(-((self.start[ic] - rows) // self.stride), 0, self.count[ic])
-        return np.where(i < 0, 0, before[ic] + partial)
-
-    def starts_between(self, lo: int, hi: int) -> np.ndarray:
-        """All valid starts in rows ``[lo, hi)``, ascending (vectorised over the runs)."""
-        a = max(int(np.searchsorted(self.start, lo, side="right")) - 1, 0)
-        b = int(np.searchsorted(self.start, hi, side="left"))
-        s, n = self.start[a:b], self.count[a:b]
-        k0 = np.clip(-((s - lo) // self.stride), 0, n)
-        k1 = np.clip(-((s - hi) // self.stride), 0, n)
-        m = np.maximum(k1 - k0, 0)
-        if not m.sum():
-            return np.zeros(0, dtype=np.int64)
-        first = s + self.stride * k0
-        offset = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
-        return np.repeat(first, m) + self.stride * offset
-
-    def start_at(self, positions: np.ndarray) -> np.ndarray:
-        """Start row of the windows at ``positions`` in row order (map-style access)."""
-        pos = np.asarray(positions, dtype=np.int64)
-        before = np.cumsum(self.count) - self.count
-        i = np.searchsorted(before, pos, side="right") - 1
-        return self.start[i] + self.stride * (pos - before[i])
-
-    def starts(self) -> np.ndarray:
-        """Every valid start (for tests and map-style access)."""
-        if len(self.start) == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)])
-
-
-@dataclass(frozen=True)
-class SegmentTable:
-    """A segment table that is not in a cache yet (a build's or an append's), as ``valid_ranges`` reads it."""
-
-    segments: np.ndarray
-    segment_split: np.ndarray
-    split_names: list[str]
-
-    def split_id(self, split: str | None) -> int | None:
-        return None if split is None else self.split_names.index(split)
-
-
-def split_segments(cache: Any, split: str | None) -> np.ndarray:
-    """The ``(symbol, start, stop)`` segments of ``split`` (every split for None or ``"all"``
-    when no split has that name)."""
-    seg = np.asarray(cache.segments, dtype=np.int64).reshape(-1, 3)
-    names = getattr(cache, "split_names", None)
-    if split == "all" and (names is None or "all" not in names):
-        split = None
-    sid = cache.split_id(split)
-    return seg if sid is None else seg[np.asarray(cache.segment_split) == sid]
-
-
-def valid_ranges(
-    cache: Any,
-    seq_len: int | WindowSpec,
-    horizon: int | Sequence[int] | None = None,
-    stride: int | None = None,
-    split: str | None = None,
-) -> Ranges:
-    """Valid window starts of ``cache`` (anything with ``segments``, ``segment_split`` and
-    ``split_id``) for the read-time window shape (a ``WindowSpec`` or its first fields; None: 1)."""
-    spec = as_spec(seq_len, horizon, stride)
-    seg = split_segments(cache, split)
-    span, stride = spec.span, spec.stride
-    start, stop = seg[:, 1], seg[:, 2]
-    count = np.where(stop - start >= span, (stop - span - start) // stride + 1, 0)
-    nz = count > 0
-    order = np.argsort(start[nz], kind="stable")
-    return Ranges(start[nz][order], count[nz][order].astype(np.int64), stride, span)
-
-
-def n_windows(
-    cache: Any,
-    seq_len: int | WindowSpec,
-    *,
-    horizon: int | Sequence[int] | None = None,
-    stride: int | None = None,
-    split: str | None = None,
-) -> int:
-    """Number of valid windows of ``cache`` at a read-time window shape (``split=None``: all; an unset
-    ``horizon``/``stride`` is 1)."""
-    return valid_ranges(cache, seq_len, horizon, stride, split).total()
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpochPlan:
     """One rank's epoch: shard pieces in read order, grouped into mixing pools.
 
@@ -315,7 +134,8 @@ class EpochPlan:
         """Window starts of pool ``g`` in the order they are served (shuffled if asked)."""
         parts = self.pool_pieces(g, ranges, shard_rows)
         starts = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return starts[self.pool_order(g, len(starts))]
+        served: np.ndarray = starts[self.pool_order(g, len(starts))]
+        return served
 
 
 def make_plan(
@@ -375,8 +195,8 @@ def _fresh_plan(
 ) -> EpochPlan:
     """An epoch's plan from its start (see ``make_plan``).
 
-    Only shards holding a window start are visited, so rows may be sparse (a format-2 cache
-    leaves unused rows between symbols); every start must lie below ``n_rows``.
+    Only shards holding a window start are visited, so rows may be sparse (each symbol's rows
+    end on a whole shard); every start must lie below ``n_rows``.
     """
     ids = _start_shards(ranges, shard_rows)
     if len(ids) and ids[-1] * shard_rows >= n_rows:
@@ -422,7 +242,8 @@ def _fresh_plan(
     )
 
 
-class _Part(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class _Part:
     """Served positions ``frm:to`` of one pool (its pieces and order key), cut out of a plan."""
 
     shards: np.ndarray
@@ -440,7 +261,9 @@ def _parts(plan: EpochPlan, a: int, b: int) -> list[_Part]:
         j0, j1 = int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1])
         f0 = int(plan.pool_from[g])
         frm, to = f0 + max(a - int(off[g]), 0), f0 + min(b, int(off[g + 1])) - int(off[g])
-        out.append(_Part(plan.shards[j0:j1], plan.lo[j0:j1], plan.hi[j0:j1], plan.pool_key[g], frm, to))
+        out.append(
+            _Part(shards=plan.shards[j0:j1], lo=plan.lo[j0:j1], hi=plan.hi[j0:j1], key=plan.pool_key[g], frm=frm, to=to)
+        )
     return out
 
 
@@ -469,7 +292,7 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
             lo, hi = max(a, int(cum[k])), min(b, int(cum[k + 1]))
             if hi > lo:
                 p = parts[k]
-                mine.append(p._replace(frm=p.frm + lo - int(cum[k]), to=p.frm + hi - int(cum[k])))
+                mine.append(replace(p, frm=p.frm + lo - int(cum[k]), to=p.frm + hi - int(cum[k])))
         lens = [len(p.shards) for p in mine]
         plans.append(
             EpochPlan(
@@ -495,7 +318,7 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
 
 def _start_shards(ranges: Ranges, shard_rows: int) -> np.ndarray:
     """Shards spanned by the runs of valid starts, ascending (a few may hold none when stride > shard)."""
-    return spanned_shards(ranges.start, ranges.start + ranges.stride * (ranges.count - 1), shard_rows)
+    return spanned_shards(ranges.start, ranges.last_starts(), shard_rows)
 
 
 class PoolLayout:
@@ -511,19 +334,19 @@ class PoolLayout:
 
     def __init__(
         self,
+        *,
         pool: int,
         lo: np.ndarray,
         hi: np.ndarray,
         at: np.ndarray,
         starts: np.ndarray | None = None,
         rows: np.ndarray | None = None,
-        *,
         served: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
         if (starts is None) != (rows is None) or (starts is None) == (served is None):
             raise OptionTypeError("PoolLayout takes starts and rows, or served to make them")
         self.pool, self.lo, self.hi, self.at = int(pool), lo, hi, at
-        self._served = None if starts is None else (starts, rows)
+        self._served = None if starts is None or rows is None else (starts, rows)
         self._make = served
 
     @property
@@ -565,10 +388,11 @@ def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> Poo
         order = plan.pool_order(g, len(starts))
         return starts[order], rows[order]
 
-    return PoolLayout(int(g), lo, hi, at, served=served)
+    return PoolLayout(pool=int(g), lo=lo, hi=hi, at=at, served=served)
 
 
-class Run(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Run:
     """Consecutive batches ``first..last`` of a reader, copied together: window positions
     ``[a, b)`` of the rank's sequence, drawn from pools ``pools``; after it the reader no
     longer needs the pools below ``keep``."""
@@ -602,8 +426,8 @@ def reader_runs(plan: EpochPlan, batches: range, max_windows: int) -> Iterator[R
                 break
             last, b = last + 1, nb
         if prev is not None:  # pools below this run's first one are done with
-            yield prev._replace(keep=pools[0])
-        prev = Run(i, last, a, b, pools, 0)
+            yield replace(prev, keep=pools[0])
+        prev = Run(first=i, last=last, a=a, b=b, pools=pools, keep=0)
         i = last + batches.step
     if prev is not None:
-        yield prev._replace(keep=len(plan.pool_bounds))
+        yield replace(prev, keep=len(plan.pool_bounds))

@@ -17,8 +17,8 @@ batches carry metadata), made by ``WindowStream``; the reader touches no private
 the stream.
 
 Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
-On the 2-core machine ``index_select`` spread over two threads ran 3-8x slower as soon as
-another thread was busy (a decoder, the training loop), and limiting it would mean
+An ``index_select`` spread over several threads runs several times slower as soon as another
+thread is busy (a decoder, the training loop; docs/performance.md), and limiting it would mean
 ``torch.set_num_threads``, which also sets the default of every thread started later: a
 process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
 the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per
@@ -41,30 +41,23 @@ import glob
 import itertools
 import os
 import queue
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import StreamClosedError
+from ..format.cache import Cache
+from ..format.windows import Ranges, WindowSpec, valid_ranges
 from .options import columns, no_windows_error
-from .plan import (
-    EpochPlan,
-    PoolLayout,
-    Ranges,
-    Run,
-    WindowSpec,
-    pool_layout,
-    reader_runs,
-    valid_ranges,
-)
-from .resident import Resident, mapped
+from .plan import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
+from .resident import Resident, mapped, window_view
+from .ship import Loan
 
 __all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
 
@@ -78,14 +71,13 @@ _POLL = 0.1
 @dataclass(frozen=True, kw_only=True)
 class ReadSpec:
     """Everything a reader needs to know about its stream: the cache and its valid windows, the
-    window shape, the input/target columns (None: every column), the device, and whether
-    batches carry each window's symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
+    window (``WindowSpec``: its shape, its input and target rows), the input/target columns (None:
+    every column), the device, and whether batches carry each window's symbol, row and times
+    (``meta``). Made by ``ReadSpec.of``."""
 
-    cache: Any
+    cache: Cache
     ranges: Ranges
-    seq_len: int
-    horizons: tuple[int, ...]
-    multi: bool  # y has a horizon axis: [B, len(horizons), T]
+    window: WindowSpec
     xcols: list[int] | None
     ycols: list[int] | None
     nx: int
@@ -94,7 +86,7 @@ class ReadSpec:
     meta: bool
 
     @classmethod
-    def of(cls, cache: Any, spec: WindowSpec, split: str | None, device: torch.device, meta: bool) -> ReadSpec:
+    def of(cls, cache: Cache, spec: WindowSpec, split: str | None, device: torch.device, meta: bool) -> ReadSpec:
         """What a stream (or a ``WindowDataset``) of ``cache`` reads: columns checked first, then the
         valid windows of ``split``, of which there must be at least one."""
         xcols = columns(cache, spec.features, "features")
@@ -105,9 +97,7 @@ class ReadSpec:
         return cls(
             cache=cache,
             ranges=ranges,
-            seq_len=spec.seq_len,
-            horizons=spec.horizons,
-            multi=isinstance(spec.horizon, tuple),
+            window=spec,
             xcols=xcols,
             ycols=ycols,
             nx=len(xcols) if xcols is not None else cache.n_features,
@@ -126,27 +116,26 @@ class ReadSpec:
         """Bytes of one decoded bar in a pool's arena(s)."""
         return 4 * (self.nx if self.same_columns else self.nx + self.ny)
 
+    def x_shape(self, n: int) -> tuple[int, int, int]:
+        """The shape of ``n`` windows' inputs."""
+        return (n, self.window.seq_len, self.nx)
+
     def y_shape(self, n: int) -> tuple[int, ...]:
-        return (n, len(self.horizons), self.ny) if self.multi else (n, self.ny)
+        """The shape of ``n`` windows' targets."""
+        return self.window.y_shape(n, self.ny)
 
     @property
     def window_bytes(self) -> int:
         """Bytes of one window in a batch: its inputs and its targets (float32)."""
-        return 4 * (self.seq_len * self.nx + len(self.horizons) * self.ny)
-
-    @property
-    def target_steps(self) -> np.ndarray:
-        """Each target row's offset from its window's first row, in ``y``'s order of horizons."""
-        return np.asarray([self.seq_len - 1 + h for h in self.horizons], dtype=np.int64)
+        return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
 
     def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
         """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's) and ``target_time``
         (each target bar's) of the windows starting at cache rows ``starts``."""
         symbol, local = self.cache.locate(starts)
         index = torch.from_numpy(np.stack([symbol, local], axis=1))
-        steps = self.target_steps
-        targets = starts[:, None] + steps if self.multi else starts + steps[0]
-        both = self.cache.bar_times(np.concatenate([starts + self.seq_len - 1, targets.reshape(-1)]))
+        targets = self.window.target_rows(starts)
+        both = self.cache.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
         time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
         return index, torch.from_numpy(symbol), torch.from_numpy(time), torch.from_numpy(target_time)
 
@@ -161,6 +150,7 @@ class _Pool:
 
     def __init__(
         self,
+        *,
         layout: PoolLayout,
         arena: tuple[torch.Tensor, torch.Tensor],
         seq_len: int,
@@ -169,9 +159,8 @@ class _Pool:
     ) -> None:
         self.layout, (self.x, self.y) = layout, arena
         self.blocks, self.todo = blocks, todo
-        n, f = self.x.shape
         self.cuda = self.x.device.type == "cuda"
-        self.windows = torch.as_strided(self.x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+        self.windows = window_view(self.x, seq_len)
         if not self.cuda:  # the numpy views the gather copies from
             self.xn, self.yn = self.x.numpy(), self.y.numpy()
         self.submitted = 0
@@ -188,7 +177,8 @@ class _Pool:
         return torch.from_numpy(rows).to(self.x.device) if self.cuda else rows
 
 
-class Ready(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Ready:
     """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
     of ``x``, ``y`` and ``meta`` (``MetaBatch``'s fields after ``y``; None unless asked);
     ``event`` (CUDA) marks the copies done."""
@@ -203,38 +193,28 @@ class Ready(NamedTuple):
 _END = object()
 
 
-def _refs(arrays: tuple[np.ndarray, ...]) -> list[int]:
-    return [sys.getrefcount(a) for a in arrays]
-
-
-_UNUSED = _refs((np.empty(0),))[0]  # the count of an array only a slot holds
-
-
 class _Outputs:
-    """Output buffers of runs, reused once every batch taken from them is gone.
+    """Output buffers of runs, each reused once every batch taken from it is gone (``ship.Loan``).
 
-    Batches are ``torch.from_numpy`` views of numpy buffers (``resident.mapped``), and a tensor's
-    storage holds a reference to its buffer, so a buffer whose reference count is back to
-    the slot's own is free to reuse, whatever views the caller made and dropped. Reuse saves
-    faulting in fresh pages for every batch (15.7 MiB at 256 x 60 x 256; the copy into a
-    reused buffer ran 1.1-1.5x faster here). At most ``keep`` sets are kept; when all are in
-    use (the caller holds on to batches) new ones are made and left to the caller.
+    Reuse saves faulting in fresh pages for every batch (docs/performance.md). At most ``keep``
+    sets are kept; when all are lent (the caller holds on to batches) new ones are made and left
+    to the caller.
     """
 
     def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[Any], keep: int) -> None:
         self.shapes, self.dtypes, self.keep = shapes, dtypes, keep
-        self.slots: list[tuple[np.ndarray, ...]] = []
+        self.slots: list[Loan] = []
 
     def take(self, n: int) -> list[torch.Tensor]:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
-        slot = next((s for s in self.slots if all(c == _UNUSED for c in _refs(s))), None)
+        slot = next((s for s in self.slots if s.free()), None)
         if slot is None:
-            slot = tuple(
-                mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)
+            slot = Loan(
+                [mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)]
             )
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
-        return [torch.from_numpy(a[:n]) for a in slot]
+        return slot.lend(n)
 
 
 @functools.lru_cache(maxsize=1)
@@ -328,15 +308,13 @@ class Reader:
             else outputs
             if outputs is not None
             else _Outputs(
-                [(runs, spec.seq_len, spec.nx), spec.y_shape(runs)],
+                [spec.x_shape(runs), spec.y_shape(runs)],
                 [np.float32, np.float32],
                 keep=RUNS_AHEAD + 3,
             )
         )
-        self.x_steps = np.arange(spec.seq_len, dtype=np.int64)  # a window's rows from its first
-        chunk = _GRAIN // (spec.seq_len * spec.nx)
+        chunk = _GRAIN // (spec.window.seq_len * spec.nx)
         self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
-        self.y_steps = spec.target_steps
 
     # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -389,11 +367,15 @@ class Reader:
                 newest = g
                 if self.resident is None:
                     layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
-                    pool = self.pools[g] = _Pool(layout, self._arena(layout.n_rows), s.seq_len)
+                    pool = self.pools[g] = _Pool(
+                        layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
+                    )
                 else:  # every block scheduled before is submitted by now: share those still under way
                     r = self.resident
                     layout, blocks, todo = r.pool_layout(self.plan, g, s.ranges, skip=set(self.inflight))
-                    pool = self.pools[g] = _Pool(layout, (r.x, r.y), s.seq_len, blocks, todo)
+                    pool = self.pools[g] = _Pool(
+                        layout=layout, arena=(r.x, r.y), seq_len=s.window.seq_len, blocks=blocks, todo=todo
+                    )
                     shared = {int(b) for b in blocks} - {int(b) for b in todo}
                     pool.pending += [f for b, f in self.inflight.items() if b in shared and f is not None]
                     if not len(todo):
@@ -518,7 +500,7 @@ class Reader:
             if self.outputs is not None:
                 x, y = self.outputs.take(n)
             else:
-                x, y = torch.empty((n, s.seq_len, s.nx), device=s.device), torch.empty(s.y_shape(n), device=s.device)
+                x, y = torch.empty(s.x_shape(n), device=s.device), torch.empty(s.y_shape(n), device=s.device)
             starts = np.empty(n, dtype=np.int64) if s.meta else None
             xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
@@ -534,14 +516,13 @@ class Reader:
                             j = min(i + self.chunk, m)
                             torch.index_select(pool.windows, 0, trows[i:j], out=x[o + i : o + j])
                     else:
-                        np.take(pool.xn, rows[:, None] + self.x_steps, axis=0, out=xn[o : o + m], mode="clip")
-                    yrows = rows[:, None] + self.y_steps if s.multi else rows + self.y_steps[0]
-                    np.take(pool.yn, yrows, axis=0, out=yn[o : o + m], mode="clip")
+                        np.take(pool.xn, s.window.input_rows(rows), axis=0, out=xn[o : o + m], mode="clip")
+                    np.take(pool.yn, s.window.target_rows(rows), axis=0, out=yn[o : o + m], mode="clip")
                     continue
                 for event in pool.events:
                     self.gather_stream.wait_event(event)  # type: ignore[union-attr]
                 torch.index_select(pool.windows, 0, rows, out=x[o : o + m])
-                yrows = (rows[:, None] + torch.from_numpy(self.y_steps).to(rows.device)).reshape(-1)
+                yrows = (rows[:, None] + torch.from_numpy(s.window.target_steps).to(rows.device)).reshape(-1)
                 torch.index_select(pool.y, 0, yrows, out=y[o : o + m].view(-1, s.ny))
             event = None
             if self.cuda:
@@ -549,7 +530,7 @@ class Reader:
                 event.record(self.gather_stream)
         meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
-        return Ready([(i, a - run.a, b - run.a) for i, a, b in spans], x, y, meta, event)
+        return Ready(batches=[(i, a - run.a, b - run.a) for i, a, b in spans], x=x, y=y, meta=meta, event=event)
 
     # -- consumer side -------------------------------------------------------------------
     def start(self) -> None:

@@ -29,8 +29,9 @@ import torch
 
 from ..errors import StreamClosedError
 from ..format.layout import spanned_shards
+from ..format.windows import Ranges
 from .options import Batch, MetaBatch
-from .plan import EpochPlan, PoolLayout, Ranges
+from .plan import EpochPlan, PoolLayout
 
 if TYPE_CHECKING:
     from .reader import ReadSpec
@@ -45,13 +46,12 @@ def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: boo
     """A new array in an anonymous memory map of its own (page-aligned): only written pages are
     resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
 
-    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): gathering windows
-    from 4 KiB pages ran 6-10% slower here than from numpy's own (huge-page) arrays. The map is
-    private: a shared anonymous map is shmem, whose pages fault in ~20% slower and which takes no
-    huge pages here (``shmem_enabled`` is ``never``). ``populate`` faults every page in at once (an
-    output buffer: 16 MiB in 2.2 against 3.9 ms page by page). ``huge=False`` leaves the advice out
-    for short-lived maps faulted in on the way to a first batch: fresh huge pages faulted in slower
-    here (the first batch at F=256: 58.9 against 51.1 ms median, 8 processes each)."""
+    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): windows gather
+    faster from them than from 4 KiB pages. The map is private: a shared anonymous map is shmem,
+    whose pages fault in slower and may take no huge pages. ``populate`` faults every page in at
+    once (an output buffer), faster than page by page. ``huge=False`` leaves the advice out for
+    short-lived maps faulted in on the way to a first batch, where fresh huge pages fault in
+    slower. docs/performance.md has the figures behind each choice."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
@@ -60,7 +60,14 @@ def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: boo
     return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
 
 
-@dataclass(frozen=True)
+def window_view(arena: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Every window of an arena of rows ``[n, F]`` as a view ``[n - seq_len + 1, seq_len, F]`` (no copy):
+    window ``r`` is rows ``r .. r + seq_len - 1``."""
+    n, f = arena.shape
+    return torch.as_strided(arena, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+
+
+@dataclass(frozen=True, kw_only=True)
 class BlockTable:
     """One block per shard holding a valid window start: cache rows ``lo[k]:hi[k]`` (the shard's
     first start to its last window's end) at arena row ``at[k]``; ``block[s]`` is shard ``s``'s
@@ -76,7 +83,7 @@ class BlockTable:
     @classmethod
     def of(cls, ranges: Ranges, shard_rows: int) -> BlockTable:
         """The blocks of every shard of ``ranges`` (a split's valid starts)."""
-        ids = spanned_shards(ranges.start, ranges.start + ranges.stride * (ranges.count - 1), shard_rows)
+        ids = spanned_shards(ranges.start, ranges.last_starts(), shard_rows)
         a, b = ranges.count_below(ids * shard_rows), ranges.count_below((ids + 1) * shard_rows)
         keep = b > a
         ids, a, b = ids[keep].astype(np.int64), a[keep], b[keep]
@@ -85,7 +92,7 @@ class BlockTable:
         at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
         block = np.full(int(ids[-1]) + 1 if len(ids) else 0, -1, np.int64)
         block[ids] = np.arange(len(ids))
-        return cls(int(shard_rows), ids, lo, hi, at, block)
+        return cls(shard_rows=int(shard_rows), shards=ids, lo=lo, hi=hi, at=at, block=block)
 
     @property
     def n_rows(self) -> int:
@@ -108,7 +115,7 @@ class Resident:
 
     def __init__(self, spec: ReadSpec, shard_rows: int) -> None:
         self.table = BlockTable.of(spec.ranges, shard_rows)
-        n, nx, device, seq_len = self.table.n_rows, spec.nx, spec.device, spec.seq_len
+        n, nx, device = self.table.n_rows, spec.nx, spec.device
 
         def make(cols: int) -> torch.Tensor:
             if device.type == "cuda":
@@ -120,12 +127,12 @@ class Resident:
         self.nbytes = n * spec.row_bytes  # within the stream's memory_budget
         self.done = np.zeros(len(self.table.lo), dtype=bool)
         self.events: dict[int, Any] = {}
-        shape = (max(n - seq_len + 1, 0), seq_len, nx)
-        if device.type == "cuda":  # every window as a view: [n, seq_len, nx]
-            self.windows: Any = torch.as_strided(self.x, shape, (nx, nx, 1))
+        view = window_view(self.x, spec.window.seq_len)  # every window as a view: [n, seq_len, nx]
+        if device.type == "cuda":
+            self.windows: Any = view
         else:
-            xn = self.x.numpy()
-            self.windows = np.lib.stride_tricks.as_strided(xn, shape, (xn.strides[0], *xn.strides), writeable=False)
+            self.windows = view.numpy()
+            self.windows.flags.writeable = False
         self.yn = self.y if device.type == "cuda" else self.y.numpy()
 
     def release(self) -> None:
@@ -156,7 +163,7 @@ class Resident:
             [k for k in dict.fromkeys(blocks.tolist()) if not self.done[k] and k not in skip], dtype=np.int64
         )
         starts, rows = self.served(plan, g, ranges)
-        layout = PoolLayout(int(g), t.lo[todo], t.hi[todo], t.at[todo], starts, rows)  # type: ignore[arg-type]
+        layout = PoolLayout(pool=int(g), lo=t.lo[todo], hi=t.hi[todo], at=t.at[todo], starts=starts, rows=rows)
         return layout, blocks, todo
 
     @property
@@ -168,7 +175,6 @@ class Resident:
         """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
         caller's thread into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
         dev = self.x.device
-        y_steps = spec.target_steps
         if dev.type == "cuda":
             current = torch.cuda.current_stream(dev)
             self.x.record_stream(current)  # the allocator waits for these gathers before freeing the arena
@@ -176,11 +182,11 @@ class Resident:
                 self.y.record_stream(current)
             for event in self.events.values():
                 current.wait_event(event)  # the first pass's copies to the device
-            ysteps = torch.from_numpy(y_steps).to(dev)
+            ysteps = torch.from_numpy(spec.window.target_steps).to(dev)
         off, bounds = plan.pool_offsets, plan.batch_bounds
         first = (np.searchsorted(off, bounds[:-1], side="right") - 1).tolist()  # each batch's pools
         last = (np.searchsorted(off, bounds[1:] - 1, side="right") - 1).tolist()
-        cuts, offs, meta, y0 = bounds.tolist(), off.tolist(), spec.meta, int(y_steps[0])
+        cuts, offs, meta = bounds.tolist(), off.tolist(), spec.meta
         pools: dict[int, tuple[np.ndarray | None, Any]] = {}
 
         def pool(g: int, keep: int) -> tuple[np.ndarray | None, Any]:
@@ -211,6 +217,6 @@ class Resident:
                 y = torch.index_select(yn, 0, (rows[:, None] + ysteps).reshape(-1)).view(spec.y_shape(len(rows)))
             else:
                 x = torch.from_numpy(windows[rows])
-                y = torch.from_numpy(yn[rows[:, None] + y_steps] if spec.multi else yn[rows + y0])
+                y = torch.from_numpy(yn[spec.window.target_rows(rows)])
             del windows, yn
             yield i, (MetaBatch(x, y, *spec.window_meta(starts)) if meta else Batch(x, y))

@@ -3,22 +3,22 @@
 A batch made in a worker process must cross to the main process. Sent as fresh tensors (what
 ``default_collate`` does), each batch is a new shared-memory segment: page faults in the
 worker while it fills it, a file descriptor passed, page faults again in the main process
-(12.3 ms a batch at 256 x 60 x 256 against 1.5 ms in-process, measured here). Instead each
-worker gathers into a small ring of shared-memory *slots* (``WorkerRing``, grown on demand up
-to ``SLOTS``). A slot's storage crosses once, the first time it is used (torch passes its
-descriptor; the main process maps it and keeps it); after that a batch crosses as a few
-integers (ring, slot, generation, rows) and the main process hands the caller tensors over
-its own mapping of the slot: no copy, no fault.
+(docs/performance.md has the figures). Instead each worker gathers into a small ring of
+shared-memory *slots* (``WorkerRing``, grown on demand up to ``SLOTS``). A slot's storage
+crosses once, the first time it is used (torch passes its descriptor; the main process maps it
+and keeps it); after that a batch crosses as a few integers (ring, slot, generation, rows) and
+the main process hands the caller tensors over its own mapping of the slot: no copy, no fault.
 
-A slot is reused only when both processes are done with it, so a batch the caller keeps is
-never overwritten:
+Memory is lent, never guessed at: ``Loan.lend`` gives tensors over a slot's arrays, and the slot is
+free again only once every one of those tensors, and every view of them, is gone (each tensor's
+storage holds the loan's handle; a weak reference tells when it has gone). A slot is reused
+only when both processes are done with it, so a batch the caller keeps is never overwritten:
 
-* the worker's own references: the slot's arrays' reference counts, as ``reader._Outputs``
-  does in-process (a batch queued, or still being pickled, holds one);
+* the worker's own loan: a batch queued, or still being pickled, holds it;
 * the main process's: every batch a slot carried (its *generation*, written by the worker as
-  the batch is pickled) must have been received, and every tensor over it gone. Each time a
-  batch arrives, the main process releases every such slot by writing its generation into the
-  ring's shared ``released`` row (``release``).
+  the batch is pickled) must have been received, and its loan in the main process given back.
+  Each time a batch arrives, the main process releases every such slot by writing its
+  generation into the ring's shared ``released`` row.
 
 When every slot is in use (the caller keeps many batches) the worker waits at most ``WAIT``
 seconds, then sends that batch as fresh tensors, as torch would: slower, never stuck.
@@ -29,11 +29,11 @@ a worker that has exited is dropped when the next ring arrives.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,42 +41,56 @@ import torch
 
 from ..errors import StreamClosedError
 from .options import Batch, MetaBatch
+from .torch_adapter import in_shared_memory, new_shared
 
-__all__ = ["SLOTS", "WAIT", "WorkerRing", "forget", "release", "ship"]
+__all__ = ["SLOTS", "WAIT", "Loan", "WorkerRing", "forget", "ship"]
 
 SLOTS = 8  # per worker: runs gathered ahead (2), batches in flight (prefetch_factor, 2 by default), kept by the caller
 WAIT = 0.02
 _POLL = 0.0005
 
+Shapes = tuple[tuple[int, ...], ...]
 
-def _over(storage: torch.UntypedStorage, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
-    """One numpy array per shape, laid end to end in ``storage``. Each is the owner of its views
-    (its base is a tensor, not an array), so its reference count tells whether any view lives."""
-    out, at = [], 0
+
+class Loan:
+    """Arrays over reused memory, lent out as tensors and free again once every tensor over them is gone.
+
+    ``lend(n)`` gives tensors over the first ``n`` rows of each array; each holds (through its
+    storage) a new numpy view of its array, the loan's handle, which every view of the tensor
+    shares. ``free`` is True once every handle of the last loan is gone, whatever views the
+    caller made and dropped.
+    """
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self.arrays = arrays
+        self._out: list[weakref.ref[np.ndarray]] = []
+
+    def free(self) -> bool:
+        return all(handle() is None for handle in self._out)
+
+    def lend(self, n: int) -> list[torch.Tensor]:
+        """Tensors over rows ``[:n]`` of each array (the arrays must be free)."""
+        views = [a[:n] for a in self.arrays]
+        self._out = [weakref.ref(v) for v in views]
+        return [torch.from_numpy(v) for v in views]
+
+
+def _over(storage: torch.UntypedStorage, shapes: Shapes) -> list[np.ndarray]:
+    """One float32 numpy array per shape, laid end to end in ``storage``."""
+    out, at, flat = [], 0, torch.empty(0).set_(storage)
     for shape in shapes:
         n = int(np.prod(shape))
-        out.append(torch.empty(0).set_(storage, at, shape).numpy())
+        out.append(flat[at : at + n].view(shape).numpy())
         at += n
     return out
 
 
-def _refs(arrays: list[np.ndarray]) -> list[int]:
-    return [sys.getrefcount(a) for a in arrays]
+class _Slot(Loan):
+    """One slot: its shared storage and the arrays over it."""
 
-
-class _Slot:
-    """One slot's shared storage and the arrays over it, with their reference counts when idle."""
-
-    def __init__(self, storage: torch.UntypedStorage, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, storage: torch.UntypedStorage, shapes: Shapes) -> None:
+        super().__init__(_over(storage, shapes))
         self.storage = storage
-        self.arrays = _over(storage, shapes)
-        self.idle = _refs(self.arrays)
-
-    def unused(self) -> bool:
-        return _refs(self.arrays) == self.idle
-
-    def tensors(self, n: int) -> list[torch.Tensor]:
-        return [torch.from_numpy(a[:n]) for a in self.arrays]
 
 
 # worker side: the slot behind each data pointer a shipped batch may start at
@@ -90,9 +104,9 @@ class WorkerRing:
     batch is pickled), row 1 the last one the main process released.
     """
 
-    def __init__(self, prefix: str, shapes: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, prefix: str, shapes: Shapes) -> None:
         self.key, self.shapes = f"{prefix}/{os.getpid()}/{uuid.uuid4().hex}", shapes
-        self.gens = torch.zeros((2, SLOTS), dtype=torch.int64).share_memory_()
+        self.gens = in_shared_memory(torch.zeros((2, SLOTS), dtype=torch.int64))
         self.g = self.gens.numpy()
         self.slots: list[_Slot] = []
         self.index: dict[int, int] = {}  # a slot's data pointer: its number
@@ -103,13 +117,13 @@ class WorkerRing:
 
     def _free(self) -> int | None:
         g = self.g
-        return next((i for i, s in enumerate(self.slots) if g[0, i] == g[1, i] and s.unused()), None)
+        return next((i for i, s in enumerate(self.slots) if g[0, i] == g[1, i] and s.free()), None)
 
     def take(self, n: int) -> list[torch.Tensor]:
         """Tensors ``[:n]`` of a free slot (x, y); fresh shared tensors if none frees up within ``WAIT``."""
         i = self._free()
         if i is None and len(self.slots) < SLOTS:
-            slot = _Slot(torch.UntypedStorage._new_shared(self.nbytes), self.shapes)
+            slot = _Slot(new_shared(self.nbytes), self.shapes)
             i = self.index[slot.arrays[0].ctypes.data] = len(self.slots)
             _BY_POINTER[slot.arrays[0].ctypes.data] = self
             self.slots.append(slot)
@@ -120,9 +134,9 @@ class WorkerRing:
         self.starved = i is None
         if i is None:
             return [_fresh((n, *s[1:])) for s in self.shapes]
-        return self.slots[i].tensors(n)
+        return self.slots[i].lend(n)
 
-    def reduce(self, batch: Batch | MetaBatch) -> tuple[Any, tuple] | None:
+    def reduce(self, batch: Batch | MetaBatch) -> tuple[Any, tuple[_Sent]] | None:
         """What pickles ``batch`` as a slot reference, or None if its tensors are not a slot's."""
         x, y = batch[0], batch[1]
         i = self.index.get(x.data_ptr())
@@ -142,15 +156,38 @@ class WorkerRing:
             self.g[0, i] = gen
             told = i in self.told
             self.told.add(i)
-        meta = tuple(t.numpy() for t in batch[2:]) or None
-        news = None if told else (slot.storage, self.gens)
-        return _arrive, (self.key, os.getpid(), i, gen, n, self.shapes, news, meta)
+        sent = _Sent(
+            key=self.key,
+            pid=os.getpid(),
+            slot=i,
+            gen=gen,
+            rows=n,
+            shapes=self.shapes,
+            news=None if told else (slot.storage, self.gens),
+            meta=tuple(t.numpy() for t in batch[2:]) or None,
+        )
+        return _arrive, (sent,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Sent:
+    """What crosses for a batch in a ring slot: the ring (``key``) of worker ``pid``, the slot and
+    the generation it carries, its rows, the slot's storage and the ring's generations (``news``,
+    the first time the slot is used) and the batch's metadata (``MetaBatch``'s fields after ``y``)."""
+
+    key: str
+    pid: int
+    slot: int
+    gen: int
+    rows: int
+    shapes: Shapes
+    news: tuple[torch.UntypedStorage, torch.Tensor] | None
+    meta: tuple[np.ndarray, ...] | None
 
 
 def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
     """A new float32 tensor in shared memory of its own, as ``default_collate`` makes in a worker."""
-    storage = torch.UntypedStorage._new_shared(4 * int(np.prod(shape)))
-    return torch.empty(0).set_(storage, 0, shape)
+    return torch.empty(0).set_(new_shared(4 * int(np.prod(shape)))).view(shape)
 
 
 class _Shipped(Batch):
@@ -158,7 +195,7 @@ class _Shipped(Batch):
 
     __slots__ = ()
 
-    def __reduce__(self) -> tuple[Any, tuple]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _reduce(self, Batch)
 
 
@@ -167,11 +204,11 @@ class _ShippedMeta(MetaBatch):
 
     __slots__ = ()
 
-    def __reduce__(self) -> tuple[Any, tuple]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _reduce(self, MetaBatch)
 
 
-def _reduce(batch: Batch | MetaBatch, plain: type) -> tuple[Any, tuple]:
+def _reduce(batch: Batch | MetaBatch, plain: type) -> tuple[Any, tuple[Any, ...]]:
     ring = _BY_POINTER.get(batch[0].data_ptr())
     how = ring.reduce(batch) if ring is not None else None
     return how if how is not None else (plain, tuple(batch))
@@ -204,44 +241,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _arrive(
-    key: str, pid: int, i: int, gen: int, n: int, shapes: tuple, news: tuple | None, meta: tuple | None
-) -> Batch | MetaBatch:
+def _arrive(sent: _Sent) -> Batch | MetaBatch:
     """Unpickled in the main process: the batch as tensors over this process's mapping of the slot."""
+    i = sent.slot
     with _LOCK:
-        ring = _RINGS.get(key)
-        if news is not None:
-            storage, gens = news
+        ring = _RINGS.get(sent.key)
+        if sent.news is not None:
+            storage, gens = sent.news
             if ring is None:
                 for k in [k for k, r in _RINGS.items() if not _alive(r.pid)]:
                     del _RINGS[k]
-                ring = _RINGS[key] = _MainRing(pid, gens)
-            ring.slots[i] = _Slot(storage, shapes)
+                ring = _RINGS[sent.key] = _MainRing(sent.pid, gens)
+            ring.slots[i] = _Slot(storage, sent.shapes)
         if ring is None or i not in ring.slots:
             raise StreamClosedError(
-                f"shardcache: a batch from DataLoader worker {pid} refers to shared memory this "
+                f"shardcache: a batch from DataLoader worker {sent.pid} refers to shared memory this "
                 "process never received (was the stream closed while its workers ran?)"
             )
-        ring.seen[i] = gen
-        x, y = ring.slots[i].tensors(n)
+        ring.seen[i] = sent.gen
+        x, y = ring.slots[i].lend(sent.rows)
         _release_locked()
-    if meta is None:
+    if sent.meta is None:
         return Batch(x, y)
-    return MetaBatch(x, y, *(torch.from_numpy(m) for m in meta))
+    return MetaBatch(x, y, *(torch.from_numpy(m) for m in sent.meta))
 
 
 def _release_locked() -> None:
+    """Give back to their workers the slots whose batches have all arrived and whose loans are back."""
     for ring in _RINGS.values():
         g = ring.g
         for i, gen in ring.seen.items():
-            if g[1, i] != gen and ring.slots[i].unused():
+            if g[1, i] != gen and ring.slots[i].free():
                 g[1, i] = gen
-
-
-def release() -> None:
-    """Give back to their workers every slot whose batches the caller no longer holds."""
-    with _LOCK:
-        _release_locked()
 
 
 def forget(prefix: str) -> None:

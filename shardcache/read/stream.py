@@ -68,9 +68,8 @@ Outputs
     each target bar's); every tensor is one the caller may keep. A DataLoader worker
     gathers its batches into a few reused shared-memory slots that the main process maps once
     (``shardcache.read.ship``): a batch crosses as a few integers, and a slot is reused only
-    once the caller has dropped every tensor over it.
-    ``return_index`` (before 1.0) is gone: ``meta=True`` gives each window's symbol and row
-    in that symbol's own arrays, which plain zarr and xarray users can read.
+    once the caller has dropped every tensor over it. ``MetaBatch.index`` is each window's
+    symbol and row in that symbol's own arrays, which plain zarr and xarray users can read.
 
 Resources
     ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
@@ -94,6 +93,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import OptionError, OptionTypeError, StateError, StreamClosedError
 from ..format.cache import Cache
+from ..format.windows import WindowSpec
 from .dataset import WindowDataset
 from .lifetime import StreamResources
 from .loader import StreamLoader
@@ -113,7 +113,7 @@ from .options import (
     window_spec,
 )
 from .passes import Pass, PassState, Planner, check_history
-from .plan import EpochPlan, WindowSpec
+from .plan import EpochPlan
 from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
 from .resident import resident_bytes
 from .ship import forget, ship
@@ -174,7 +174,13 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
         self.split = check_split(self.cache, split)
         self.read_spec = ReadSpec.of(self.cache, self.spec, self.split, self.device, meta)
         where = self.cache.url if self.split in (None, "all") else f"split {self.split!r} of {self.cache.url}"
-        self.planner = Planner(self.read_spec.ranges, self.cache.n_rows, self.cache.shard_rows, self.order, where)
+        self.planner = Planner(
+            ranges=self.read_spec.ranges,
+            n_rows=self.cache.n_rows,
+            shard_rows=self.cache.shard_rows,
+            settings=self.order,
+            what=where,
+        )
         self.passes = PassState()
         self.resources = StreamResources(uuid.uuid4().hex)  # its id names this stream's workers' rings
         weakref.finalize(self, forget, self.resources.ship_id)
@@ -320,7 +326,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
 
     def _capacity(self, plan: EpochPlan, workers: int) -> int:
         """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
-        block = (self.cache.shard_rows + self.span - 1) * self.read_spec.row_bytes
+        block = self.spec.block_rows(self.cache.shard_rows) * self.read_spec.row_bytes
         return self.settings.capacity(plan.max_open_pieces(), block, workers, self.mix)
 
     # -- iteration -----------------------------------------------------------------------
@@ -394,7 +400,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
     def _worker_ring(self) -> Any:
         """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
         s, n = self.read_spec, self.batch_windows
-        return self.resources.worker_ring(((n, s.seq_len, s.nx), s.y_shape(n)))
+        return self.resources.worker_ring((s.x_shape(n), s.y_shape(n)))
 
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's

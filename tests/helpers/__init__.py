@@ -12,7 +12,7 @@
 ``synthetic_bars`` makes bars with several symbols, gaps and train/val/test splits whose
 feature 0 is the row number (exact in float32 below 2**24), so a window's content names
 its rows. Given ``shard_rows`` it lays the rows out as the cache's virtual row space does
-(each symbol from a whole shard on, ``store.symbol_bases``), so stream indices, the oracle
+(each symbol from a whole shard on, ``layout.symbol_bases``), so stream indices, the oracle
 and ``Bars.features`` rows agree. ``brute_starts`` is an independent, loop-based oracle of
 the valid windows.
 """

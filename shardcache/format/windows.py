@@ -1,0 +1,281 @@
+"""Windows and their targets: what a window is, which windows are valid, and which rows each reads.
+
+A window at row ``p`` is rows ``[p, p + seq_len)``; its target rows are ``p + seq_len - 1 + h``
+for each horizon ``h`` (``WindowSpec.target_steps``, the one place that offset is computed). A
+window is valid when that whole span (to its largest horizon) lies in one segment, and so in one
+symbol, one gap-free run and one split; ``stride`` counts inside each segment.
+
+The window plan, the reader, the resident arena, ``WindowDataset``, the build's summary and
+``info`` all count and cut windows here. It needs numpy alone, so the build, the read side and
+inspect may all import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import OptionError, OptionTypeError
+
+__all__ = [
+    "Ranges",
+    "SegmentSource",
+    "SegmentTable",
+    "WindowSpec",
+    "as_spec",
+    "n_windows",
+    "split_segments",
+    "valid_ranges",
+]
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """What one window is, shared by ``WindowStream``, ``WindowDataset`` and ``n_windows``.
+
+    ``seq_len`` input bars; targets ``horizon`` bars after the last input bar (an int >= 0, or
+    a sequence of them for several targets per window; 0 is the last input bar itself, for a
+    ``target`` column that is not an input, such as a label computed at that bar); every
+    ``stride``-th start of a segment; ``features``/``target`` name the input and target
+    columns (None: all).
+    """
+
+    seq_len: int
+    horizon: int | tuple[int, ...] = 1
+    stride: int = 1
+    features: tuple[str, ...] | None = None
+    target: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("features", "target"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise OptionTypeError(f"{name} must be a list of feature names, not a string")
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "horizon", _horizon(self.horizon))
+        for name in ("seq_len", "stride"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise OptionError(name, value, "must be an int >= 1")
+            object.__setattr__(self, name, int(value))
+
+    @property
+    def horizons(self) -> tuple[int, ...]:
+        """Every horizon, in the order of ``y``'s rows."""
+        return self.horizon if isinstance(self.horizon, tuple) else (self.horizon,)
+
+    @property
+    def multi(self) -> bool:
+        """Whether ``y`` has a horizon axis: a sequence of horizons, even of one."""
+        return isinstance(self.horizon, tuple)
+
+    @property
+    def span(self) -> int:
+        """Bars from a window's first input bar to its last target bar, plus one."""
+        return self.seq_len + max(self.horizons)
+
+    @property
+    def input_steps(self) -> np.ndarray:
+        """Each input row's offset from its window's first row: ``0 .. seq_len - 1``."""
+        return np.arange(self.seq_len, dtype=np.int64)
+
+    @property
+    def last_step(self) -> int:
+        """The last input row's offset from its window's first row (the bar ``MetaBatch.time`` names)."""
+        return self.seq_len - 1
+
+    @property
+    def target_steps(self) -> np.ndarray:
+        """Each target row's offset from its window's first row, in ``y``'s order of horizons."""
+        return np.asarray([self.last_step + h for h in self.horizons], dtype=np.int64)
+
+    def input_rows(self, starts: np.ndarray) -> np.ndarray:
+        """The rows of the windows starting at ``starts``: ``[n, seq_len]``."""
+        rows: np.ndarray = np.asarray(starts)[:, None] + self.input_steps
+        return rows
+
+    def target_rows(self, starts: np.ndarray) -> np.ndarray:
+        """The target rows of the windows starting at ``starts``, in ``y``'s layout: ``[n]``, or
+        ``[n, len(horizon)]`` for a sequence of horizons."""
+        steps, first = self.target_steps, np.asarray(starts)
+        rows: np.ndarray = first[:, None] + steps if self.multi else first + int(steps[0])
+        return rows
+
+    def y_shape(self, n: int, columns: int) -> tuple[int, ...]:
+        """The shape of ``n`` windows' targets of ``columns`` columns each."""
+        return (n, len(self.horizons), columns) if self.multi else (n, columns)
+
+    def block_rows(self, shard_rows: int) -> int:
+        """The most rows the windows starting in one shard read: the shard and the span its last window needs."""
+        return shard_rows + self.span - 1
+
+
+def _horizon(value: Any) -> int | tuple[int, ...]:
+    """A horizon as an int or a tuple of ints, each >= 0 (the same rule for both)."""
+
+    def ok(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and bool(v >= 0)
+
+    if ok(value):
+        return int(value)
+    many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
+    values = list(value) if many else []
+    if not values or not all(map(ok, values)):
+        raise OptionError("horizon", value, "must be an int >= 0 or a non-empty sequence of them")
+    return tuple(int(v) for v in values)
+
+
+def as_spec(
+    seq_len: int | WindowSpec, horizon: int | Sequence[int] | None = None, stride: int | None = None
+) -> WindowSpec:
+    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left
+    unset), else a spec of the three (None: 1)."""
+    if isinstance(seq_len, WindowSpec):
+        beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
+        if beside:
+            raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
+        return seq_len
+    return WindowSpec(seq_len, 1 if horizon is None else _horizon(horizon), 1 if stride is None else stride)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ranges:
+    """Valid window starts as arithmetic runs: ``start[i] + stride * k`` for ``k < count[i]``; each
+    window reads ``span`` rows from its start."""
+
+    start: np.ndarray
+    count: np.ndarray
+    stride: int
+    span: int
+
+    def total(self) -> int:
+        return int(self.count.sum())
+
+    def count_below(self, rows: np.ndarray) -> np.ndarray:
+        """How many valid starts lie strictly below each of ``rows`` (vectorised)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(self.start) == 0:
+            return np.zeros(rows.shape, dtype=np.int64)
+        before = np.concatenate([[0], np.cumsum(self.count)])
+        i = np.searchsorted(self.start, rows, side="right") - 1
+        ic = np.clip(i, 0, None)
+        partial = np.clip(-((self.start[ic] - rows) // self.stride), 0, self.count[ic])
+        return np.where(i < 0, 0, before[ic] + partial)
+
+    def starts_between(self, lo: int, hi: int) -> np.ndarray:
+        """All valid starts in rows ``[lo, hi)``, ascending (vectorised over the runs)."""
+        a = max(int(np.searchsorted(self.start, lo, side="right")) - 1, 0)
+        b = int(np.searchsorted(self.start, hi, side="left"))
+        s, n = self.start[a:b], self.count[a:b]
+        k0 = np.clip(-((s - lo) // self.stride), 0, n)
+        k1 = np.clip(-((s - hi) // self.stride), 0, n)
+        m = np.maximum(k1 - k0, 0)
+        if not m.sum():
+            return np.zeros(0, dtype=np.int64)
+        first = s + self.stride * k0
+        offset = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+        starts: np.ndarray = np.repeat(first, m) + self.stride * offset
+        return starts
+
+    def start_at(self, positions: np.ndarray) -> np.ndarray:
+        """Start row of the windows at ``positions`` in row order (map-style access)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        before = np.cumsum(self.count) - self.count
+        i = np.searchsorted(before, pos, side="right") - 1
+        starts: np.ndarray = self.start[i] + self.stride * (pos - before[i])
+        return starts
+
+    def last_starts(self) -> np.ndarray:
+        """The last start of each run."""
+        last: np.ndarray = self.start + self.stride * (self.count - 1)
+        return last
+
+    def starts(self) -> np.ndarray:
+        """Every valid start (for tests and map-style access)."""
+        if len(self.start) == 0:
+            return np.zeros(0, dtype=np.int64)
+        every: np.ndarray = np.concatenate(
+            [s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)]
+        )
+        return every
+
+
+class SegmentSource(Protocol):
+    """What ``valid_ranges`` reads: a segment table. An opened ``Cache`` is one, a ``SegmentTable`` another."""
+
+    @property
+    def segments(self) -> np.ndarray:
+        """``(symbol, start, stop)`` rows of every segment."""
+
+    @property
+    def segment_split(self) -> np.ndarray:
+        """Each segment's split id."""
+
+    @property
+    def split_names(self) -> list[str]:
+        """The split names, by split id."""
+
+    def split_id(self, split: str | None) -> int | None:
+        """The id of ``split`` (None: every split); an unknown name is refused."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentTable:
+    """A segment table that is not in a cache yet (a build's or an append's)."""
+
+    segments: np.ndarray
+    segment_split: np.ndarray
+    split_names: list[str]
+
+    def split_id(self, split: str | None) -> int | None:
+        if split is None:
+            return None
+        if split not in self.split_names:
+            raise OptionError("split", split, f"no such split; the table has {', '.join(self.split_names)}")
+        return self.split_names.index(split)
+
+
+def split_segments(table: SegmentSource, split: str | None) -> np.ndarray:
+    """The ``(symbol, start, stop)`` segments of ``split`` (every split for None, or for ``"all"``
+    when no split has that name)."""
+    seg = np.asarray(table.segments, dtype=np.int64).reshape(-1, 3)
+    if split == "all" and "all" not in table.split_names:
+        split = None
+    sid = table.split_id(split)
+    return seg if sid is None else seg[np.asarray(table.segment_split) == sid]
+
+
+def valid_ranges(
+    table: SegmentSource,
+    seq_len: int | WindowSpec,
+    horizon: int | Sequence[int] | None = None,
+    stride: int | None = None,
+    split: str | None = None,
+) -> Ranges:
+    """Valid window starts of a segment table (a ``Cache``, a ``SegmentTable``) for the read-time
+    window shape (a ``WindowSpec`` or its first fields; None: 1)."""
+    spec = as_spec(seq_len, horizon, stride)
+    seg = split_segments(table, split)
+    span, stride = spec.span, spec.stride
+    start, stop = seg[:, 1], seg[:, 2]
+    count = np.where(stop - start >= span, (stop - span - start) // stride + 1, 0)
+    nz = count > 0
+    order = np.argsort(start[nz], kind="stable")
+    return Ranges(start=start[nz][order], count=count[nz][order].astype(np.int64), stride=stride, span=span)
+
+
+def n_windows(
+    table: SegmentSource,
+    seq_len: int | WindowSpec,
+    *,
+    horizon: int | Sequence[int] | None = None,
+    stride: int | None = None,
+    split: str | None = None,
+) -> int:
+    """Number of valid windows of a cache (or another segment table) at a read-time window shape
+    (``split=None``: all; an unset ``horizon``/``stride`` is 1)."""
+    return valid_ranges(table, seq_len, horizon, stride, split).total()
