@@ -240,16 +240,9 @@ class Staging:
             os.rename(self.cache_path, out)
 
     def remove(self) -> None:
-        """Delete the staging folder: everything but ``state.json`` first, so a kill midway leaves
-        either a resumable folder or one without state (treated as junk)."""
-        for name in os.listdir(self.root) if os.path.isdir(self.root) else []:
-            path = os.path.join(self.root, name)
-            if name == STATE:
-                continue
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                _unlink(path)
+        """Delete the staging folder, ``state.json`` first: a kill midway leaves a folder without
+        state, which the next build treats as junk and clears. (Deleting it last could leave a
+        "resumable" folder whose run files are gone but some of whose markers are not.)"""
         _unlink(os.path.join(self.root, STATE))
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
