@@ -200,6 +200,8 @@ def _poll(out: Path, stop: Path, log: Path) -> None:
             seen.append(
                 "replaced" if "replaced" in str(exc) else "absent" if "no cache found" in str(exc) else f"ERROR {exc}"
             )
+        if seen[-1] == "A":
+            log.with_suffix(".A").touch()  # the writer waits for this before replacing A
     log.write_text(json.dumps(seen))
 
 
@@ -210,7 +212,9 @@ def test_readers_see_only_complete_caches_during_build_and_overwrite(files, tmp_
     try:
         time.sleep(0.3)
         build_cache(files, out, **{**OPTS, "normalize": "none"})  # A
-        time.sleep(0.3)
+        deadline = time.monotonic() + 120  # a loaded machine verifies slowly: replace A once a reader saw it
+        while not log.with_suffix(".A").exists() and time.monotonic() < deadline and reader.is_alive():
+            time.sleep(0.05)
         build_cache(files, out, overwrite=True, **OPTS)  # B replaces A
         time.sleep(0.3)
     finally:
