@@ -67,8 +67,10 @@ KILL_POINTS = {
     "write: shard 4 written, not recorded": lambda: _after(builder, "write_shard", lambda a: a[0][1] == 4),
     "finish: segments written, manifest not": lambda: _before(CacheWriter, "finish", lambda a: True),
     "publish: complete, not renamed": lambda: _before(staging.Staging, "publish", lambda a: True),
-    "cleanup: renamed, done/ deleted": lambda: _after(staging.shutil, "rmtree", lambda a: str(a[0]).endswith("done")),
-    "cleanup: renamed, state.json deleted": lambda: _after(staging, "_unlink", lambda a: True),
+    "cleanup: renamed, state.json deleted": lambda: _after(staging, "_unlink", lambda a: str(a[0]).endswith("state.json")),
+    "cleanup: renamed, staging folder deleted": lambda: _after(
+        staging.shutil, "rmtree", lambda a: str(a[0]).endswith(".staging")
+    ),
 }
 
 
@@ -99,7 +101,7 @@ def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> N
 
 @pytest.mark.parametrize(
     "point",
-    ["write: shard 4 written, not recorded", "publish: complete, not renamed", "cleanup: renamed, done/ deleted"],
+    ["write: shard 4 written, not recorded", "publish: complete, not renamed", "cleanup: renamed, staging folder deleted"],
 )
 def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, clean, tmp_path):
     out = tmp_path / "c.zarr"
