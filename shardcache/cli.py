@@ -254,9 +254,11 @@ def format_info(info: dict[str, Any]) -> str:
         f"bars      {info['bars']:,} in {len(info['symbols'])} symbols, {info['segments']:,} segments",
         f"symbols   {_some(info['symbols'])}",
         f"windows   {info['windows']:,} at seq_len {info['seq_len']}, horizon {info['horizon']}, stride 1",
-        f"size      {_fmt_bytes(size.get('stored'))} on disk for {_fmt_bytes(size.get('raw'))} of float32 "
-        f"(ratio {size.get('ratio')}x, codec {info['layout'].get('codec')}, "
-        f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)",
+        (
+            f"size      {_fmt_bytes(size.get('stored'))} on disk for {_fmt_bytes(size.get('raw'))} of float32 "
+            f"(ratio {size.get('ratio')}x, codec {info['layout'].get('codec')}, "
+            f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)"
+        ),
     ]
     splits = info["splits"]
     per = info.get("windows_per_split", {})
@@ -429,9 +431,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     with WindowStream(cache, seq_len=args.seq_len, split="train", batch_size=256) as ds:
-        t0, n, first, peak = time.perf_counter(), 0, None, rss0
-        for x, _y in ds:
-            n += x.shape[0]
+        t0, n, first, peak = time.perf_counter(), 0, 0.0, rss0
+        for batch in ds:
+            n += batch.x.shape[0]
             first = first or time.perf_counter() - t0
             peak = max(peak, proc.memory_info().rss)
         secs = time.perf_counter() - t0
