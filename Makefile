@@ -1,6 +1,7 @@
-# Entry points that work on a fresh machine: `make demo`, `make test` (the docs site in strict mode,
-# then every test, as CI), `make test-fast` (`pytest -m "not slow"`, the loop while developing) and
-# `make docs` (the site into site/). All install every extra.
+# Entry points that work on a fresh machine: `make demo`, `make test` (the checks, the docs site in
+# strict mode, then every test, as CI), `make test-fast` (`pytest -m "not slow"`, the loop while
+# developing), `make lint` (mypy, ruff check, ruff format --check) and `make docs` (the site into
+# site/). All install every extra.
 # TORCH sets the torch requirement installed first (the CPU build here; pick yours elsewhere).
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
@@ -9,7 +10,7 @@ TORCH ?= torch==2.13.0
 PEERS ?= .venv-peers
 PEERS_ARGS ?= --features 9,64,256 --rounds 2
 
-.PHONY: demo docs test test-fast bench bench-peers clean
+.PHONY: demo docs lint test test-fast bench bench-peers clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,7 +26,14 @@ demo: $(VENV)/.installed
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
-test: $(VENV)/.installed docs
+# mypy strict on shardcache/ (its config in pyproject.toml); ruff's lint and its formatting on the code,
+# the tools and the tests: any finding fails the target, and `make test` with it
+lint: $(VENV)/.installed
+	$(VENV)/bin/mypy
+	$(VENV)/bin/ruff check shardcache tools tests
+	$(VENV)/bin/ruff format --check shardcache tools tests
+
+test: $(VENV)/.installed lint docs
 	$(PY) -m pytest -q -ra
 
 test-fast: $(VENV)/.installed
@@ -49,4 +57,4 @@ bench-peers: $(PEERS)/.installed
 	$(PEERS)/bin/python tools/bench.py --peers $(PEERS_ARGS)
 
 clean:
-	rm -rf $(VENV) $(PEERS) data/sample site
+	rm -rf $(VENV) $(PEERS) data/sample site .mypy_cache .ruff_cache

@@ -10,13 +10,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
 from .format.build_options import BuildOptions
 from .format.cache import Cache, open_cache
 from .format.manifest import Manifest
+
+if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and IDEs should see it
+    from .build.append import append_cache
+    from .build.builder import build_cache
+    from .build.run import RunOptions
+    from .inspect.views import info, open_symbol, shards, to_xarray
+    from .read.stream import WindowDataset, WindowSpec, WindowStream
 
 __all__ = [
     "BuildOptions",
@@ -29,6 +36,7 @@ __all__ = [
     "WindowDataset",
     "WindowSpec",
     "WindowStream",
+    "__version__",
     "append_cache",
     "build_cache",
     "info",

@@ -69,6 +69,7 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
+    default = BuildOptions.defaults()  # the build options' defaults are BuildOptions' own
     p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
     p.add_argument(
@@ -80,17 +81,17 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--normalize",
         choices=NORMALIZE,
-        default="zscore",
+        default=default["normalize"],
         help="z-score with train-split statistics (default) or none",
     )
     p.add_argument(
         "--split",
-        default="none",
+        default=default["split"],
         help="none, fractions (train=0.8,val=0.1,test=0.1) or dates (val=2024-06-01,test=2024-09-01)",
     )
     p.add_argument(
         "--max-gap",
-        default="auto",
+        default=default["max_gap"],
         help="cut a segment where bars are further apart than this (5m, 1h; 0 = never); auto = max(1h, 5 bars)",
     )
     p.add_argument(
@@ -110,7 +111,7 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
-    p.add_argument("--codec", choices=CODECS, default="blosc-lz4")
+    p.add_argument("--codec", choices=CODECS, default=default["codec"])
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument(
         "--scheduler",
@@ -118,8 +119,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)",
     )
     _add_storage_arg(p)
-    p.add_argument("--seq-len", type=int, default=60, help="window length for the summary's window count")
-    p.add_argument("--horizon", type=int, default=1, help="target horizon for the summary's window count")
+    p.add_argument(
+        "--seq-len", type=int, default=default["seq_len"], help="window length for the summary's window count"
+    )
+    p.add_argument(
+        "--horizon", type=int, default=default["horizon"], help="target horizon for the summary's window count"
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -254,9 +259,11 @@ def format_info(info: dict[str, Any]) -> str:
         f"bars      {info['bars']:,} in {len(info['symbols'])} symbols, {info['segments']:,} segments",
         f"symbols   {_some(info['symbols'])}",
         f"windows   {info['windows']:,} at seq_len {info['seq_len']}, horizon {info['horizon']}, stride 1",
-        f"size      {_fmt_bytes(size.get('stored'))} on disk for {_fmt_bytes(size.get('raw'))} of float32 "
-        f"(ratio {size.get('ratio')}x, codec {info['layout'].get('codec')}, "
-        f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)",
+        (
+            f"size      {_fmt_bytes(size.get('stored'))} on disk for {_fmt_bytes(size.get('raw'))} of float32 "
+            f"(ratio {size.get('ratio')}x, codec {info['layout'].get('codec')}, "
+            f"{info['shards']:,} shards of {info['layout']['shard_rows']:,} rows)"
+        ),
     ]
     splits = info["splits"]
     per = info.get("windows_per_split", {})
@@ -429,9 +436,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     proc = psutil.Process()
     rss0 = proc.memory_info().rss
     with WindowStream(cache, seq_len=args.seq_len, split="train", batch_size=256) as ds:
-        t0, n, first, peak = time.perf_counter(), 0, None, rss0
-        for x, _y in ds:
-            n += x.shape[0]
+        t0, n, first, peak = time.perf_counter(), 0, 0.0, rss0
+        for batch in ds:
+            n += batch.x.shape[0]
             first = first or time.perf_counter() - t0
             peak = max(peak, proc.memory_info().rss)
         secs = time.perf_counter() - t0

@@ -53,6 +53,9 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_a_second_build_of_an_object_store_output_is_refused_while_the_first_runs": "a build in a subprocess",
     },
     "test_install.py": {"test_dask_workers_preloading_shardcache_tasks_are_tuned": "a dask cluster of its own"},
+    "test_typing.py": {  # seconds once .mypy_cache/users-of-the-wheel holds torch's and numpy's stubs
+        "test_a_user_of_the_installed_wheel_gets_shardcache_types": "a wheel build, then mypy (a minute cold)",
+    },
     "test_read_options.py": {"test_a_pinned_process_streams_with_one_decoder": "a pinned Python process"},
     "test_docs.py": {  # the fast tier checks every page's blocks and markers without running them
         "test_blocks_run_as_written": "every block of a page: builds, trainings, servers and a DDP job",

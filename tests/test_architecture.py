@@ -234,7 +234,9 @@ LOADED = "import json, sys; print(json.dumps(sorted({m.split('.')[0] for m in sy
 
 
 def _loaded(code: str) -> set[str]:
-    r = subprocess.run([sys.executable, "-c", f"{code}\n{LOADED}"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", f"{code}\n{LOADED}"], capture_output=True, text=True, timeout=300, check=False
+    )
     assert r.returncode == 0, r.stderr
     return set(json.loads(r.stdout.strip().splitlines()[-1]))
 

@@ -111,7 +111,7 @@ def test_default_features_and_segments(small_sample, tmp_path):
     # independent feature arithmetic in float64
     starts = np.zeros(len(ts), dtype=bool)
     starts[seg[:, 1]] = True
-    o, h, l, c, v = (raw[:, i].astype(np.float64) for i in range(5))
+    _o, h, l, c, v = (raw[:, i].astype(np.float64) for i in range(5))
     prev_c = np.roll(c, 1)
     lr = np.where(starts, 0.0, np.log(c / prev_c))
     names = cache.feature_names

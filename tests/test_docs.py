@@ -159,7 +159,7 @@ def _run_python(b: Block, scope: dict, root: Path = ROOT) -> None:
     assert checked.found == set(expected), f"{b}: a `# ->` on a line that is no expression"
     ast.increment_lineno(tree, b.line)
     scope["__check__"] = _check
-    exec(compile(tree, str(root / b.page), "exec"), scope)  # noqa: S102 -- the page's code, as a reader runs it
+    exec(compile(tree, str(root / b.page), "exec"), scope)  # the page's code, as a reader runs it
 
 
 def _wait_for_ports(code: str, timeout: float = 60) -> None:

@@ -170,6 +170,6 @@ def test_plain_xarray_opens_the_cache_without_warnings(cache_path):
     m = manifest(cache_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        xr.open_zarr(cache_path, group=m["groups"][0], consolidated=False).features.values
+        _ = xr.open_zarr(cache_path, group=m["groups"][0], consolidated=False).features.values  # the data read
         xr.open_datatree(cache_path, engine="zarr", consolidated=False)
         list(zarr.open_group(cache_path, mode="r").members(max_depth=None))

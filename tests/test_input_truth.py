@@ -85,6 +85,7 @@ def test_continuous_roll_cuts_the_segment_and_no_window_crosses_it(tmp_path, cap
     info = published_ok(capsys, out)
     assert info["counts"]["rolls"] == 1
     rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
+    assert rc == 0, text
     assert "rolls     1 contract roll" in text
     seq_len = 30
     # every window lies on one side of the roll: closes near 5000 or near 5100, never both
@@ -161,6 +162,7 @@ def test_stray_record_types_are_counted_as_dropped(tmp_path, capsys):
     cache = build_cache([path], out, features="close", normalize="none", progress=False)
     assert cache.n_bars == 90 and cache.manifest.counts.dropped == {"other record type (ohlcv-1h)": 10}
     rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
+    assert rc == 0, text
     assert "other record type (ohlcv-1h): 10" in text
 
 
@@ -214,6 +216,7 @@ def test_dbn_bars_resampled_coarser_say_so_and_finer_is_refused(tmp_path, capsys
     assert cache.n_bars == 24 and cache.manifest.build.bar_ns == 5 * MIN
     assert cache.manifest.counts.resampled == {"from": ["1m"], "to": "5m"}
     rc, text, _ = cli(capsys, "info", str(out), prog="shardcache")
+    assert rc == 0, text
     assert "resampled 1m bars into 5m bars (--bar)" in text
     assert "cannot make 30s bars from ohlcv-1m" in refused(capsys, tmp_path / "d.zarr", str(path), "--bar", "30s")
 
@@ -257,14 +260,18 @@ def test_symbol_columns_of_every_type_keep_symbols_apart(tmp_path, capsys, symbo
         ({"symbol": pa.array([None] * 200, pa.string())}, r"symbol column 'symbol' is entirely null"),
         (
             {"symbol": ["ES"] * 200, "vol": pa.array([None] * 200, pa.float64())},
-            r"column 'vol' is entirely null or NaN; "
-            r"leave it out with --columns close",
+            (
+                r"column 'vol' is entirely null or NaN; "
+                r"leave it out with --columns close"
+            ),
         ),
         ({"symbol": ["ES"] * 200, "vol": np.full(200, np.nan)}, r"column 'vol' is entirely null or NaN"),
         (
             {"symbol": ["ES"] * 200, "ts_recv": pa.array(np.full(200, 2**60), pa.int64())},
-            r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); "
-            r"leave it out with --columns close",
+            (
+                r"column 'ts_recv' holds integers above 2\*\*53 .* \(the file is not corrupt\); "
+                r"leave it out with --columns close"
+            ),
         ),
         (
             {"symbol": ["ES"] * 200, "ts_event": pa.array(np.full(200, T0), pa.timestamp("ns"))},
@@ -413,7 +420,7 @@ def test_zscore_needs_train_bars_and_a_train_split(tmp_path, capsys, caplog):
     path = str(write_dbn(tmp_path / "a.dbn", "ohlcv-1m", bars(ts, np.linspace(10, 11, 100), 7), symbols={7: "ESH4"}))
     assert "the train split has no bars" in refused(capsys, tmp_path / "a.zarr", path, "--split", "val=1999-01-01")
     assert "a split named train" in refused(capsys, tmp_path / "b.zarr", path, "--split", "a=0.5,b=0.5")
-    rc, out, err = cli(capsys, path, "--out", str(tmp_path / "c.zarr"), "-q", "--split", "val=2099-01-01")
+    rc, out, _err = cli(capsys, path, "--out", str(tmp_path / "c.zarr"), "-q", "--split", "val=2099-01-01")
     assert rc == 0 and "split val has no bars" in caplog.text
     assert "mean and std of the train split" in out
     rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "d.zarr"), "-q")

@@ -45,7 +45,12 @@ def _glibc() -> bool:
 
 def _run_python(code: str, tmp_path: Path) -> dict:
     r = subprocess.run(
-        [sys.executable, "-c", PROBE + textwrap.dedent(code)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-c", PROBE + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
     )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -151,7 +156,9 @@ BLOCK_BUILD_EXTRA = (
 def test_build_commands_without_the_build_extra_say_what_to_install(tmp_path, prog, argv):
     entry = "build_cache_main" if prog == "build-cache" else "main"
     code = BLOCK_BUILD_EXTRA + f"from shardcache.cli import {entry}\nsys.exit({entry}({argv!r}))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == f"{prog}: error: needs the build extra: pip install 'shardcache[build]'"
     assert list(tmp_path.iterdir()) == []  # nothing written

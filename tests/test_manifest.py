@@ -4,6 +4,7 @@ parameter, the command line naming the flag), with ``RunOptions`` kept apart."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -134,6 +135,19 @@ def test_build_options_are_one_frozen_keyword_only_record():
         options.replace(seq_len=-1)  # checked again
     assert BuildOptions.from_json(options.to_json()) == options
     assert "stats_from" not in options.to_json() and "workers" not in BuildOptions.names()
+
+
+def test_the_command_line_takes_its_build_defaults_from_build_options(monkeypatch):
+    from shardcache import cli as cli_module
+
+    argv = ["build", "in.dbn", "--out", "c.zarr"]
+    assert cli_module._options(cli_module._parser().parse_args(argv))[0] == BuildOptions()
+    for name, other in (("codec", "zstd"), ("split", "train=0.5,val=0.5"), ("seq_len", 30), ("max_gap", "5m")):
+        field = copy.copy(BuildOptions.__dataclass_fields__[name])
+        field.default = other  # another default in BuildOptions: the command line follows it
+        monkeypatch.setitem(BuildOptions.__dataclass_fields__, name, field)
+    args = cli_module._parser().parse_args(argv)
+    assert (args.codec, args.split, args.seq_len, args.max_gap) == ("zstd", "train=0.5,val=0.5", 30, "5m")
 
 
 def test_run_settings_stay_apart_from_build_options(files, built, tmp_path):

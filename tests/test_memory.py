@@ -46,7 +46,9 @@ def _profile_memory():
 
 def _child(*args: object) -> dict:
     """Run ``python tests/test_memory.py ARGS`` and parse the JSON it prints."""
-    proc = subprocess.run([sys.executable, __file__, *map(str, args)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, __file__, *map(str, args)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

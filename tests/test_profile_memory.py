@@ -32,7 +32,9 @@ sys.exit(max(k.wait() for k in kids))
 
 
 def run_tool(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PY, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def table_rows(stderr: str) -> list[list[str]]:

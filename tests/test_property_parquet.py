@@ -28,6 +28,17 @@ T0 = int(np.datetime64("2024-03-04T14:30", "ns").astype(np.int64))
 UNITS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 VALUE_NAMES = ["close", "Close", "open", "volume", "vwap", "x1", "ts", "symbol", "ticker", "Time", "ts_recv"]
 
+# a value column of each kind from floats v (one per row), null where mask
+_COLUMN = {
+    "float64": lambda v, mask: pa.array(v, pa.float64(), mask=mask),
+    "float32": lambda v, mask: pa.array(v.astype(np.float32), pa.float32(), mask=mask),
+    "int64": lambda v, mask: pa.array(v.astype(np.int64), pa.int64(), mask=mask),
+    "int32": lambda v, mask: pa.array(v.astype(np.int32), pa.int32(), mask=mask),
+    "bool": lambda v, mask: pa.array(v > 1000, pa.bool_(), mask=mask),
+    "null": lambda v, mask: pa.nulls(len(v)),
+    "big": lambda v, mask: pa.array(v.astype(np.int64) + 2**60, pa.int64(), mask=mask),
+}
+
 
 def _case(draw, name: str) -> str:
     return draw(st.sampled_from([name, name.upper(), name.capitalize()]))
@@ -82,16 +93,7 @@ def tables(draw) -> tuple[pa.Table, dict]:
             if nulls == "all"
             else np.arange(len(ts_ns)) % 7 == 3
         )
-        v = np.asarray(values)
-        arr = {
-            "float64": lambda: pa.array(v, pa.float64(), mask=mask),
-            "float32": lambda: pa.array(v.astype(np.float32), pa.float32(), mask=mask),
-            "int64": lambda: pa.array(v.astype(np.int64), pa.int64(), mask=mask),
-            "int32": lambda: pa.array(v.astype(np.int32), pa.int32(), mask=mask),
-            "bool": lambda: pa.array(v > 1000, pa.bool_(), mask=mask),
-            "null": lambda: pa.nulls(len(ts_ns)),
-            "big": lambda: pa.array(v.astype(np.int64) + 2**60, pa.int64(), mask=mask),
-        }[kind]()
+        arr = _COLUMN[kind](np.asarray(values), mask)
         if draw(st.integers(0, 9)) == 0:  # now and then a column name twice
             dup = pa.Table.from_arrays([*cols.values(), arr], names=[*cols, name])
             return dup, {"sym": rows_sym, "names": names, "ts": ts_ns, "stats": True}

@@ -67,7 +67,9 @@ KILL_POINTS = {
     "write: shard 4 written, not recorded": lambda: _after(builder, "write_shard", lambda a: a[0][1] == 4),
     "finish: segments written, manifest not": lambda: _before(CacheWriter, "finish", lambda a: True),
     "publish: complete, not renamed": lambda: _before(staging.Staging, "publish", lambda a: True),
-    "cleanup: renamed, state.json deleted": lambda: _after(staging, "_unlink", lambda a: str(a[0]).endswith("state.json")),
+    "cleanup: renamed, state.json deleted": lambda: _after(
+        staging, "_unlink", lambda a: str(a[0]).endswith("state.json")
+    ),
     "cleanup: renamed, staging folder deleted": lambda: _after(
         staging.shutil, "rmtree", lambda a: str(a[0]).endswith(".staging")
     ),
@@ -101,7 +103,11 @@ def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> N
 
 @pytest.mark.parametrize(
     "point",
-    ["write: shard 4 written, not recorded", "publish: complete, not renamed", "cleanup: renamed, staging folder deleted"],
+    [
+        "write: shard 4 written, not recorded",
+        "publish: complete, not renamed",
+        "cleanup: renamed, staging folder deleted",
+    ],
 )
 def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, clean, tmp_path):
     out = tmp_path / "c.zarr"
@@ -394,7 +400,9 @@ def test_output_under_a_regular_file(files, tmp_path, capsys):
 
 def _mount(path: Path, options: str) -> None:
     path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True, check=False
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); the ENOSPC path is tested by a patched write")
 
@@ -404,7 +412,7 @@ def mounts(tmp_path):
     made: list[Path] = []
     yield lambda name, options: (_mount(tmp_path / name, options), made.append(tmp_path / name), tmp_path / name)[2]
     for path in made:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 def test_read_only_filesystem(files, mounts, capsys):

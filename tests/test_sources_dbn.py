@@ -298,7 +298,7 @@ def test_undefined_and_zero_prices_are_dropped_and_counted(tmp_path: Path) -> No
     assert sorted(got) == [("CLF3", T0), ("CLF3", T0 + 5 * MIN)]
     assert got[("CLF3", T0)] == {"open": 100.0, "high": 101.0, "low": 99.0, "close": 100.5, "volume": 1.0}
     assert dict(src.drops) == {"non-finite price": 1, "non-positive price": 2, "timestamp out of range": 1}
-    meta, recs = decode(path)
+    _header, recs = decode(path)
     assert recs[1].open == dbn.UNDEF_PRICE
 
     trades = {
@@ -413,7 +413,7 @@ def _ohlcv(n: int, iid: np.ndarray | int = 7, ts_out: bool = False, day_step: bo
 def test_ts_out_records_and_foreign_records_are_handled(tmp_path: Path) -> None:
     recs = _ohlcv(9, ts_out=True)
     path = _raw_file(tmp_path / "ts_out.dbn", _meta([], ts_out=True), recs.tobytes())
-    meta, decoded = decode(path)
+    _header, decoded = decode(path)
     assert [r.ts_out for r in decoded] == list(recs["ts_out"])
     got, _ = read_bars(path, max_rows=4)
     assert got == reference_bars(path) and len(got) == 9

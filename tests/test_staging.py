@@ -278,7 +278,7 @@ def test_old_pickle_markers_are_never_read(files, clean, interrupted, tmp_path, 
 @pytest.mark.parametrize("kind", KINDS)
 def test_flipped_bytes_in_a_marker_then_resume_gives_the_clean_cache(kind, files, clean, interrupted, tmp_path, caplog):
     out, root = _copy_state(interrupted, tmp_path)
-    marker = sorted((root / "done").glob(f"{kind}*"))[-1]
+    marker = max((root / "done").glob(f"{kind}*"))
     data = bytearray(marker.read_bytes())
     for i in np.linspace(0, len(data) - 1, 5).astype(int):
         data[i] ^= 0xFF
@@ -374,10 +374,10 @@ def test_refusals_name_their_flag(files, tmp_path):
 def _first_build(files: list[Path], out: str, tmp_path: Path, extra: list[str]) -> subprocess.Popen:
     """A real ``build-cache`` process, stopped (SIGSTOP) once it holds its staging folder."""
     state = Path(staging._root(out)) / staging.STATE
-    log = open(tmp_path / "first.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardcache.cli", "build", *_argv(files, out), *extra], stdout=log, stderr=log
-    )
+    with open(tmp_path / "first.log", "w") as log:  # the child keeps its own copy of the file
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardcache.cli", "build", *_argv(files, out), *extra], stdout=log, stderr=log
+        )
     deadline = time.monotonic() + 120
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,11 +208,11 @@ def test_every_pass_is_a_full_new_epoch_and_state_resumes(stream_cache):
 
 def test_a_peek_never_shortens_the_next_pass(stream_cache):
     ds = WindowStream(stream_cache, 10, split="all", batch_size=64, meta=True)
-    x, y, *_ = next(iter(ds))
+    next(iter(ds))  # a peek at the first batch
     ds.set_epoch(0)
     assert len(list(ds)) == len(ds) == ds.n_batches
     peeked = WindowStream(stream_cache, 10, split="all", batch_size=64)
-    x, y = next(iter(peeked))  # default batches unpack as (x, y)
+    _x, _y = next(iter(peeked))  # default batches unpack as (x, y)
     assert len(list(peeked)) == peeked.n_batches
 
 
@@ -347,9 +348,9 @@ def test_reader_error_reaches_the_consumer(tmp_path):
     bars = synthetic_bars(2048, 3, n_symbols=1, seed=0)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=512, chunk_rows=128)
     shard = os.path.join(tmp_path, "c.zarr", "symbols", "0", "features", "c", "2", "0")
-    data = bytearray(open(shard, "rb").read())
+    data = bytearray(Path(shard).read_bytes())
     data[100:140] = bytes(40)
-    open(shard, "wb").write(bytes(data))
+    Path(shard).write_bytes(bytes(data))
     with pytest.raises(CacheError, match="checksum"):  # a crc32c mismatch, raised in the reader thread
         for _ in WindowStream(cache, 10, split="all", batch_size=32, shuffle=False):
             pass

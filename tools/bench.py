@@ -536,10 +536,12 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = _targets(rows, scaling)
     report = [
-        f"shardcache benchmark, {time.strftime('%Y-%m-%d')}: {psutil.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
-        f"torch {torch.__version__}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on; 1 torch thread per process; "
-        f"total run {time.perf_counter() - t_start:.0f} s.",
+        (
+            f"shardcache benchmark, {time.strftime('%Y-%m-%d')}: {psutil.cpu_count()} cores, "
+            f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
+            f"torch {torch.__version__}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on; 1 torch thread per process; "
+            f"total run {time.perf_counter() - t_start:.0f} s."
+        ),
         "",
         "### Builds",
         "",
@@ -549,10 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         "",
         _main_table(rows, data),
         "",
-        f"A ran on {args.naive_windows:,} windows; `~` extrapolates its memory and first batch linearly to every "
-        f"window. {args.rounds} interleaved rounds: windows/s is the best round's, first batch the worst, memory the "
-        "highest peak. RSS: process tree (workers included); PSS counts shared pages once. B and C map the raw file: "
-        "their RSS includes the page-cache pages they touched. Every process starts with torch and shardcache imported.",
+        (
+            f"A ran on {args.naive_windows:,} windows; `~` extrapolates its memory and first batch linearly to every "
+            f"window. {args.rounds} interleaved rounds: windows/s is the best round's, first batch the worst, memory the "
+            "highest peak. RSS: process tree (workers included); PSS counts shared pages once. B and C map the raw file: "
+            "their RSS includes the page-cache pages they touched. Every process starts with torch and shardcache imported."
+        ),
     ]
     if scaling:
         report += [

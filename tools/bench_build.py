@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import itertools
+
 from profile_memory import MIB, Profile, profile
 
 __all__ = [
@@ -248,6 +250,15 @@ def read_probe(spec: dict) -> dict[str, Any]:
     ``Cache.read_rows`` (shardcache's ``ShardDecoder``); with ``full`` also the stream's block
     (shard + overhang), other inner chunk sizes and a batch written into new plain and new
     shared memory."""
+    out: dict[str, Any] = {}
+    for path in spec["caches"]:
+        res = _probe_cache(path, spec)
+        out[str(res["F"])] = res
+    return {"caches": out, "windows_per_s": 0.0}
+
+
+def _probe_cache(path: str, spec: dict) -> dict[str, Any]:
+    """``read_probe``'s figures for the cache at ``path``."""
     import torch
     import zarr
 
@@ -255,55 +266,50 @@ def read_probe(spec: dict) -> dict[str, Any]:
     from shardcache.format.decode import ShardDecoder
     from shardcache.format.layout import compressors
 
-    out: dict[str, Any] = {}
-    for path in spec["caches"]:
-        cache = open_cache(path)
-        rows, f, seq_len, table = cache.shard_rows, cache.n_features, spec["seq_len"], cache.shard_table
-        # whole shards followed by another in the same region (so a block's overhang exists)
-        firsts = [int(a) for (_, a, b), (_, c, _) in zip(table[:-1], table[1:]) if b - a == rows and c == b]
-        firsts = firsts[: spec["shards"]]
-        res = {
-            "F": f,
-            "shard_rows": rows,
-            "chunk_rows": cache.chunk_rows,
-            "shard_mib": rows * f * 4 / MIB,
-            "zarr_ms": _median_ms(lambda a: _zarr_rows(cache, a, rows), firsts),
-        }
-        if spec["full"]:
-            res["read_rows_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows), firsts)
-            batch = torch.randn(256, seq_len, f)
-            res["batch_plain_ms"] = _median_ms(lambda a: torch.empty(batch.shape).copy_(batch), firsts)
-            res["batch_shared_ms"] = _median_ms(
-                lambda a: (
-                    torch.empty(0)
-                    .set_(torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape)
-                    .copy_(batch)
-                ),
-                firsts,
+    cache = open_cache(path)
+    rows, f, seq_len, table = cache.shard_rows, cache.n_features, spec["seq_len"], cache.shard_table
+    # whole shards followed by another in the same region (so a block's overhang exists)
+    firsts = [int(a) for (_, a, b), (_, c, _) in itertools.pairwise(table) if b - a == rows and c == b]
+    firsts = firsts[: spec["shards"]]
+    res = {
+        "F": f,
+        "shard_rows": rows,
+        "chunk_rows": cache.chunk_rows,
+        "shard_mib": rows * f * 4 / MIB,
+        "zarr_ms": _median_ms(lambda a: _zarr_rows(cache, a, rows), firsts),
+    }
+    if spec["full"]:
+        res["read_rows_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows), firsts)
+        batch = torch.randn(256, seq_len, f)
+        res["batch_plain_ms"] = _median_ms(lambda a: torch.empty(batch.shape).copy_(batch), firsts)
+        res["batch_shared_ms"] = _median_ms(
+            lambda a: (
+                torch.empty(0).set_(torch.UntypedStorage._new_shared(4 * batch.numel()), 0, batch.shape).copy_(batch)
+            ),
+            firsts,
+        )
+        res["block_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows + seq_len), firsts)
+        data, res["chunk_ms"] = np.concatenate([cache.read_rows(a, a + rows) for a in firsts]), {}
+        for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
+            tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
+            arr = zarr.create_array(
+                str(tmp),
+                shape=data.shape,
+                dtype="float32",
+                chunks=(chunk, f),
+                shards=(rows, f),
+                compressors=compressors(cache.manifest.layout.codec),
+                fill_value=np.nan,
+                zarr_format=3,
             )
-            res["block_ms"] = _median_ms(lambda a: cache.read_rows(a, a + rows + seq_len), firsts)
-            data, res["chunk_ms"] = np.concatenate([cache.read_rows(a, a + rows) for a in firsts]), {}
-            for chunk in sorted({max(1, rows // 32), rows // 8, rows}):
-                tmp = Path(spec["tmp"]) / f"chunks-{f}-{chunk}.zarr"
-                arr = zarr.create_array(
-                    str(tmp),
-                    shape=data.shape,
-                    dtype="float32",
-                    chunks=(chunk, f),
-                    shards=(rows, f),
-                    compressors=compressors(cache.manifest.layout.codec),
-                    fill_value=np.nan,
-                    zarr_format=3,
-                )
-                for k in range(len(firsts)):  # whole shards, as build-cache writes them
-                    arr[k * rows : (k + 1) * rows] = data[k * rows : (k + 1) * rows]
-                dec = ShardDecoder(arr)
-                res["chunk_ms"][chunk] = _median_ms(
-                    lambda k, dec=dec: dec.read(k * rows, (k + 1) * rows), list(range(len(firsts)))
-                )
-                shutil.rmtree(tmp)
-        out[str(f)] = res
-    return {"caches": out, "windows_per_s": 0.0}
+            for k in range(len(firsts)):  # whole shards, as build-cache writes them
+                arr[k * rows : (k + 1) * rows] = data[k * rows : (k + 1) * rows]
+            dec = ShardDecoder(arr)
+            res["chunk_ms"][chunk] = _median_ms(
+                lambda k, dec=dec: dec.read(k * rows, (k + 1) * rows), list(range(len(firsts)))
+            )
+            shutil.rmtree(tmp)
+    return res
 
 
 def read_table(probes: dict[str, dict], epochs: dict[int, tuple[float, int]]) -> str:

@@ -81,12 +81,12 @@ def measure(cache_path: str, seed: int) -> dict[str, float]:
 
 def _cache(work: Path, f: int) -> str:
     """``WORK/cache-<f>.zarr``, built as ``tools/bench.py`` builds it when it does not open."""
-    from shardcache import open_cache
+    from shardcache import CacheError, open_cache
 
     path = work / f"cache-{f}.zarr"
     try:
         open_cache(path)
-    except Exception:  # missing or incomplete: build it
+    except CacheError:  # missing or incomplete: build it
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from bench_build import prepare_data
 

@@ -178,7 +178,7 @@ PEER_SCENARIOS = {
 # -- parent ----------------------------------------------------------------------------------
 def _uptime() -> str:
     """The machine's load as ``uptime`` prints it."""
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
 def _check_disk(work: Path, data: dict[int, dict], windows: int) -> None:
@@ -211,8 +211,10 @@ def _versions() -> str:
 def _table(rows: list[Row], writes: dict[tuple[int, str], dict]) -> str:
     """E, L and M side by side at each F: windows/s, ratio to E, first batch, memory, write time, disk."""
     lines = [
-        "| scenario | F | windows timed | windows/s | vs E | first batch s | peak RSS MiB | peak PSS MiB | "
-        "written in s | on disk MiB |",
+        (
+            "| scenario | F | windows timed | windows/s | vs E | first batch s | peak RSS MiB | peak PSS MiB | "
+            "written in s | on disk MiB |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -269,10 +271,12 @@ def peers_main(args: argparse.Namespace) -> int:
         for f, d in data.items()
     )
     report = [
-        f"shardcache against its peers, {time.strftime('%Y-%m-%d')}: {psutil.cpu_count()} cores, "
-        f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
-        f"{versions}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on, num_workers=0; 1 torch thread per process; "
-        f"{args.rounds} interleaved rounds; total run {time.perf_counter() - t_start:.0f} s.",
+        (
+            f"shardcache against its peers, {time.strftime('%Y-%m-%d')}: {psutil.cpu_count()} cores, "
+            f"{psutil.virtual_memory().total / GIB:.0f} GiB RAM, {platform.python_implementation()} {platform.python_version()}, "
+            f"{versions}; seq_len {SEQ_LEN}, batch {BATCH}, shuffle on, num_workers=0; 1 torch thread per process; "
+            f"{args.rounds} interleaved rounds; total run {time.perf_counter() - t_start:.0f} s."
+        ),
         "",
         f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`.",
         "",
@@ -284,11 +288,13 @@ def peers_main(args: argparse.Namespace) -> int:
         "",
         _table(rows, writes),
         "",
-        f"Windows timed per scenario ({counts}): the peers are written that many windows, one sample each "
-        "(the first ones in time order); E streams the whole cache, shuffled, and stops after as many. windows/s is "
-        "the best round's, first batch (constructing the dataset to the first batch in hand) the worst round's, "
-        "memory the highest peak of the process tree; `written in s` is the peer's one write (LitData's with its "
-        "worker processes).",
+        (
+            f"Windows timed per scenario ({counts}): the peers are written that many windows, one sample each "
+            "(the first ones in time order); E streams the whole cache, shuffled, and stops after as many. windows/s is "
+            "the best round's, first batch (constructing the dataset to the first batch in hand) the worst round's, "
+            "memory the highest peak of the process tree; `written in s` is the peer's one write (LitData's with its "
+            "worker processes)."
+        ),
     ]
     print("\n".join(report))
     if args.json:

@@ -384,12 +384,14 @@ def markdown_table(profiles: Sequence[Profile]) -> str:
     interval = ", ".join(sorted({f"{p.interval:g}" for p in profiles}))
     lines += [
         "",
-        f"Sampled every {interval} s. RSS tree: sum of RSS over the process tree "
-        "(shared pages counted once per process). PSS tree: shared pages split "
-        "between sharers (real footprint). Kernel max RSS: exact peak of the "
-        "largest single process (what `time -v` reports; floor: the profiler's own "
-        "~20 MiB before exec). CPU and faults include "
-        "waited-for descendants.",
+        (
+            f"Sampled every {interval} s. RSS tree: sum of RSS over the process tree "
+            "(shared pages counted once per process). PSS tree: shared pages split "
+            "between sharers (real footprint). Kernel max RSS: exact peak of the "
+            "largest single process (what `time -v` reports; floor: the profiler's own "
+            "~20 MiB before exec). CPU and faults include "
+            "waited-for descendants."
+        ),
     ]
     return "\n".join(lines)
 

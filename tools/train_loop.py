@@ -54,7 +54,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from shardcache import WindowStream, open_cache
+from shardcache import CacheError, WindowStream, open_cache
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_memory import MIB, profile
@@ -159,7 +159,7 @@ def ensure_caches(features: list[int], sample: Path, work: Path) -> dict[int, st
         path = sample / "cache.zarr" if f == 9 else work / f"train-{f}.zarr"
         try:
             open_cache(path)
-        except Exception:  # missing or incomplete: (re)build it
+        except CacheError:  # missing or incomplete: (re)build it
             print(f"train_loop: building {path} ...", file=sys.stderr, flush=True)
             if f == 9:
                 cmd = [_script("shardcache"), "demo", "--dir", str(sample)]
@@ -211,8 +211,10 @@ def table(results: list[dict]) -> str:
     """The markdown table: one row per (scenario, F), ranges over the rounds, usage of the best round."""
     base = {(r["F"], r["round"], r["kind"]): r["wall_s"] for r in results if r["kind"].startswith("model")}
     lines = [
-        "| scenario | F | steps | wall s | x model | first batch s | user s | sys s | minor faults | invol. ctx sw | threads "
-        "| torch threads | peak RSS MiB |",
+        (
+            "| scenario | F | steps | wall s | x model | first batch s | user s | sys s | minor faults | invol. ctx sw | threads "
+            "| torch threads | peak RSS MiB |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for f in sorted({r["F"] for r in results}):

@@ -306,7 +306,7 @@ def connect(scheduler: Any, staging: str, urls: Sequence[str]) -> Iterator[Any]:
     from distributed import Client
 
     try:
-        client = Client(address, timeout="10s")  # type: ignore[no-untyped-call]
+        client = Client(address, timeout="10s")
     except OSError as exc:
         raise OptionError("scheduler", address, f"cannot connect ({exc})") from None
     with client:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import OptionError, ShardcacheError
 from ..format.durations import format_duration
@@ -56,7 +57,9 @@ def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: st
     return next(iter(sizes), None)
 
 
-def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbology: Sequence[dict]) -> dict[str, int]:
+def resolve_unmapped(
+    paths: Sequence[str], symbols: Sequence[list[str]], symbology: Sequence[dict[str, Any]]
+) -> dict[str, int]:
     """Name each DBN file's unmapped instruments from another file's mappings where one has them.
 
     ``symbols[i]`` (file i's symbol names) is renamed in place. Warns once per file and
@@ -66,7 +69,7 @@ def resolve_unmapped(paths: Sequence[str], symbols: Sequence[list[str]], symbolo
     for info in symbology:
         for iid, name in (info.get("ids") or {}).items():
             names.setdefault(int(iid), set()).add(name)
-    records = Counter()
+    records: Counter[int] = Counter()
     named = outside = 0
     for path, syms, info in zip(paths, symbols, symbology):
         outside += int(info.get("outside") or 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,7 +49,9 @@ class ShardWork:
     train_split: int | None = None
     read_columns: list[str] = field(default_factory=list)
     symbols: list[str] = field(default_factory=list)
-    tails: dict[int, dict] = field(default_factory=dict)  # row -> raw bar ({"ts": ..., column: ...}) before new rows
+    tails: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # row -> raw bar ({"ts": ..., column: ...}) before new rows
     first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 

@@ -135,7 +135,7 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
 
 def required_columns(names: Sequence[str], columns: Sequence[str]) -> list[str]:
     """Source columns that ``names`` read, in source order."""
-    need = set()
+    need: set[str] = set()
     for n in names:
         need.update((n,) if n in columns else DERIVED[n][0])
     return [c for c in columns if c in need]

@@ -42,7 +42,9 @@ def encode(value: Any) -> tuple[str, bytes]:
     if not arrays:
         return ".json", text
     buf = io.BytesIO()
-    np.savez(buf, **{_TREE: np.frombuffer(text, dtype=np.uint8)}, **{str(k): a for k, a in enumerate(arrays)})
+    named = {_TREE: np.frombuffer(text, dtype=np.uint8), **{str(k): a for k, a in enumerate(arrays)}}
+    # mypy matches **named against savez's allow_pickle: bool (numpy < 2.1 has none, so it is not passed)
+    np.savez(buf, **named)  # type: ignore[arg-type]
     return ".npz", buf.getvalue()
 
 
@@ -64,7 +66,7 @@ def decode(data: bytes, kind: Any = Any) -> Any:
         return _value(doc["value"], kind, arrays)
     except Unreadable:
         raise
-    except Exception as exc:  # untrusted bytes: whatever numpy, zipfile, json or the type raise means "damaged"
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: whatever numpy, zipfile, json or the type raise means "damaged"
         raise Unreadable(f"damaged ({type(exc).__name__})") from None
 
 
@@ -121,7 +123,7 @@ def _value(tree: Any, kind: Any, arrays: dict[str, np.ndarray]) -> Any:
         return _check(tree, isinstance(tree, str), kind)
     if kind is np.ndarray or origin is np.ndarray:
         return _array(tree, arrays)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return _dataclass(tree, kind, arrays)
     base = origin or kind
     if base is list:

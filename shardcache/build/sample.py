@@ -27,11 +27,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from databento_dbn.metadata import MappingInterval
 
 from .sources.base import DAY_NS, TS_MAX
 from .sources.dbn import SCHEMAS, UNDEF_PRICE, record_dtype
 
-__all__ = ["CONTRACTS", "Contract", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
+__all__ = ["CONTRACTS", "SYMBOLS", "Contract", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
 
 MINUTE_NS = 60_000_000_000
 SESSION_MINUTES = 23 * 60
@@ -57,6 +58,7 @@ CONTRACTS = (
     Contract("RTYH3", 206323, 0.10, 1760.0, 0.015, 0.80, 160.0),
     Contract("YMH3", 206305, 1.00, 33000.0, 0.010, 0.75, 140.0),
 )
+SYMBOLS = tuple(c.symbol for c in CONTRACTS)  # the contracts' symbols: make_sample_parquet's default
 
 # Minutes after the 17:00 CT open where the chance of a bar (and its volume) changes:
 # evening (Asia), 02:00 Europe, 07:00 pre-open, 08:30 regular hours, 15:15 post-close.
@@ -176,33 +178,36 @@ def _fixed_prices(values: np.ndarray) -> np.ndarray:
 def _records(schema: str, fields: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
     """A structured array of ``schema`` records; header fields and defaults are filled in."""
     dtype = record_dtype(schema)
-    if isinstance(fields, np.ndarray) and fields.dtype.names:
+    names = dtype.names or ()
+    if isinstance(fields, np.ndarray):
+        if not fields.dtype.names:
+            raise TypeError("records must be a structured array or a mapping of field name to values")
         recs = fields.astype(dtype, copy=True)
     else:
         lengths = {len(np.asarray(v)) for v in fields.values()}
         if len(lengths) > 1:
             raise ValueError(f"record fields have different lengths: {sorted(lengths)}")
-        unknown = set(fields) - set(dtype.names)
+        unknown = set(fields) - set(names)
         if unknown:
-            known = ", ".join(dtype.names)
+            known = ", ".join(names)
             raise ValueError(f"no field {sorted(unknown)} in {schema} records (fields: {known})")
         recs = np.zeros(lengths.pop() if lengths else 0, dtype=dtype)
-        if "action" in dtype.names:
+        if "action" in names:
             recs["action"] = b"T"
-        if "side" in dtype.names:
+        if "side" in names:
             recs["side"] = b"N"
         recs["publisher_id"] = 1
         for name, values in fields.items():
             is_price = name in ("open", "high", "low", "close", "price", "bid_px", "ask_px")
             recs[name] = _fixed_prices(values) if is_price else values
-        if "ts_recv" in dtype.names and "ts_recv" not in fields:
+        if "ts_recv" in names and "ts_recv" not in fields:
             recs["ts_recv"] = recs["ts_event"]
     recs["length"] = dtype.itemsize // 4
     recs["rtype"] = SCHEMAS[schema][2][0]
     return recs
 
 
-def _mappings(recs: np.ndarray, symbols: Mapping[int, str]) -> list:
+def _mappings(recs: np.ndarray, symbols: Mapping[int, str]) -> list[_Mapping]:
     """Metadata symbol mappings: each instrument over the UTC dates its records span."""
     ts = recs["ts_event"].view(np.int64)
     valid = (ts > 0) & (ts < TS_MAX)
@@ -223,7 +228,7 @@ class _Interval:
 @dataclass
 class _Mapping:
     raw_symbol: str
-    intervals: list[_Interval]
+    intervals: Sequence[MappingInterval]  # databento_dbn's SymbolMapping protocol
 
 
 def write_dbn(
@@ -250,8 +255,8 @@ def write_dbn(
         dataset=dataset,
         start=int(sane.min()) if len(sane) else 0,
         end=int(sane.max()) + 1 if len(sane) else 0,
-        stype_in=dbn.SType.RAW_SYMBOL,
-        stype_out=dbn.SType.INSTRUMENT_ID,
+        stype_in=dbn.SType.from_str("raw_symbol"),  # not SType.RAW_SYMBOL: the stub types members as str
+        stype_out=dbn.SType.from_str("instrument_id"),
         schema=dbn.Schema.from_str(schema),
         symbols=sorted((symbols or {}).values()),
         mappings=_mappings(recs, symbols or {}),
@@ -274,7 +279,7 @@ def make_sample_parquet(
     *,
     n_bars: int = 665_000,
     n_features: int = 256,
-    symbols: Sequence[str] = tuple(c.symbol for c in CONTRACTS),
+    symbols: Sequence[str] = SYMBOLS,
     seed: int = 0,
     rows_per_file: int | None = None,
     start: str = "2023-01-02",
@@ -300,7 +305,7 @@ def make_sample_parquet(
     names = pa.array(list(symbols), pa.string())
     rng = np.random.default_rng(seed)
     per_file = rows_per_file or max(n_bars, 1)
-    written = []
+    written: list[Path] = []
     for begin in range(0, n_bars, per_file):
         end = min(begin + per_file, n_bars)
         written.append(out / f"bars-{len(written):05d}.parquet")

@@ -51,6 +51,7 @@ import tempfile
 import threading
 import typing
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,7 +310,7 @@ def _root(out: str) -> str:
 
 
 def _out_state(
-    out: str, storage_options: dict | None, specs: Sequence[str] = (), files: Sequence[str] = ()
+    out: str, storage_options: dict[str, Any] | None, specs: Sequence[str] = (), files: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any]]:
     """What is at ``out``: ``missing``; a cache --overwrite may replace (``complete``, with the
     ``{"fingerprint": ...}`` of its build; ``incomplete``: its build did not finish; ``damaged``: a cache that cannot be opened; ``empty``: an
@@ -407,7 +408,8 @@ def _read_state(root: str) -> dict[str, Any] | None:
 _KEPT = frozenset({"same", "same+replace", "other"})
 _SAME = frozenset({"same", "same+replace"})
 _THERE = frozenset({"built", "complete", "empty"})
-RULES: tuple[tuple[Any, ...], ...] = (
+_Match = bool | AbstractSet[str] | None  # a column of RULES: a value, a set of values, or anything
+RULES: tuple[tuple[_Match, _Match, _Match, _Match, _Match, str], ...] = (
     # running staged                  out                                resume overwrite  outcome
     (True, None, None, None, None, "refuse:running"),
     (False, None, {"input"}, None, None, "refuse:input"),
@@ -464,7 +466,7 @@ def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) 
 
 def prepare(
     out: str,
-    storage_options: dict | None,
+    storage_options: dict[str, Any] | None,
     wanted: dict[str, Any],
     *,
     resume: bool,
@@ -495,7 +497,7 @@ def _act(
     held: Staging,
     locked: bool,
     running: bool,
-    storage_options: dict | None,
+    storage_options: dict[str, Any] | None,
     wanted: dict[str, Any],
     resume: bool,
     overwrite: bool,
@@ -536,6 +538,7 @@ def _act(
             "%s: %d damaged marker(s) in %s (first %s); starting the build again", out, len(damaged), root, damaged[0]
         )
         return _fresh(root, out, {"fingerprint": wanted, "overwrite": replace}, fd)
+    assert state is not None  # every "resume" row of RULES needs a kept build's state
     stage = Staging(root, out, {**state, "overwrite": replace}, fd)
     stage.resumed = True
     log.info("%s: resuming the interrupted build in %s", out, root)

@@ -20,7 +20,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import dask
 from dask.callbacks import Callback
@@ -122,7 +122,7 @@ class Progress:
             self._bar.close()
             self._bar = None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -131,7 +131,7 @@ class Progress:
 
 class _Count(Callback):
     def __init__(self, prefix: str, progress: Progress) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped_calls_exclude does not reach super()
         self.prefix, self.progress = prefix, progress
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
@@ -162,7 +162,8 @@ def run_tasks(
             futures = client.map(fn, items, pure=False)
             for _ in as_completed(futures):
                 progress.update()
-            return client.gather(futures)
+            gathered: list[T] = client.gather(futures)
+            return gathered
         prefix = f"shardcache-{desc.replace(' ', '-')}-"
         results: list[T] = []
         with _Count(prefix, progress):

@@ -128,6 +128,11 @@ class BuildOptions:
         """The build options' names: what the manifest records, and what an append refuses."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Each build option's default, by name (the command line's defaults are these)."""
+        return {f.name: f.default for f in dataclasses.fields(cls)}
+
     def replace(self, **changes: Any) -> BuildOptions:
         """These options with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)

@@ -22,7 +22,7 @@ import zarr
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
-from .layout import ATTR, describe_damage, gather, open_group, symbol_bases
+from .layout import ATTR, describe_damage, gather, node_array, node_group, open_group, symbol_bases
 from .manifest import Manifest
 from .paths import is_url, local_path, probe
 from .zarr_adapter import async_group, sync
@@ -44,7 +44,7 @@ class IndexAheadError(CacheError):
 @dataclass
 class _Handles:
     group: zarr.Group
-    arrays: dict[tuple[int, str], zarr.Array] = field(default_factory=dict)
+    arrays: dict[tuple[int, str], zarr.Array[Any]] = field(default_factory=dict)
     decoders: dict[int, ShardDecoder] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
 
@@ -56,7 +56,7 @@ class Cache:
     ``WindowStream`` used with ``num_workers > 0``.
     """
 
-    def __init__(self, url: str | os.PathLike[str], storage_options: dict | None = None) -> None:
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
         problem = probe(self.url, storage_options)  # a URL's store answers (and the options are a mapping)
@@ -87,8 +87,8 @@ class Cache:
         self.bars_per_symbol = np.asarray(self.manifest.bars_per_symbol, dtype=np.int64)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         try:
-            local = np.asarray(group["segments"][...], dtype=np.int64).reshape(-1, 4)
-        except Exception as exc:  # codecs raise ValueError/RuntimeError on damaged bytes
+            local = np.asarray(node_array(group, "segments")[...], dtype=np.int64).reshape(-1, 4)
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # missing, or what codecs raise on damage
             raise CacheError(
                 f"{self.url}: the segment table (segments) is damaged: {describe_damage(exc)}; rebuild the cache"
             ) from None
@@ -160,27 +160,27 @@ class Cache:
         assert self._handles is not None
         return self._handles
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"], state["_times"], state["_times_lock"] = None, OrderedDict(), None
         return state  # times are read again where needed
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._times_lock = threading.Lock()
 
     def group(self, i: int) -> zarr.Group:
         """Symbol ``i``'s group (``symbols/<i>``)."""
-        return self.handles.group[self.groups[i]]
+        return node_group(self.handles.group, self.groups[i])
 
-    def array(self, i: int, name: str = "features") -> zarr.Array:
+    def array(self, i: int, name: str = "features") -> zarr.Array[Any]:
         """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process (from the
         cache the manifest was read from: a local cache swapped since is refused)."""
         h = self.handles
         arr = h.arrays.get((i, name))
         if arr is None:
             try:
-                node = h.group[f"{self.groups[i]}/{name}"]
+                node = node_array(h.group, f"{self.groups[i]}/{name}")
             except KeyError:
                 self.check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
@@ -319,7 +319,10 @@ class Cache:
         opened: dict[int, zarr.Array[Any]] = {}
 
         async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
-            opened[i] = zarr.Array(await group.getitem(f"{self.groups[i]}/time"))
+            node = await group.getitem(f"{self.groups[i]}/time")
+            if not isinstance(node, zarr.AsyncArray):
+                raise CacheError(f"{self.url}: {self.groups[i]}/time is a group, not an array; rebuild the cache")
+            opened[i] = zarr.Array(node)
 
         syms = np.unique(sym).tolist()
         gather([open_time(i) for i in syms if (i, "time") not in h.arrays])
@@ -387,7 +390,8 @@ class Cache:
         try:
             block = self._decoder(i).read(start - base, stop - base, out)
         except (MissingShard, ChunkError) as exc:
-            shard = base // self.shard_rows + exc.shard  # type: ignore[attr-defined]
+            assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
+            shard = base // self.shard_rows + exc.shard
             problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
             raise CacheError(
                 f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
@@ -420,7 +424,7 @@ class Cache:
         )
 
 
-def open_cache(path: str | os.PathLike[str] | Cache, storage_options: dict | None = None) -> Cache:
+def open_cache(path: str | os.PathLike[str] | Cache, storage_options: dict[str, Any] | None = None) -> Cache:
     """Open a complete cache built by ``build-cache``; refuse incomplete, old- or newer-format caches."""
     if isinstance(path, Cache):
         return path

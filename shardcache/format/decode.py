@@ -44,9 +44,13 @@ _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": 
 class MissingShard(LookupError):
     """The shard object a read needs is not in the store."""
 
+    shard: int | None = None  # set by ShardDecoder.read: the shard that was read
+
 
 class ChunkError(ValueError):
     """An inner chunk or shard index failed its crc32c check, was absent or could not be decoded."""
+
+    shard: int | None = None  # set by ShardDecoder.read: the shard that was read
 
 
 def _check_crc(data: np.ndarray, what: str) -> np.ndarray:
@@ -59,7 +63,8 @@ def _check_crc(data: np.ndarray, what: str) -> np.ndarray:
 
 def _layout(metadata: ArrayV3Metadata) -> dict[str, Any]:
     """Shard and chunk shapes and codecs of an array; ValueError for a layout this module does not read."""
-    meta, shape = metadata.to_dict(), metadata.shape
+    meta: dict[str, Any] = metadata.to_dict()  # a JSON document; its shape is checked below
+    shape = metadata.shape
     sharding = meta["codecs"][0]
     if len(meta["codecs"]) != 1 or sharding["name"] != "sharding_indexed":
         raise ValueError(f"not the layout build-cache writes (codecs {meta['codecs']})")
@@ -107,30 +112,32 @@ def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | Non
     """Bytes of a local object (``byte_range`` as zarr's ``LocalStore`` reads it), None if absent;
     in this thread's read buffer."""
     try:
-        fh = open(path, "rb", buffering=0)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if isinstance(byte_range, SuffixByteRequest):
+                start, stop = max(size - byte_range.suffix, 0), size
+            elif isinstance(byte_range, RangeByteRequest):
+                start, stop = byte_range.start, min(byte_range.end, size)
+            else:
+                start, stop = 0, size
+            out = _buffer(max(stop - start, 0))
+            fh.seek(start)
+            view, got = out.data, 0
+            while got < len(out) and (n := fh.readinto(view[got:])):
+                got += n
+            return out[:got]
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # raised by open() only
         return None
-    with fh:
-        size = os.fstat(fh.fileno()).st_size
-        if isinstance(byte_range, SuffixByteRequest):
-            start, stop = max(size - byte_range.suffix, 0), size
-        elif isinstance(byte_range, RangeByteRequest):
-            start, stop = byte_range.start, min(byte_range.end, size)
-        else:
-            start, stop = 0, size
-        out = _buffer(max(stop - start, 0))
-        fh.seek(start)
-        view, got = memoryview(out), 0
-        while got < len(out) and (n := fh.readinto(view[got:])):
-            got += n
-        return out[:got]
 
 
 class ShardDecoder:
     """Reads rows ``[start, stop)`` of a sharded float32 ``(n, F)`` array into a numpy array."""
 
-    def __init__(self, array: zarr.Array) -> None:
-        self._bind(array.store_path.store, array.store_path.path, array.metadata)
+    def __init__(self, array: zarr.Array[Any]) -> None:
+        metadata = array.metadata
+        if metadata.zarr_format != 3:
+            raise ValueError("not the layout build-cache writes (a Zarr v2 array)")
+        self._bind(array.store_path.store, array.store_path.path, metadata)
 
     @classmethod
     def open(cls, store: Store, path: str) -> ShardDecoder:
@@ -183,11 +190,11 @@ class ShardDecoder:
             try:
                 self._read_shard(shard, lo - s0, hi - s0, out[lo - start : hi - start])
             except (MissingShard, ChunkError) as exc:
-                exc.shard = shard  # type: ignore[attr-defined]
+                exc.shard = shard
                 raise
         return out
 
-    def _get(self, key: str, byte_range: Any = None) -> np.ndarray | None:
+    def _get(self, key: str, byte_range: RangeByteRequest | SuffixByteRequest | None = None) -> np.ndarray | None:
         """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if the object is absent."""
         if self.root is not None:
             return _read_file(os.path.join(self.root, key), byte_range)
@@ -198,7 +205,8 @@ class ShardDecoder:
         """Rows ``[a, b)`` of shard ``shard`` (shard-relative) into ``out``."""
         key = self.key(shard)
         c0, c1 = a // self.chunk_rows, -(-b // self.chunk_rows)
-        whole = None
+        whole: np.ndarray | None = None
+        raw: np.ndarray | None
         if 2 * (c1 - c0) > self.chunks or not self.index_at_end:  # most of it: one request
             whole = self._get(key)
             if whole is None:
@@ -242,5 +250,5 @@ class ShardDecoder:
                 dest.reshape(-1).view(np.uint8)[:] = body
             else:
                 self.codec.decode(body, out=dest)
-        except Exception as exc:
+        except (RuntimeError, ValueError) as exc:  # what numcodecs raises for damaged input, and a short copy
             raise ChunkError(f"inner chunk {c} could not be decoded: {exc}") from None

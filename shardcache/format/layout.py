@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.codec import BytesBytesCodec
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import LZ4
 
@@ -47,6 +48,8 @@ __all__ = [
     "describe_damage",
     "gather",
     "group_path",
+    "node_array",
+    "node_group",
     "open_group",
     "shard_digest",
     "spanned_shards",
@@ -59,8 +62,9 @@ CODECS = ("blosc-lz4", "zstd", "lz4", "none")
 TIME_ATTRS = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
 
 
-def compressors(codec: str) -> list[Any]:
+def compressors(codec: str) -> list[BytesBytesCodec]:
     """Inner-chunk codecs for ``codec``, always ending in a crc32c checksum per chunk."""
+    first: list[BytesBytesCodec]
     if codec == "blosc-lz4":
         first = [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)]
     elif codec == "zstd":
@@ -86,7 +90,9 @@ def default_chunking(n_features: int) -> tuple[int, int]:
     return shard_rows, shard_rows // 8
 
 
-def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: dict | None = None) -> zarr.Group:
+def open_group(
+    url: str | os.PathLike[str], mode: str = "r", storage_options: dict[str, Any] | None = None
+) -> zarr.Group:
     """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``);
     ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise)."""
     check_storage_options(storage_options)
@@ -95,6 +101,22 @@ def open_group(url: str | os.PathLike[str], mode: str = "r", storage_options: di
     if storage_options and "://" in url:
         kwargs["storage_options"] = storage_options
     return zarr.open_group(url, **kwargs)
+
+
+def node_array(group: zarr.Group, path: str) -> zarr.Array[Any]:
+    """The array at ``path`` under ``group``: KeyError if there is none, or a group is there instead."""
+    node = group[path]
+    if not isinstance(node, zarr.Array):
+        raise KeyError(f"{path} is a group, not an array")
+    return node
+
+
+def node_group(group: zarr.Group, path: str) -> zarr.Group:
+    """The group at ``path`` under ``group``: KeyError if there is none, or an array is there instead."""
+    node = group[path]
+    if not isinstance(node, zarr.Group):
+        raise KeyError(f"{path} is an array, not a group")
+    return node
 
 
 def group_path(i: int) -> str:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import re
 import shutil
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zarr
@@ -18,6 +18,7 @@ from .layout import (
     compressors,
     gather,
     group_path,
+    node_array,
     open_group,
     shard_digest,
     symbol_bases,
@@ -62,7 +63,7 @@ class CacheWriter:
         shard_rows: int,
         chunk_rows: int,
         codec: str = "blosc-lz4",
-        storage_options: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
         create: bool = True,
     ) -> None:
         self.url = os.fspath(url)
@@ -77,14 +78,14 @@ class CacheWriter:
         self.bars_per_symbol = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         self.n_bars = int(self.bars_per_symbol.sum())
-        self._arrays: dict[tuple[int, str], zarr.Array] = {}
+        self._arrays: dict[tuple[int, str], zarr.Array[Any]] = {}
         self._group: zarr.Group | None = None
         if create:
             self._group = open_group(self.url, "w", storage_options)
             self._group.attrs[ATTR] = incomplete()
         self._ensure_symbols()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_arrays"], state["_group"] = {}, None
         return state
@@ -177,10 +178,10 @@ class CacheWriter:
                 self._release(f"{group_path(i)}/{array}/zarr.json")  # rewritten from the copy in memory
                 await arr.resize(shape)
 
-    def _array(self, i: int, name: str) -> zarr.Array:
+    def _array(self, i: int, name: str) -> zarr.Array[Any]:
         arr = self._arrays.get((i, name))
         if arr is None:
-            arr = self._arrays[(i, name)] = self.root[f"{group_path(i)}/{name}"]
+            arr = self._arrays[(i, name)] = node_array(self.root, f"{group_path(i)}/{name}")
         return arr
 
     @property
@@ -203,7 +204,7 @@ class CacheWriter:
         """Every shard, in row order."""
         return list(range(self.n_shards))
 
-    def shard_symbol(self, shard: int) -> tuple[int, int]:
+    def shard_symbol(self, shard: int) -> tuple[int, int, int]:
         """Symbol and the symbol's local rows ``[a, b)`` of virtual shard ``shard``."""
         start = int(shard) * self.shard_rows
         i = int(np.searchsorted(self.bases, start, side="right")) - 1
@@ -297,14 +298,18 @@ class CacheWriter:
 
         async def one(i: int) -> None:
             g = await groups.getitem(str(i))
+            if not isinstance(g, zarr.AsyncGroup):
+                raise CacheError(f"{self.url}: {group_path(i)} is an array, not a symbol's group")
             mine = local[bounds[i] : bounds[i + 1]]
             for name, col, dtype in zip(_SEGMENT_ARRAYS, (1, 2, 3), ("int64", "int64", "int8")):
                 await self._asmall(g, name, mine[:, col].astype(dtype), ("segment",))
             feats = await g.getitem("features")
+            if not isinstance(feats, zarr.AsyncArray):
+                raise CacheError(f"{self.url}: {group_path(i)}/features is a group, not an array")
             self._release(f"{group_path(i)}/features/zarr.json")  # rewritten from the copy in memory
             first = int(self.bases[i]) // self.shard_rows
             n_local = -(-int(self.bars_per_symbol[i]) // self.shard_rows)
-            old = list(feats.attrs.get("digests") or [])
+            old = list(cast("list[str | None]", feats.attrs.get("digests") or []))  # as this writer stores them
             old += [None] * (n_local - len(old))
             await feats.update_attributes({"digests": [digests.get(first + k, old[k]) for k in range(n_local)]})
 

@@ -94,6 +94,11 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+# what zarr and the codecs raise for damaged bytes or metadata, and Cache for a missing array (a CacheError
+# is a ValueError); an OSError (a store that stopped answering) is not damage and ends the check
+_DAMAGE = (ValueError, RuntimeError, TypeError, KeyError, IndexError)
+
+
 def _key_order(key: str) -> tuple[tuple[int, int, str], ...]:
     """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``)."""
     return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in key.split("/"))
@@ -107,14 +112,12 @@ def _read(cache: Cache, shard: int, array: str, a: int, b: int, problems: list[P
         return None
     try:
         return np.asarray(cache.array(cache.shard_symbol(shard)[0], array)[a:b])
-    except MemoryError:
-        raise
-    except Exception as exc:  # checksum mismatch (ValueError) or a codec error
+    except _DAMAGE as exc:  # checksum mismatch (ValueError) or a codec error; an OSError is no damage
         problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
         return None
 
 
-def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | None:
+def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str | None] | None:
     """Symbol ``i``'s array shapes and chunking and its segment table; its recorded digests."""
     n, path = int(cache.bars_per_symbol[i]), cache.groups[i]
     f, t = cache.array(i, "features"), cache.array(i, "time")
@@ -158,7 +161,7 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
             ],
             axis=1,
         ).reshape(-1, 3)
-    except Exception as exc:  # missing or damaged
+    except _DAMAGE as exc:  # missing or damaged
         problems.append(Problem(f"{path}/segment_start", f"unreadable ({describe_damage(exc)})"))
     else:
         if not np.array_equal(table, index[:, 1:]):
@@ -167,10 +170,13 @@ def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str] | 
             )
     digests = f.attrs.get("digests")
     expected = -(-n // cache.shard_rows)
+    if digests is not None and not isinstance(digests, list):
+        problems.append(Problem(f"{path}/features", f"shard digests are not a list: {digests!r:.60}"))
+        return None
     if digests is not None and len(digests) != expected:
         problems.append(Problem(f"{path}/features", f"{len(digests)} shard digests for {expected} shards"))
         return None
-    return digests
+    return [None if d is None else str(d) for d in digests] if digests is not None else None
 
 
 def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
@@ -195,7 +201,7 @@ def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
 
 
 def verify_cache(
-    path: str | os.PathLike[str] | Cache, storage_options: dict | None = None, *, progress: bool = False
+    path: str | os.PathLike[str] | Cache, storage_options: dict[str, Any] | None = None, *, progress: bool = False
 ) -> VerifyReport:
     """Re-read every shard of the cache at ``path`` and report what is wrong (see the module docstring)."""
     t0 = time.perf_counter()
@@ -247,7 +253,7 @@ def verify_cache(
 
 
 def compare_caches(
-    a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] | Cache, storage_options: dict | None = None
+    a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] | Cache, storage_options: dict[str, Any] | None = None
 ) -> list[str]:
     """How two caches differ, array for array and in the manifest (less build times); [] when identical.
 

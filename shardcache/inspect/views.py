@@ -129,6 +129,7 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
     """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
     async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
     import zarr.api.asynchronous as zarr_async
+    from zarr import AsyncArray
 
     from ..format.zarr_adapter import sync
 
@@ -143,8 +144,10 @@ def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[
             async with limit:
                 try:
                     arr = await root.getitem(f"{groups[i]}/time")
+                    if not isinstance(arr, AsyncArray):
+                        raise KeyError(f"{groups[i]}/time is a group")
                     return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
-                except Exception as exc:  # a missing key, a damaged chunk (codecs raise several types)
+                except (ValueError, RuntimeError, TypeError, KeyError) as exc:  # missing, or a damaged chunk
                     raise CacheError(
                         f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
                         "`shardcache verify` lists the damage; rebuild the cache"
@@ -260,10 +263,9 @@ def _symbol_id(cache: Cache, symbol: str | int) -> int:
         if not 0 <= symbol < len(cache.symbols):
             raise CacheError(f"{cache.url}: no symbol #{symbol}; the cache has {len(cache.symbols)} symbols")
         return int(symbol)
-    try:
+    if isinstance(symbol, str) and symbol in cache.symbols:
         return cache.symbols.index(symbol)
-    except ValueError:
-        raise CacheError(f"{cache.url}: no symbol {symbol!r}") from None
+    raise CacheError(f"{cache.url}: no symbol {symbol!r}")
 
 
 def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> xarray.Dataset:
@@ -289,7 +291,7 @@ def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     hold the manifest. Opening reads every symbol's metadata and ``time`` index."""
     xr = _xarray()
     cache = open_cache(cache)
-    tree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
+    tree: xarray.DataTree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
     for i, path in enumerate(cache.groups):
         tree[path] = _labelled(tree[path].to_dataset(), cache, i, split=False)
     return tree

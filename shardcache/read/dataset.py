@@ -31,7 +31,7 @@ _LRU_BLOCKS = 4
 _INDEX_FORMS = "an int, a slice, or a sequence of ints (a list, a numpy array, a 1-d integer tensor)"
 
 
-class WindowDataset(Dataset):  # type: ignore[type-arg]
+class WindowDataset(Dataset[Batch]):
     """Map-style windows in row order: ``ds[i]`` is ``Batch(x [seq_len, F], y [T])`` of the ``i``-th
     valid window (``y [len(horizon), T]`` for a sequence of horizons); negative ``i`` counts from
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.

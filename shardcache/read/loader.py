@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from torch.utils.data import DataLoader, get_worker_info
 
+from .options import Batch, MetaBatch
 from .passes import PassState, SharedPass
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def _worker_init(board: SharedPass, user_init: Callable[[int], None] | None, wor
         user_init(worker_id)
 
 
-class StreamLoader(DataLoader):  # type: ignore[type-arg]
+class StreamLoader(DataLoader[Batch | MetaBatch]):
     """A DataLoader over a ``WindowStream`` (``batch_size=None``) that counts each batch it delivers
     into the stream, so ``state_dict()`` is exact with worker processes; stopped by ``close()``."""
 

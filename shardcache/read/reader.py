@@ -165,7 +165,7 @@ class _Pool:
             self.xn, self.yn = self.x.numpy(), self.y.numpy()
         self.submitted = 0
         self.nbytes = 0
-        self.pending: list[Future] = []
+        self.pending: list[Future[None]] = []
         self.events: list[Any] = []  # CUDA: one per block copied to the device
         self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
 
@@ -275,7 +275,7 @@ class Reader:
     ) -> None:
         self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
         self.resident = resident
-        self.inflight: dict[int, Future | None] = {}  # resident blocks this reader submitted
+        self.inflight: dict[int, Future[None] | None] = {}  # resident blocks this reader submitted
         # a run (and its reused output buffers, populated when mapped) never outgrows this reader's
         # epoch, nor its rank's windows (a batch_size above them makes one batch of them all)
         self.run_windows = min(
@@ -285,19 +285,20 @@ class Reader:
         self.stop = threading.Event()
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
         self.asked = 0
-        self.queue: queue.Queue = queue.Queue(ahead)
+        self.queue: queue.Queue[object] = queue.Queue(ahead)  # a Ready, an exception to raise, or _END
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
         self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
         self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
         # one walk of the runs, read twice: by the gather loop and, ahead of it, by the block schedule
-        self.runs, ahead = itertools.tee(reader_runs(plan, batches, self.run_windows))
-        self.schedule = self._schedule(ahead)
+        self.runs, walk = itertools.tee(reader_runs(plan, batches, self.run_windows))
+        self.schedule = self._schedule(walk)
         self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
         dev = spec.device
         self.cuda = dev.type == "cuda"
-        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None
-        self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None
-        if self.cuda and resident is not None:  # the allocator waits for this reader's work before freeing it
+        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None  # type: ignore[no-untyped-call]
+        self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None  # type: ignore[no-untyped-call]
+        # the allocator waits for this reader's work before freeing the resident arena
+        if self.copy_stream is not None and self.gather_stream is not None and resident is not None:
             for t in {resident.x, resident.y}:
                 t.record_stream(self.copy_stream)
                 t.record_stream(self.gather_stream)
@@ -392,6 +393,7 @@ class Reader:
         def make(cols: int) -> torch.Tensor:
             if not self.cuda:
                 return torch.from_numpy(mapped((rows, cols), np.float32, huge=False))
+            assert self.gather_stream is not None  # made with CUDA
             with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
                 t = torch.empty((rows, cols), device=s.device)
             t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
@@ -484,7 +486,7 @@ class Reader:
             x.copy_(host[0], non_blocking=True)
             if pool.y is not pool.x:
                 y.copy_(host[-1], non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(self.copy_stream)
         pool.host.extend(host)
         if pool.todo is not None:
@@ -509,7 +511,7 @@ class Reader:
                 o, m, rows = int(off[g]) + s0 - run.a, s1 - s0, pool.rows[s0:s1]
                 if starts is not None:
                     starts[o : o + m] = pool.layout.starts[s0:s1]
-                if not self.cuda:
+                if xn is not None and yn is not None:  # the CPU: numpy views of the outputs
                     if self.chunk:
                         trows = torch.from_numpy(rows)
                         for i in range(0, m, self.chunk):
@@ -526,7 +528,7 @@ class Reader:
                 torch.index_select(pool.y, 0, yrows, out=y[o : o + m].view(-1, s.ny))
             event = None
             if self.cuda:
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self.gather_stream)
         meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
@@ -550,11 +552,11 @@ class Reader:
                 if not self.thread.is_alive() and self.queue.empty():
                     raise StreamClosedError("shardcache reader thread ended unexpectedly") from None
                 continue
-            if item is _END:
-                return None
+            if isinstance(item, Ready):
+                return item
             if isinstance(item, BaseException):
                 raise item
-            return item
+            return None  # _END
 
     def close(self) -> None:
         """Stop the threads (the gather thread and its decoders) and drop every pool and run."""

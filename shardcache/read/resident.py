@@ -203,20 +203,21 @@ class Resident:
             if g0 == g1:  # most batches: one pool
                 starts, rows = pool(g0, g0)
                 lo, hi = a - offs[g0], b - offs[g0]
-                rows, starts = rows[lo:hi], (starts[lo:hi] if meta else None)  # type: ignore[index]
+                rows, starts = rows[lo:hi], (None if starts is None else starts[lo:hi])
             else:
                 parts = [(pool(g, g0), max(a - offs[g], 0), b - offs[g]) for g in range(g0, g1 + 1)]
-                starts = np.concatenate([p[0][lo:hi] for p, lo, hi in parts]) if meta else None  # type: ignore[index]
+                got = [p[0][lo:hi] for p, lo, hi in parts if p[0] is not None]  # starts are made with meta
+                starts = np.concatenate(got) if meta else None
                 cat = torch.cat if dev.type == "cuda" else np.concatenate
                 rows = cat([p[1][lo:hi] for p, lo, hi in parts])
             windows, yn = self.windows, self.yn  # no reference to the arena outlives the batch
             if windows is None:
                 raise StreamClosedError("this WindowStream iterator was closed")
-            if dev.type == "cuda":
+            if isinstance(yn, torch.Tensor):  # CUDA: the arena is on the device
                 x = torch.index_select(windows, 0, rows)
                 y = torch.index_select(yn, 0, (rows[:, None] + ysteps).reshape(-1)).view(spec.y_shape(len(rows)))
             else:
                 x = torch.from_numpy(windows[rows])
                 y = torch.from_numpy(yn[spec.window.target_rows(rows)])
             del windows, yn
-            yield i, (MetaBatch(x, y, *spec.window_meta(starts)) if meta else Batch(x, y))
+            yield i, (Batch(x, y) if starts is None else MetaBatch(x, y, *spec.window_meta(starts)))

@@ -124,7 +124,7 @@ _SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer i
 _SINCE = {"cache"}  # signature fields a state saved before they existed lacks: such a state is taken
 
 
-class WindowStream(IterableDataset):  # type: ignore[type-arg]
+class WindowStream(IterableDataset[Batch | MetaBatch]):
     """Every valid window of a cache (one ``split``), shuffled by shard pools, as ready batches.
 
     ``WindowStream(cache, 60, split="train")``: ``seq_len`` (or a ``WindowSpec``) is the only
@@ -402,7 +402,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
         s, n = self.read_spec, self.batch_windows
         return self.resources.worker_ring((s.x_shape(n), s.y_shape(n)))
 
-    def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
+    def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader[Batch | MetaBatch]:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
         state, so ``state_dict()`` is exact with ``num_workers > 0``; stopped by ``close()``."""
         for key in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):

@@ -19,6 +19,7 @@ the valid windows.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def synthetic_bars(
         t0, t1 = int(ts[a]), int(ts[b - 1])
         split_at = [int(np.searchsorted(ts[a:b], t0 + f * (t1 - t0), side="right")) for f in (0.7, 0.85)]
         edges = sorted({0, n, *breaks, *split_at})
-        for lo, hi in zip(edges[:-1], edges[1:]):
+        for lo, hi in itertools.pairwise(edges):
             if hi > lo:
                 segments.append((sym, a + lo, a + hi))
                 segment_split.append(int(np.searchsorted(split_at, lo, side="right")))
@@ -234,6 +235,6 @@ def run_helper(command: str, *args: object, timeout: float = 120) -> None:
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     argv = [sys.executable, "-m", "helpers", command, *map(str, args)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
     if proc.returncode:
         raise AssertionError(f"{command} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -23,4 +23,4 @@ def run_cli(*args: str, prog: str = "build-cache") -> subprocess.CompletedProces
         "import sys; from shardcache.cli import main, build_cache_main; "
         f"sys.exit({'build_cache_main' if prog == 'build-cache' else 'main'}(sys.argv[1:]))"
     )
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600, check=False)

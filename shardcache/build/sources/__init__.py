@@ -30,7 +30,7 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict
 
 from ...errors import SourceError
 from ...format.paths import check_storage_options, is_url, local_path
@@ -107,7 +107,7 @@ def _warn_skipped(spec: str, skipped: Sequence[str]) -> None:
             log.warning("%s: skipped %d file(s), %s: %s%s", spec, len(paths), why, names, more)
 
 
-def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> list[str]:
+def expand_inputs(specs: Sequence[str], storage_options: dict[str, Any] | None = None) -> list[str]:
     """Files named by ``specs`` (files, folders searched recursively, globs), sorted and unique.
 
     A spec may be an fsspec URL (an object, a prefix or a glob such as ``s3://b/dbn/*.dbn.zst``),
@@ -150,7 +150,7 @@ def expand_inputs(specs: Sequence[str], storage_options: dict | None = None) -> 
     return sorted(set(seen.values()))
 
 
-def _sniff(path: str, storage_options: dict | None = None) -> bytes:
+def _sniff(path: str, storage_options: dict[str, Any] | None = None) -> bytes:
     """The first bytes of ``path``, after the checks every input needs (exists, is a file, not empty)."""
     if is_url(path):
         try:
@@ -177,6 +177,16 @@ def _sniff(path: str, storage_options: dict | None = None) -> bytes:
     return head
 
 
+class _TabularOptions(TypedDict):
+    """``open_source``'s arguments that Parquet and CSV sources both take."""
+
+    ts_column: str | None
+    symbol_column: str | None
+    columns: list[str] | None
+    bar: str | None
+    storage_options: dict[str, Any] | None
+
+
 def open_source(
     path: str,
     *,
@@ -184,7 +194,7 @@ def open_source(
     ts_column: str | None = None,
     symbol_column: str | None = None,
     columns: list[str] | None = None,
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     csv_delimiter: str | None = None,
 ) -> Source:
     """Open ``path`` (a local path or an fsspec URL) as DBN, Parquet or CSV, checking only its header or footer.
@@ -200,7 +210,7 @@ def open_source(
     path = os.fspath(path)
     path = path if is_url(path) else local_path(path)
     head = _sniff(path, storage_options)
-    tabular = {
+    tabular: _TabularOptions = {
         "ts_column": ts_column,
         "symbol_column": symbol_column,
         "columns": columns,
@@ -221,7 +231,7 @@ def open_source(
     raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
 
 
-def open_sources(paths: Sequence[str], storage_options: dict | None = None, **options: Any) -> list[Source]:
+def open_sources(paths: Sequence[str], storage_options: dict[str, Any] | None = None, **options: Any) -> list[Source]:
     """``[open_source(p, **options) for p in paths]``, opening URLs 16 at a time (each costs round trips)."""
     if not any(is_url(p) for p in paths):
         return [open_source(p, storage_options=storage_options, **options) for p in paths]

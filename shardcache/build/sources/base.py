@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,22 +54,22 @@ class Source:
     """
 
     kind = ""
-    storage_options: dict | None = None
+    storage_options: dict[str, Any] | None = None
 
     def __init__(self, path: str, schema: str, columns: list[str], bar_ns: int | None) -> None:
         self.path = path
         self.schema = schema
         self.columns = list(columns)
         self.bar_ns = bar_ns
-        self.drops: Counter = Counter()
-        self.symbology: dict = {}
+        self.drops: Counter[str] = Counter()  # rows dropped, by reason
+        self.symbology: dict[str, Any] = {}
         self.records = 0
 
     def pieces(self, max_rows: int = 1 << 20) -> Iterator[pa.Table]:
         """Yield cleaned tables of at most ``max_rows`` rows, reading the file in bounded steps."""
         raise NotImplementedError
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What the manifest records about this input, to tell later whether it changed."""
         what = {"kind": self.kind, "schema": self.schema, "columns": self.columns}  # an append compares them
         if is_url(self.path):
@@ -82,7 +83,7 @@ class Source:
 
 
 def keep_rows(
-    ts: np.ndarray, prices: Sequence[np.ndarray], others: Sequence[np.ndarray], counter: Counter
+    ts: np.ndarray, prices: Sequence[np.ndarray], others: Sequence[np.ndarray], counter: Counter[str]
 ) -> np.ndarray | None:
     """Row mask of the value policy, counting each dropped row once; None when all rows pass.
 
@@ -119,10 +120,11 @@ def _values(table: pa.Table, name: str) -> np.ndarray:
     col = table.column(name)
     if col.null_count:
         col = col.cast(pa.float64()).fill_null(float("nan"))
-    return col.to_numpy()
+    values: np.ndarray = col.to_numpy()
+    return values
 
 
-def clean_piece(table: pa.Table, counter: Counter, finite: set[str] | None = None) -> pa.Table:
+def clean_piece(table: pa.Table, counter: Counter[str], finite: set[str] | None = None) -> pa.Table:
     """Drop rows that break the value policy (see the package docstring), counting them by reason.
 
     ``finite``, when given, collects the names of the value columns that held at least one

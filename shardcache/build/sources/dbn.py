@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any, Self
 
 import databento_dbn as dbn
 import numpy as np
@@ -109,7 +110,7 @@ _BBO = [
     ("ts_recv", "<u8", 32),
     ("sequence", "<u4", 44),
 ]
-_LAYOUTS: dict[str, tuple[list, int]] = {
+_LAYOUTS: dict[str, tuple[list[tuple[str, str, int]], int]] = {
     "ohlcv": (_OHLCV_FIELDS, 56),
     "trade": (_TRADE, 48),
     "mbp1": (_TRADE + _LEVEL, 80),
@@ -192,7 +193,7 @@ class _Stream:
     """The decompressed bytes of a DBN file, read in bounded blocks (a plain file is memory-mapped,
     a URL streamed through fsspec)."""
 
-    def __init__(self, path: str, storage_options: dict | None = None) -> None:
+    def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:
         self.path = path
         try:
             if is_url(path):
@@ -224,7 +225,7 @@ class _Stream:
             return parts[0]
         return b"".join(parts)
 
-    def __enter__(self) -> _Stream:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -247,7 +248,8 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
     if len(body) < length:
         raise SourceError(path, "truncated DBN metadata")
     try:
-        meta = dbn.Metadata.decode(prelude + body, upgrade_policy=dbn.VersionUpgradePolicy.UPGRADE_TO_V3)
+        policy = dbn.VersionUpgradePolicy.UPGRADE_TO_V3  # the stub types VersionUpgradePolicy's members as int:
+        meta = dbn.Metadata.decode(prelude + body, upgrade_policy=policy)  # type: ignore[arg-type]
     except (dbn.DBNError, ValueError) as exc:
         raise SourceError(path, f"corrupt DBN metadata ({one_line(exc)})") from None
     return version, meta
@@ -308,7 +310,7 @@ def _fold(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 class _Bars:
     """Folds a file's records into bars, keeping recent bars open across read blocks."""
 
-    def __init__(self, layout: str, interval: int | None, bar_ns: int, drops: Counter) -> None:
+    def __init__(self, layout: str, interval: int | None, bar_ns: int, drops: Counter[str]) -> None:
         self.layout = layout
         self.interval = interval
         self.bar_ns = bar_ns
@@ -331,6 +333,7 @@ class _Bars:
             bid, ask = _prices(recs["bid_px"]), _prices(recs["ask_px"])
             keep = keep_rows(ts, [bid, ask], [], self.drops)
             mid = (bid + ask) / 2
+            assert self.interval is not None  # every bbo schema has one (SCHEMAS)
             f.update(open=mid, high=mid, low=mid, close=mid, bid=bid, ask=ask)
             last_trade = np.ascontiguousarray(recs["ts_event"]).view(np.int64)
             traded = (last_trade > ts - self.interval) & (last_trade <= ts) & (recs["price"] != UNDEF_PRICE)
@@ -386,6 +389,7 @@ class DbnSource(Source):
     """A DBN file of bars or ticks; see the module docstring for what becomes a bar."""
 
     kind = "dbn"
+    bar_ns: int  # always known: the schema's interval, a minute for ticks, or ``bar``
 
     def __init__(
         self,
@@ -393,7 +397,7 @@ class DbnSource(Source):
         *,
         bar: str | None = None,
         columns: list[str] | None = None,
-        storage_options: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.storage_options = storage_options
         with _Stream(path, storage_options) as stream:
@@ -408,7 +412,7 @@ class DbnSource(Source):
         self.rtypes = np.array(rtypes, dtype=np.uint8)
         self.dtype = record_dtype(schema, bool(meta.ts_out))
         if bar is None:
-            bar_ns = self.interval if self.layout == "ohlcv" else MINUTE
+            bar_ns = self.interval if self.layout == "ohlcv" and self.interval is not None else MINUTE
         else:
             bar_ns = parse_duration(bar)
             if bar_ns <= 0:
@@ -463,8 +467,8 @@ class DbnSource(Source):
     def _walk(self, raw: np.ndarray, stream: _Stream) -> tuple[np.ndarray, int]:
         """Records of a block that mixes record types, found by walking their length bytes."""
         size = self.dtype.itemsize
-        lengths = memoryview(raw)
-        offsets = []
+        lengths = raw.data
+        offsets: list[int] = []
         o, n = 0, len(raw)
         while o < n:
             length = lengths[o] * 4

@@ -21,23 +21,25 @@ from ...format.paths import is_url, local_path, probe
 __all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 
 
-def url_fs(url: str, storage_options: dict | None) -> tuple[Any, str]:
+def url_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path on it; a one-line SourceError if it has none."""
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except (ImportError, ValueError) as exc:
         raise SourceError(url, f"cannot open this URL ({exc})") from None
+    return fs, str(path)
 
 
-def open_input(path: str, storage_options: dict | None = None) -> IO[bytes]:
+def open_input(path: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
     """``path`` opened for binary reading: a local file, or an fsspec file for a URL."""
     if not is_url(path):
         return open(local_path(path), "rb")
     fs, p = url_fs(path, storage_options)
-    return fs.open(p, "rb")
+    fh: IO[bytes] = fs.open(p, "rb")
+    return fh
 
 
-def stat_input(path: str, storage_options: dict | None = None) -> tuple[int, int | str]:
+def stat_input(path: str, storage_options: dict[str, Any] | None = None) -> tuple[int, int | str]:
     """Size and version of an input: its mtime in ns locally, else the object's ETag or modification time."""
     if not is_url(path):
         st = os.stat(local_path(path))
@@ -50,7 +52,9 @@ def stat_input(path: str, storage_options: dict | None = None) -> tuple[int, int
     return int(info.get("size") or 0), str(version).strip('"')
 
 
-def find_urls(spec: str, storage_options: dict | None, keep: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+def find_urls(
+    spec: str, storage_options: dict[str, Any] | None, keep: Callable[[str], bool]
+) -> tuple[list[str], list[str]]:
     """URLs of the input files named by the URL ``spec`` (an object, a prefix searched recursively, or a
     glob), and those of the files it holds that ``keep`` (picking inputs by name) leaves out.
 

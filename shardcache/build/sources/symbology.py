@@ -10,11 +10,14 @@ its rolls, which the build cuts (the pieces carry each record's instrument id).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from databento_dbn.metadata import MappingIntervalDict
 
 from ...errors import SourceError
 from .base import DAY_NS
@@ -33,7 +36,7 @@ class Symbols:
     mapping, or outside its mapping's dates, are counted in ``unmapped`` / ``outside``.
     """
 
-    def __init__(self, path: str, mappings: dict[str, list[dict]]) -> None:
+    def __init__(self, path: str, mappings: Mapping[str, Sequence[MappingIntervalDict]]) -> None:
         rows = []
         for key, intervals in mappings.items():
             for iv in intervals:
@@ -56,7 +59,7 @@ class Symbols:
         self.start = np.array([r[1] for r in rows], dtype=np.int64)
         self.keys = (self.iid << 20) | self.start
         self.unmapped: dict[int, int] = {}  # id -> its code (its number as the symbol)
-        self.unmapped_records: Counter = Counter()
+        self.unmapped_records: Counter[int] = Counter()
         self.outside = 0  # records dated outside every interval of their id (took the nearest one)
         self.mapped = {int(r[0]): r[3] for r in rows}
 
@@ -130,7 +133,7 @@ def _refuse_parents(path: str, rows: list[tuple[int, int, int, str]]) -> None:
         if len({iid for _, _, iid in spans}) < 2:
             continue
         spans.sort()
-        for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+        for (s0, e0, a), (s1, e1, b) in itertools.pairwise(spans):
             if a != b and s1 < e0:
                 ids = sorted({iid for _, _, iid in spans})
                 shown = ", ".join(map(str, ids[:6])) + (f", ... ({len(ids)} in all)" if len(ids) > 6 else "")

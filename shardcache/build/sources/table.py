@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,12 +53,14 @@ def _listing(names: list[str]) -> str:
 def _is_numeric(t: pa.DataType) -> bool:
     """Columns read as float features (a null-typed column holds no value: refused when read)."""
     types = pa.types
-    return types.is_null(t) or types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
+    return bool(
+        types.is_null(t) or types.is_integer(t) or types.is_floating(t) or types.is_decimal(t) or types.is_boolean(t)
+    )
 
 
 def _is_time(t: pa.DataType) -> bool:
     types = pa.types
-    return (
+    return bool(
         types.is_timestamp(t)
         or types.is_date(t)
         or types.is_integer(t)
@@ -70,12 +73,14 @@ def _is_symbol(t: pa.DataType) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     types = pa.types
-    return types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t) or types.is_floating(t)
+    return bool(
+        types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t) or types.is_floating(t)
+    )
 
 
 def _is_bytes(t: pa.DataType) -> bool:
     types = pa.types
-    return types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t)
+    return bool(types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t))
 
 
 def _int_unit(values: np.ndarray) -> str | None:
@@ -95,7 +100,7 @@ class TabularSource(Source):
         symbol_column: str | None = None,
         columns: list[str] | None = None,
         bar: str | None = None,
-        storage_options: dict | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.path = path
         self.storage_options = storage_options
@@ -103,9 +108,10 @@ class TabularSource(Source):
         names = list(schema.names)
         self._check_names(names)
         self._types = {f.name: f.type for f in schema}
-        self.ts_column = self._find(ts_column, TS_NAMES, "timestamp", "--ts-column", names)
-        if self.ts_column is None:
+        found = self._find(ts_column, TS_NAMES, "timestamp", "--ts-column", names)
+        if found is None:
             raise SourceError(path, f"no timestamp column (looked for {', '.join(TS_NAMES)}; use --ts-column)")
+        self.ts_column: str = found
         ts_type = self._types[self.ts_column]
         if not _is_time(ts_type):
             raise SourceError(
@@ -288,7 +294,7 @@ class TabularSource(Source):
             ints = col.cast(pa.int32()).cast(pa.int64())
         else:
             ints = col.cast(pa.int64())
-        values = ints.fill_null(-1).to_numpy(zero_copy_only=False)
+        values: np.ndarray = ints.fill_null(-1).to_numpy(zero_copy_only=False)
         if scale is None:
             scale = self._int_scale(values[ints.is_valid().to_numpy(zero_copy_only=False)])
         if scale == 1:
