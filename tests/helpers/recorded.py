@@ -94,7 +94,6 @@ def plan_digest(plan: Any) -> str:
 def recorded_caches(root: Path) -> dict[str, Any]:
     """The two caches of the record, written under ``root``."""
     from helpers import make_cache, synthetic_bars
-
     from shardcache.build.builder import build_cache
     from shardcache.build.sample import make_sample
 
