@@ -76,6 +76,7 @@ SLOW_TESTS = {  # file -> test function -> why
     },
     "test_stream_lightning.py": {
         "test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check": "Lightning trainers and workers",
+        "test_mixing_lightning_recipe_validates_both_caches_and_checkpoints_a_resumable_mix": "Lightning trainers",
     },
 }
 

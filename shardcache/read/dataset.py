@@ -65,7 +65,7 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
         self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=False)
         self._ranges = self._read.ranges
         self._n = self._ranges.total()
-        self.offsets = self._ranges.count_below(self.sources.offsets)  # each cache's first window, and the total
+        self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
     seq_len = property(lambda self: self.spec.seq_len)

@@ -73,13 +73,13 @@ class Mixture:
         epochs = None if epoch_windows is None else count("epoch_windows", epoch_windows, 1)
         return cls(weights=tuple(float(w) for w in values), epoch_windows=epochs)
 
-    def shares(self, rows: np.ndarray, ranges: Ranges) -> Shares | None:
+    def shares(self, row_bounds: np.ndarray, ranges: Ranges) -> Shares | None:
         """Windows of each source per epoch (None without weights), the sources being the row ranges
-        ``rows[k]:rows[k + 1]`` of ``ranges``' row space."""
+        ``row_bounds[k]:row_bounds[k + 1]`` of ``ranges``' row space."""
         if self.weights is None:
             return None
         total = int(ranges.total()) if self.epoch_windows is None else self.epoch_windows
-        return Shares(rows=np.asarray(rows, np.int64), windows=apportion(total, self.weights))
+        return Shares(row_bounds=np.asarray(row_bounds, np.int64), windows=apportion(total, self.weights))
 
     def signature(self) -> dict[str, Any]:
         """What a saved position records of the mixture."""
@@ -108,10 +108,10 @@ def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class Shares:
-    """``windows[k]`` windows per epoch from source ``k``, the rows ``rows[k]:rows[k + 1]`` of the plan's
-    row space (see the module docstring)."""
+    """``windows[k]`` windows per epoch from source ``k``, the rows ``row_bounds[k]:row_bounds[k + 1]`` of
+    the plan's row space (see the module docstring)."""
 
-    rows: np.ndarray
+    row_bounds: np.ndarray
     windows: np.ndarray
 
     @property
@@ -124,7 +124,7 @@ class Shares:
         """Epoch ``epoch``'s pieces in order: shard, first and end of its windows (in row order), and
         the positions of the pieces that begin a new cycle of their source (``breaks``), given
         the shards ``ids`` holding window starts and each one's window count ``per_shard``."""
-        src = np.searchsorted(self.rows, ids * shard_rows, side="right") - 1
+        src = np.searchsorted(self.row_bounds, ids * shard_rows, side="right") - 1
         parts = [
             self._draw(
                 k, n, ids[(src == k) & (per_shard > 0)], per_shard[(src == k) & (per_shard > 0)], seed, epoch, shuffle

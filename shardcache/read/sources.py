@@ -1,8 +1,8 @@
 """The caches a stream or a dataset reads, as one row space: ``Sources``.
 
 A stream of several caches plans over one *source-tagged* row space: cache ``k``'s virtual rows
-``[0, n_rows_k)`` (``Cache``'s own: each symbol on whole shards) are rows ``[offsets[k],
-offsets[k + 1])`` of the stream's. The plan, the reader, the resident arena and ``WindowDataset``
+``[0, n_rows_k)`` (``Cache``'s own: each symbol on whole shards) are rows ``[row_bounds[k],
+row_bounds[k + 1])`` of the stream's. The plan, the reader, the resident arena and ``WindowDataset``
 see one row space cut into ``shard_rows``-row shards (the greatest common divisor of the caches'
 shard sizes, so that no shard straddles two caches or two symbols), and ``locate`` tags each row
 with its source again. One cache is the row space it always was: offset 0, its own shards.
@@ -111,7 +111,7 @@ class Sources:
         self.urls = [c.url for c in self.caches]
         _check_features(self.caches, self.urls)
         self.shard_rows = math.gcd(*(c.shard_rows for c in self.caches))
-        self.offsets = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
+        self.row_bounds = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
         self.split_times = split_times
         self.split = self._choose(split)
         self.tables: list[SegmentSource] = [c if split_times is None else split_times.table(c) for c in self.caches]
@@ -207,7 +207,7 @@ class Sources:
         if len(parts) == 1:
             return parts[0]
         return Ranges(
-            start=np.concatenate([p.start + off for p, off in zip(parts, self.offsets)]).astype(np.int64),
+            start=np.concatenate([p.start + off for p, off in zip(parts, self.row_bounds)]).astype(np.int64),
             count=np.concatenate([p.count for p in parts]).astype(np.int64),
             stride=spec.stride,
             span=spec.span,
@@ -224,7 +224,7 @@ class Sources:
 
     @property
     def n_rows(self) -> int:
-        return int(self.offsets[-1])
+        return int(self.row_bounds[-1])
 
     @property
     def feature_names(self) -> list[str]:
@@ -236,14 +236,14 @@ class Sources:
 
     def source_of(self, rows: np.ndarray) -> np.ndarray:
         """The cache (index into ``caches``) of each row, int64."""
-        src: np.ndarray = np.searchsorted(self.offsets, np.asarray(rows, dtype=np.int64), side="right") - 1
+        src: np.ndarray = np.searchsorted(self.row_bounds, np.asarray(rows, dtype=np.int64), side="right") - 1
         return src.astype(np.int64)
 
     def _one(self, row: int) -> tuple[Cache, int]:
-        k = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        k = int(np.searchsorted(self.row_bounds, row, side="right")) - 1
         if not 0 <= k < len(self.caches):
             raise IndexError(f"row {row} outside the {self.n_rows} rows of the stream's caches")
-        return self.caches[k], int(self.offsets[k])
+        return self.caches[k], int(self.row_bounds[k])
 
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` (inside one symbol of one cache) of its ``features`` (``Cache.read_rows``)."""
@@ -266,7 +266,7 @@ class Sources:
         symbol, local = np.empty_like(rows), np.empty_like(rows)
         for k in np.unique(src).tolist():
             m = src == k
-            symbol[m], local[m] = self.caches[k].locate(rows[m] - self.offsets[k])
+            symbol[m], local[m] = self.caches[k].locate(rows[m] - self.row_bounds[k])
         return src, symbol, local
 
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
@@ -277,7 +277,7 @@ class Sources:
         src, out = self.source_of(rows), np.empty(rows.shape, np.int64)
         for k in np.unique(src).tolist():
             m = src == k
-            out[m] = self.caches[k].bar_times(rows[m] - self.offsets[k])
+            out[m] = self.caches[k].bar_times(rows[m] - self.row_bounds[k])
         return out
 
     def __repr__(self) -> str:

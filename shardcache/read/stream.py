@@ -195,7 +195,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
             shard_rows=self.sources.shard_rows,
             settings=self.order,
             what=self.sources.where(),
-            shares=self.mixture.shares(self.sources.offsets, self.read_spec.ranges),
+            shares=self.mixture.shares(self.sources.row_bounds, self.read_spec.ranges),
         )
         self.passes = PassState()
         self.resources = StreamResources(uuid.uuid4().hex)  # its id names this stream's workers' rings
@@ -467,7 +467,7 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
         """The caches streamed: each one's URL, windows, windows per epoch and statistics, and whether
         the caches' statistics differ (``stats``: ``shared``, ``differ``, ``none`` or ``mixed``)."""
         s, shares = self.sources, self.planner.shares
-        windows = np.diff(self.read_spec.ranges.count_below(s.offsets)).tolist()
+        windows = np.diff(self.read_spec.ranges.count_below(s.row_bounds)).tolist()
         return {
             "split": self.split,
             "split_times": None if s.split_times is None else s.split_times.text,
