@@ -1,5 +1,6 @@
-"""The docs' LightningDataModule (docs/getting-started.md) under a real Lightning Trainer (CPU, a few steps): every
-validation pass sees the whole val split, successive training epochs see different orders."""
+"""The docs' LightningDataModules (docs/getting-started.md, and over several caches docs/mixing.md) under a real
+Lightning Trainer (CPU, a few steps): every validation pass sees the whole val split, successive training epochs see
+different orders, and a checkpoint holds the train stream's position."""
 
 from __future__ import annotations
 
@@ -14,6 +15,31 @@ from shardcache.build.sample import make_sample
 from shardcache.read.plan import n_windows
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
+
+
+def _recording(forecaster: type, seen: dict[str, list]) -> type:
+    """The page's ``Forecaster`` noting each window it trains and validates on (its last input bar, as a
+    fingerprint) in ``seen``: one list per training epoch, ``(sanity check?, list)`` per validation pass."""
+
+    def key(x):
+        return [tuple(r) for r in x[:, -1].tolist()]
+
+    class Recording(forecaster):  # type: ignore[misc, valid-type]
+        def on_train_epoch_start(self):
+            seen["train"].append([])
+
+        def on_validation_epoch_start(self):
+            seen["val"].append((self.trainer.sanity_checking, []))
+
+        def training_step(self, batch, i):
+            seen["train"][-1].extend(key(batch[0]))
+            return super().training_step(batch, i)
+
+        def validation_step(self, batch, i):
+            seen["val"][-1][1].extend(key(batch[0]))
+            return super().validation_step(batch, i)
+
+    return Recording
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -31,26 +57,7 @@ def test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check(tmp_p
     scope: dict = {}
     exec(compile(classes, str(PAGE), "exec"), scope)
     seen: dict[str, list] = {"train": [], "val": []}
-
-    def key(x):  # a window's fingerprint: its last input bar
-        return [tuple(r) for r in x[:, -1].tolist()]
-
-    class Recording(scope["Forecaster"]):
-        def on_train_epoch_start(self):
-            seen["train"].append([])
-
-        def on_validation_epoch_start(self):
-            seen["val"].append((self.trainer.sanity_checking, []))
-
-        def training_step(self, batch, i):
-            seen["train"][-1].extend(key(batch[0]))
-            return super().training_step(batch, i)
-
-        def validation_step(self, batch, i):
-            seen["val"][-1][1].extend(key(batch[0]))
-            return super().validation_step(batch, i)
-
-    scope["Forecaster"] = Recording
+    scope["Forecaster"] = _recording(scope["Forecaster"], seen)
     assert 'Bars("data/sample/cache.zarr")' in run and "limit_train_batches=200" in run
     run = run.replace("limit_train_batches=200", "limit_train_batches=3")
     run = run.replace('Bars("data/sample/cache.zarr")', f'Bars("data/sample/cache.zarr", workers={workers})')
@@ -88,34 +95,15 @@ def test_mixing_lightning_recipe_validates_both_caches_and_checkpoints_a_resumab
         caches.append(build_cache(files, tmp_path / f"data/{sym[:2].lower()}.zarr", split=split, progress=False))
     monkeypatch.chdir(tmp_path)
     scope: dict = {"WindowStream": WindowStream, "torch": torch}
-    exec(compile(classes, str(MIXING), "exec"), scope)
+    exec(compile(classes, str(MIXING), "exec"), scope)  # noqa: S102 -- the page's code, as a reader runs it
     seen: dict[str, list] = {"train": [], "val": []}
-
-    def key(x):
-        return [tuple(r) for r in x[:, -1].tolist()]
-
-    class Recording(scope["Forecaster"]):
-        def on_train_epoch_start(self):
-            seen["train"].append([])
-
-        def on_validation_epoch_start(self):
-            seen["val"].append((self.trainer.sanity_checking, []))
-
-        def training_step(self, batch, i):
-            seen["train"][-1].extend(key(batch[0]))
-            return super().training_step(batch, i)
-
-        def validation_step(self, batch, i):
-            seen["val"][-1][1].extend(key(batch[0]))
-            return super().validation_step(batch, i)
-
-    scope["Forecaster"] = Recording
+    scope["Forecaster"] = _recording(scope["Forecaster"], seen)
     mixed = 'Mixed(["data/es.zarr", "data/nq.zarr"], weights=(0.75, 0.25))'
     assert mixed in run and "limit_train_batches=20" in run
     run = run.replace("limit_train_batches=20", "limit_train_batches=3")
     run = run.replace(mixed, mixed[:-1] + f", workers={workers})")
     run += "\ntrainer.save_checkpoint('last.ckpt')\n"
-    exec(compile(run, str(MIXING), "exec"), {**scope, "L": L})
+    exec(compile(run, str(MIXING), "exec"), {**scope, "L": L})  # noqa: S102 -- the page's code, as a reader runs it
     val_windows = sum(n_windows(c, 60, split="val") for c in caches)
     passes = seen["val"][1:]
     assert len(passes) == 2 and all(not s and len(v) == val_windows for s, v in passes)
