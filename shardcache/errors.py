@@ -10,6 +10,7 @@ exit status 2; an ``OptionError`` is phrased there with the command line's flag.
 - ``CacheError`` (``ValueError``): a cache that is missing, incomplete, damaged or of another format.
 - ``StateError`` (``ValueError``): a saved ``state_dict`` that does not fit this stream.
 - ``StreamClosedError`` (``RuntimeError``): an iterator used after ``close()`` or a newer ``iter()``.
+- ``SeveralCachesError`` (``AttributeError``): ``stream.cache`` of a stream of several caches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = [
     "CacheError",
     "OptionError",
     "OptionTypeError",
+    "SeveralCachesError",
     "ShardcacheError",
     "SourceError",
     "StateError",
@@ -97,3 +99,7 @@ class StateError(ShardcacheError, ValueError):
 
 class StreamClosedError(ShardcacheError, RuntimeError):
     """A stream or iterator used after ``close()``, or an iterator superseded by a newer ``iter()``."""
+
+
+class SeveralCachesError(ShardcacheError, AttributeError):
+    """The one cache of a stream (``stream.cache``) asked of a stream of several (``stream.caches``)."""

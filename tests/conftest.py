@@ -74,8 +74,12 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_notebook_builds_a_small_cache_when_there_is_none": "a notebook kernel",
     },
     "test_stream_ddp.py": {"test_ranks_are_disjoint_and_cover_the_epoch": "DDP ranks spawned"},
+    "test_stream_mix.py": {
+        "test_gloo_ranks_serve_the_mix_once_and_resume_at_another_world_size": "gloo ranks spawned twice",
+    },
     "test_stream_lightning.py": {
         "test_readme_lightning_recipe_with_limit_train_batches_and_sanity_check": "Lightning trainers and workers",
+        "test_mixing_lightning_recipe_validates_both_caches_and_checkpoints_a_resumable_mix": "Lightning trainers",
     },
 }
 

@@ -278,7 +278,8 @@ def test_meta_gives_the_target_bars_time_beside_the_last_input_bars(stream_bars,
     def check(batches):
         n = 0
         for b in batches:
-            assert type(b).__name__ == "MetaBatch" and b._fields[-2:] == ("time", "target_time")
+            assert type(b).__name__ == "MetaBatch" and b._fields[-3:] == ("time", "target_time", "source")
+            assert b.source.dtype == torch.int64 and not b.source.any()  # one cache: source 0
             start = b.x[:, 0, 0].numpy().astype(np.int64)  # feature 0 is the bar's row in the sources
             want = np.stack([stream_bars.ts[start + 19 + h] for h in hs], axis=1)
             assert b.target_time.dtype == torch.int64 and b.target_time.shape == (len(start), *b.y.shape[1:-1])

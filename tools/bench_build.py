@@ -18,7 +18,8 @@ Usage (from the repository root)::
 
 The samples (``make_sample(days=360 * scale)``) are generated once under ``--work`` and
 reused; the caches are rebuilt every run. ``tools/bench.py`` prepares its data here
-(``prepare_data``, ``ensure_scaled_cache``), reports its builds with ``build_table`` and
+(``prepare_data``, ``ensure_scaled_cache``, ``ensure_mix_caches``: the same bars as two caches),
+reports its builds with ``build_table`` and
 probes the read path with ``read_probe`` (one fresh process per zarr setting) and ``read_table``.
 """
 
@@ -28,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +50,7 @@ __all__ = [
     "build_table",
     "dir_bytes",
     "ensure_dbn_sample",
+    "ensure_mix_caches",
     "ensure_scaled_cache",
     "flat_verdict",
     "main",
@@ -196,6 +199,53 @@ def ensure_scaled_cache(work: Path, f: int, scale: int) -> Path:
     measure_build(f"Parquet {scale}x", src, path, "--features", "raw")
     shutil.rmtree(src)
     return path
+
+
+def ensure_mix_caches(work: Path, f: int) -> list[str]:
+    """The bars of ``prepare_data``'s cache at F=``f`` as two caches, built once with the same options
+    and then reused: the DBN sample's first and last 180 days (F=9), or the Parquet table's first
+    two and last two symbols (any other F)."""
+    import pyarrow.parquet as pq
+
+    from shardcache import open_cache
+    from shardcache.errors import CacheError
+
+    paths = [work / f"cache-{f}-mix-{part}.zarr" for part in "ab"]
+    try:
+        for path in paths:
+            open_cache(path)
+        return [str(p) for p in paths]
+    except CacheError:
+        pass
+    print(f"bench: building the F={f} bars as two caches once ...", file=sys.stderr, flush=True)
+    if f == 9:
+        files = sorted(ensure_dbn_sample(work, 360).glob("*.dbn.zst"))
+        halves, extra = [files[: len(files) // 2], files[len(files) // 2 :]], ()
+    else:
+        table = pq.ParquetFile(next(iter(sorted((work / f"parquet-{f}").glob("*.parquet")))))
+        names = sorted({str(v) for b in table.iter_batches(columns=["symbol"]) for v in b.column(0).to_pylist()})
+        halves, extra = [], ("--features", "raw")
+        for part, keep in zip("ab", (names[: len(names) // 2], names[len(names) // 2 :])):
+            out = work / f"parquet-{f}-mix-{part}" / "bars.parquet"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with pq.ParquetWriter(out, table.schema_arrow) as writer:
+                for batch in table.iter_batches():
+                    rows = batch.filter(_is_in(batch.column("symbol"), keep))
+                    writer.write_batch(rows)
+            halves.append([out])
+    for part, path in zip(halves, paths):
+        cmd = [sys.executable, "-c", _QUIET_CLI, *map(str, part), "--out", str(path), "--overwrite", "-q", *extra]
+        if subprocess.run(cmd, check=False).returncode:
+            raise SystemExit(f"bench: building {path} failed")
+    return [str(p) for p in paths]
+
+
+def _is_in(column: Any, values: list[str]) -> Any:
+    """``pyarrow.compute.is_in`` of ``column`` in ``values``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.is_in(column, value_set=pa.array(values))
 
 
 def build_table(results: list[BuildResult]) -> str:

@@ -5,25 +5,30 @@ split rule; ``ds[a:b]``, ``ds[[i, j, ...]]`` (a list, a numpy array or a 1-d ten
 the same windows stacked into one batch, gathered shard by shard. A ``DataLoader(ds,
 batch_size=B)`` asks for each batch at once (torch's ``__getitems__``). The last few decoded
 shard blocks are kept, so nearby indices cost no zarr call.
+
+Over several caches (``WindowDataset([es, nq], 60, split="val")``, the same features each, the
+split rule of ``WindowStream``) the index is global: cache 0's windows in row order, then cache
+1's, and so on; ``offsets[k]`` is the index of cache ``k``'s first window and ``locate(i)`` names
+a window's cache and its index among that cache's windows.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import OptionTypeError
+from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
-from .options import Batch, check_split, open_for_reading, window_spec
+from .options import Batch, window_spec
 from .reader import ReadSpec
+from .sources import CacheInput, Sources
 
 __all__ = ["WindowDataset"]
 
@@ -36,40 +41,59 @@ class WindowDataset(Dataset[Batch]):
     valid window (``y [len(horizon), T]`` for a sequence of horizons); negative ``i`` counts from
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
 
-    Takes the window settings of ``WindowStream`` (keyword-only after ``seq_len``, the same
-    split rule). Keeps the last few decoded shard blocks, so nearby indices cost no zarr call.
+    Takes the caches and window settings of ``WindowStream`` (keyword-only after ``seq_len``, the
+    same split rule); over several caches the index runs through cache 0's windows, then cache
+    1's (``offsets``, ``locate``). Keeps the last few decoded shard blocks, so nearby indices cost
+    no zarr call.
     """
 
     def __init__(
         self,
-        cache: Cache | str | os.PathLike[str],
+        caches: CacheInput | Sequence[CacheInput],
         seq_len: int | WindowSpec,
         *,
         split: str | None = None,  # first: an evaluation names the split it reads
+        split_times: str | Mapping[str, str] | None = None,
         horizon: int | Sequence[int] | None = None,
         stride: int | None = None,
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ) -> None:
-        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
-        self.cache = open_for_reading(cache, storage_options)
-        self.split = check_split(self.cache, split)
-        self._read = ReadSpec.of(self.cache, self.spec, self.split, torch.device("cpu"), meta=False)
+        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
+        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times)
+        self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=False)
         self._ranges = self._read.ranges
         self._n = self._ranges.total()
+        self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
     seq_len = property(lambda self: self.spec.seq_len)
     horizon = property(lambda self: self.spec.horizon)
     span = property(lambda self: self.spec.span)
+    caches = property(lambda self: self.sources.caches, doc="The caches indexed, in the order given.")
+    split = property(lambda self: self.sources.split)
+
+    @property
+    def cache(self) -> Cache:
+        """The cache of a dataset of one (of several: ``caches[k]``, ``k`` from ``locate``)."""
+        if len(self.sources) > 1:
+            raise SeveralCachesError(f"this WindowDataset indexes {len(self.sources)} caches: use ds.caches[k]")
+        return self.sources.caches[0]
 
     def __len__(self) -> int:
         return self._n
 
     def row(self, i: int) -> int:
-        """Start row of window ``i`` in the cache's row space (``cache.locate`` names its symbol and row)."""
+        """Start row of window ``i`` in the caches' row space (for one cache its own rows: ``cache.locate``
+        names the symbol and row)."""
         return int(self._ranges.start_at(self._positions(np.asarray([_scalar(i)])))[0])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Window ``i``'s cache (an index into ``caches``) and its index among that cache's windows."""
+        pos = int(self._positions(np.asarray([_scalar(i)]))[0])
+        k = int(np.searchsorted(self.offsets, pos, side="right")) - 1
+        return k, pos - int(self.offsets[k])
 
     def __getitem__(self, index: Any) -> Batch:
         """One window (an int index), or the windows of a slice or a sequence of ints, stacked."""
@@ -104,7 +128,7 @@ class WindowDataset(Dataset[Batch]):
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
         x = np.empty(r.x_shape(n), np.float32)
         y = np.empty(r.y_shape(n), np.float32)
-        shard = rows // self.cache.shard_rows
+        shard = rows // self.sources.shard_rows
         order = np.argsort(shard, kind="stable")
         cuts = np.flatnonzero(np.diff(shard[order])) + 1
         for sel in np.split(order, cuts) if n else []:
@@ -121,9 +145,10 @@ class WindowDataset(Dataset[Batch]):
         if hit is not None:
             self._lru.move_to_end(shard)
             return hit
-        lo = shard * self.cache.shard_rows
-        hi = min(lo + self.spec.block_rows(self.cache.shard_rows), self.cache.region_stop(lo))
-        self._lru[shard] = hit = (lo, self.cache.read_rows(lo, hi))
+        s = self.sources
+        lo = shard * s.shard_rows
+        hi = min(lo + self.spec.block_rows(s.shard_rows), s.region_stop(lo))
+        self._lru[shard] = hit = (lo, s.read_rows(lo, hi))
         while len(self._lru) > _LRU_BLOCKS:
             self._lru.popitem(last=False)
         return hit
@@ -134,7 +159,9 @@ class WindowDataset(Dataset[Batch]):
         return state
 
     def __repr__(self) -> str:
-        return f"WindowDataset({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, windows={self._n})"
+        urls = self.sources.urls
+        where = urls[0] if len(urls) == 1 else urls
+        return f"WindowDataset({where!r}, seq_len={self.seq_len}, horizon={self.horizon}, windows={self._n})"
 
 
 def _is_bool(index: Any) -> bool:

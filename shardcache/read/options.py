@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
-from ..format.windows import WindowSpec, split_segments
+from ..format.windows import SegmentSource, WindowSpec, split_segments
 
 __all__ = [
     "AUTO_CPU_FRACTION",
@@ -65,13 +65,15 @@ class Batch(NamedTuple):
 class MetaBatch(NamedTuple):
     """A batch with each window's place and times (all int64):
 
-    - ``index`` ``[B, 2]``: symbol, and row of the window's first bar in that symbol's arrays;
-    - ``symbol`` ``[B]``: into ``cache.symbols``;
+    - ``index`` ``[B, 2]``: symbol, and row of the window's first bar in that symbol's arrays
+      (of the window's cache);
+    - ``symbol`` ``[B]``: into that cache's ``symbols``;
     - ``time`` ``[B]``: ns since the epoch of the window's **last input bar** (``x[:, -1]``);
     - ``target_time`` ``[B]`` (``[B, len(horizon)]`` for a sequence of horizons): ns since the
       epoch of each **target bar** (the bar ``y`` is read from). A horizon counts stored bars,
       not minutes: the target bar may lie further ahead than ``horizon`` bar sizes where bars
-      are missing (no trade in a minute), so align on ``target_time``, not on ``time + horizon``.
+      are missing (no trade in a minute), so align on ``target_time``, not on ``time + horizon``;
+    - ``source`` ``[B]``: the window's cache, an index into the stream's ``caches`` (0 for one cache).
     """
 
     x: torch.Tensor
@@ -80,6 +82,7 @@ class MetaBatch(NamedTuple):
     symbol: torch.Tensor
     time: torch.Tensor
     target_time: torch.Tensor
+    source: torch.Tensor
 
 
 def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -207,9 +210,12 @@ def cache_digest(cache: Cache) -> str:
     return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
 
 
-def no_windows_error(cache: Cache, spec: WindowSpec, split: str | None) -> ValueError:
-    """The error of a stream with no window: the longest segment against the window's span."""
-    seg = split_segments(cache, split)
+def no_windows_error(
+    cache: Cache, spec: WindowSpec, split: str | None, table: SegmentSource | None = None
+) -> OptionError | CacheError:
+    """The error of a stream with no window: the longest segment (of ``table``, the cache's own by
+    default) against the window's span."""
+    seg = split_segments(cache if table is None else table, split)
     where = f" in split {split!r}" if split not in (None, "all") else ""
     if not len(seg):
         if where:

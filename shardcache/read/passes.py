@@ -22,13 +22,15 @@ process's own count (passes since the pin, the current pass and its delivered ba
 plain attribute: only that process reads it.
 
 ``Planner`` makes (and keeps the last few) plans of the passes, refuses a world larger than the
-windows, and checks that a resume history describes a position inside its epoch.
+windows, and checks that a resume history describes a position inside its epoch;
+``check_signature`` that a saved position is this stream's (its settings, the caches' digests,
+the weights of a mixture).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,11 +39,22 @@ import torch
 
 from ..errors import OptionError, StateError
 from ..format.windows import Ranges
+from .mixture import Shares
 from .options import MAX_COUNT, PlanSettings
 from .plan import EpochPlan, make_plan
 from .torch_adapter import in_shared_memory
 
-__all__ = ["MAX_HISTORY", "MAX_WORKERS", "History", "Pass", "PassState", "Planner", "SharedPass", "check_history"]
+__all__ = [
+    "MAX_HISTORY",
+    "MAX_WORKERS",
+    "History",
+    "Pass",
+    "PassState",
+    "Planner",
+    "SharedPass",
+    "check_history",
+    "check_signature",
+]
 
 MAX_HISTORY = 8  # checkpoints of one epoch a resume can chain
 MAX_WORKERS = 256  # DataLoader workers whose passes a plain DataLoader counts
@@ -79,6 +92,22 @@ def check_history(history: Any) -> History:
     if len(out) > MAX_HISTORY:
         raise StateError(f"a resume can chain {MAX_HISTORY} checkpoints of one epoch, not {len(out)}")
     return out
+
+
+_SINCE = {"cache"}  # signature fields a state saved before they existed lacks: such a state is taken
+_WHEN_SET = ("weights", "epoch_windows", "split_times")  # recorded only when set: absent means None
+
+
+def check_signature(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse a saved ``state`` whose settings (``mine``: what fixes the epoch's batches, the caches'
+    digests, a mixture's weights) are not this stream's, naming each that differs."""
+    keys = [*mine, *(k for k in _WHEN_SET if k not in mine)]
+    bad = {
+        k: (state.get(k), mine.get(k)) for k in keys if state.get(k) != mine.get(k) and (k in state or k not in _SINCE)
+    }
+    if bad:
+        detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in bad.items())
+        raise StateError(f"state_dict is from a different stream ({detail})")
 
 
 def _is_int(v: Any) -> bool:
@@ -210,14 +239,25 @@ class SharedPass:
 
 
 class Planner:
-    """The plans of a stream's passes over ``ranges`` (a cache of ``n_rows`` rows in
-    ``shard_rows``-row shards) with ``settings``; the last few are kept."""
+    """The plans of a stream's passes over ``ranges`` (a cache's, or several caches' in one row space,
+    of ``n_rows`` rows in ``shard_rows``-row shards) with ``settings``, serving every window once or
+    ``shares`` of each cache per epoch; the last few are kept."""
 
     _KEEP = 4
 
-    def __init__(self, *, ranges: Ranges, n_rows: int, shard_rows: int, settings: PlanSettings, what: str) -> None:
+    def __init__(
+        self,
+        *,
+        ranges: Ranges,
+        n_rows: int,
+        shard_rows: int,
+        settings: PlanSettings,
+        what: str,
+        shares: Shares | None = None,
+    ) -> None:
         self.ranges, self.n_rows, self.shard_rows, self.settings = ranges, n_rows, shard_rows, settings
-        self.n_windows = ranges.total()
+        self.shares = shares
+        self.n_windows = ranges.total() if shares is None else shares.total  # an epoch's windows
         self.what = what  # names the windows in a message ("split 'train' of /data/es.zarr")
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
 
@@ -243,6 +283,7 @@ class Planner:
                 mix=s.mix,
                 drop_last=s.drop_last,
                 history=p.history,
+                shares=self.shares,
             )
         return self._plans[key]
 

@@ -9,7 +9,10 @@ on their own.
 * An epoch orders the shards (shuffled by ``seed`` and ``epoch``), cuts the resulting
   window sequence into equal contiguous parts, one per rank, and mixes each rank's windows
   within pools of ``mix`` consecutive shards. Batch ``i`` of a rank goes to DataLoader
-  worker ``i % num_workers``, so the order does not depend on ``num_workers``.
+  worker ``i % num_workers``, so the order does not depend on ``num_workers``. With
+  ``shares`` (several caches in given proportions, ``shardcache.read.mixture``) the epoch's
+  sequence is instead so many windows of each cache, pieces of shards in an order made there;
+  the cut into ranks and pools is the same.
 * A reader decodes each pool's shard blocks into one arena (``pool_layout``: which rows,
   where, and each window's arena row) and copies its batches in runs of consecutive batches
   (``reader_runs``), saying after which run each pool is no longer needed.
@@ -29,6 +32,7 @@ from numpy.random import default_rng  # imported with the plan, not lazily at th
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.layout import spanned_shards
 from ..format.windows import Ranges, WindowSpec, n_windows, valid_ranges
+from .mixture import Shares
 
 __all__ = [
     "EpochPlan",
@@ -152,8 +156,12 @@ def make_plan(
     mix: int = 4,
     drop_last: bool = False,
     history: Sequence[tuple[int, int]] = (),
+    shares: Shares | None = None,
 ) -> EpochPlan:
     """Plan one rank's epoch: shuffled shard order, an equal contiguous share per rank, pools.
+
+    ``ranges`` may span several caches (``shardcache.read.sources``); with ``shares`` each epoch
+    serves that many windows of each (``shardcache.read.mixture``), else every window once.
 
     With ``history`` (``(world, batches delivered per rank)`` at each checkpoint of this
     epoch, oldest first), the epoch began at ``history[0][0]`` ranks and was resumed at each
@@ -163,7 +171,7 @@ def make_plan(
     if not 0 <= rank < world:
         raise OptionError("rank", rank, f"outside world size {world}")
     fresh = partial(_fresh_plan, ranges, n_rows, shard_rows, batch_size=batch_size, shuffle=shuffle, seed=seed)
-    fresh = partial(fresh, epoch=epoch, mix=mix, drop_last=drop_last)
+    fresh = partial(fresh, epoch=epoch, mix=mix, drop_last=drop_last, shares=shares)
     if not history:
         return fresh(rank=rank, world=world)
     w0 = int(history[0][0])
@@ -192,6 +200,7 @@ def _fresh_plan(
     world: int,
     mix: int,
     drop_last: bool,
+    shares: Shares | None,
 ) -> EpochPlan:
     """An epoch's plan from its start (see ``make_plan``).
 
@@ -202,10 +211,14 @@ def _fresh_plan(
     if len(ids) and ids[-1] * shard_rows >= n_rows:
         raise CacheError(f"window starts reach shard {int(ids[-1])}, past the cache's {n_rows} rows; rebuild the cache")
     per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
-    order = np.flatnonzero(per_shard)
-    if shuffle:
-        order = order[default_rng([seed, epoch, 0]).permutation(len(order))]
-    sizes = per_shard[order]
+    if shares is None:  # every window once: each shard with a window, whole
+        order = np.flatnonzero(per_shard)
+        if shuffle:
+            order = order[default_rng([seed, epoch, 0]).permutation(len(order))]
+        seq, begin, sizes, breaks = ids[order], np.zeros(len(order), np.int64), per_shard[order], None
+    else:
+        seq, begin, end, breaks = shares.sequence(ids, per_shard, shard_rows, seed=seed, epoch=epoch, shuffle=shuffle)
+        sizes = end - begin
     cum = np.concatenate([[0], np.cumsum(sizes)])
     total = int(cum[-1])
     share = total // world
@@ -213,20 +226,25 @@ def _fresh_plan(
     # pieces of shards overlapping positions [a, b)
     first = int(np.searchsorted(cum, a, side="right")) - 1
     last = int(np.searchsorted(cum, b, side="left"))
-    js = np.arange(max(first, 0), min(last, len(order)), dtype=np.int64)
+    js = np.arange(max(first, 0), min(last, len(seq)), dtype=np.int64)
     lo = np.clip(a - cum[js], 0, None)
     hi = np.minimum(sizes[js], b - cum[js])
     keep = hi > lo
     js, lo, hi = js[keep], lo[keep], hi[keep]
-    pool_bounds = np.append(np.arange(0, len(js), max(1, mix), dtype=np.int64), len(js))
+    pool_bounds = np.arange(0, len(js), max(1, mix), dtype=np.int64)
+    if breaks is not None and len(js):  # a pool never spans two cycles of one source
+        at = np.searchsorted(js, breaks)
+        ok = (at > 0) & (at < len(js))
+        pool_bounds = np.union1d(pool_bounds, at[ok][js[at[ok]] == breaks[ok]]).astype(np.int64)
+    pool_bounds = np.append(pool_bounds, len(js))
     pool_sizes = np.add.reduceat(hi - lo, pool_bounds[:-1]) if len(js) else np.zeros(0, np.int64)
     n_batches = share // batch_size if drop_last else -(-share // batch_size)
     n_win = n_batches * batch_size if drop_last else share
     n_pools = len(pool_bounds) - 1
     return EpochPlan(
-        shards=ids[order[js]].astype(np.int64),
-        lo=lo.astype(np.int64),
-        hi=hi.astype(np.int64),
+        shards=seq[js].astype(np.int64),
+        lo=(begin[js] + lo).astype(np.int64),
+        hi=(begin[js] + hi).astype(np.int64),
         pool_bounds=pool_bounds,
         pool_key=np.stack([np.full(n_pools, rank), np.arange(n_pools)], axis=1).astype(np.int64),
         pool_from=np.zeros(n_pools, np.int64),

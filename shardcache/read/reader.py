@@ -12,9 +12,10 @@ so the consumer only takes ready batches and the copy overlaps its work. A pool'
 ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
 ``close()`` joins every thread it started.
 
-What a reader reads is a ``ReadSpec`` (the window shape, the columns, the device, whether
-batches carry metadata), made by ``WindowStream``; the reader touches no private state of
-the stream.
+What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
+columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
+touches no private state of the stream. It reads rows of the caches' shared row space
+(``shardcache.read.sources``): one cache, or several.
 
 Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
 An ``index_select`` spread over several threads runs several times slower as soon as another
@@ -52,12 +53,12 @@ import numpy as np
 import torch
 
 from ..errors import StreamClosedError
-from ..format.cache import Cache
-from ..format.windows import Ranges, WindowSpec, valid_ranges
-from .options import columns, no_windows_error
+from ..format.windows import Ranges, WindowSpec
+from .options import columns
 from .plan import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
 from .resident import Resident, mapped, window_view
 from .ship import Loan
+from .sources import Sources
 
 __all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
 
@@ -70,12 +71,12 @@ _POLL = 0.1
 
 @dataclass(frozen=True, kw_only=True)
 class ReadSpec:
-    """Everything a reader needs to know about its stream: the cache and its valid windows, the
-    window (``WindowSpec``: its shape, its input and target rows), the input/target columns (None:
-    every column), the device, and whether batches carry each window's symbol, row and times
-    (``meta``). Made by ``ReadSpec.of``."""
+    """Everything a reader needs to know about its stream: the caches (``Sources``: one or several in
+    one row space) and their valid windows, the window (``WindowSpec``: its shape, its input and
+    target rows), the input/target columns (None: every column), the device, and whether batches
+    carry each window's source, symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
 
-    cache: Cache
+    sources: Sources
     ranges: Ranges
     window: WindowSpec
     xcols: list[int] | None
@@ -86,22 +87,20 @@ class ReadSpec:
     meta: bool
 
     @classmethod
-    def of(cls, cache: Cache, spec: WindowSpec, split: str | None, device: torch.device, meta: bool) -> ReadSpec:
-        """What a stream (or a ``WindowDataset``) of ``cache`` reads: columns checked first, then the
-        valid windows of ``split``, of which there must be at least one."""
-        xcols = columns(cache, spec.features, "features")
-        ycols = columns(cache, spec.target, "target")
-        ranges = valid_ranges(cache, spec, split=split)
-        if not ranges.total():
-            raise no_windows_error(cache, spec, split)
+    def of(cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool) -> ReadSpec:
+        """What a stream (or a ``WindowDataset``) of ``sources`` reads: columns checked first, then the
+        valid windows of their split, of which each cache must have at least one."""
+        xcols = columns(sources.caches[0], spec.features, "features")  # every cache has the same features
+        ycols = columns(sources.caches[0], spec.target, "target")
+        ranges = sources.ranges(spec)
         return cls(
-            cache=cache,
+            sources=sources,
             ranges=ranges,
             window=spec,
             xcols=xcols,
             ycols=ycols,
-            nx=len(xcols) if xcols is not None else cache.n_features,
-            ny=len(ycols) if ycols is not None else cache.n_features,
+            nx=len(xcols) if xcols is not None else sources.n_features,
+            ny=len(ycols) if ycols is not None else sources.n_features,
             device=device,
             meta=bool(meta),
         )
@@ -130,14 +129,14 @@ class ReadSpec:
         return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
 
     def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's) and ``target_time``
-        (each target bar's) of the windows starting at cache rows ``starts``."""
-        symbol, local = self.cache.locate(starts)
-        index = torch.from_numpy(np.stack([symbol, local], axis=1))
+        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's), ``target_time``
+        (each target bar's) and ``source`` of the windows starting at rows ``starts``."""
+        source, symbol, local = self.sources.locate(starts)
+        index = np.stack([symbol, local], axis=1)
         targets = self.window.target_rows(starts)
-        both = self.cache.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
+        both = self.sources.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
         time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
-        return index, torch.from_numpy(symbol), torch.from_numpy(time), torch.from_numpy(target_time)
+        return tuple(torch.from_numpy(m) for m in (index, symbol, time, target_time, source))
 
 
 class _Pool:
@@ -367,7 +366,7 @@ class Reader:
                     continue
                 newest = g
                 if self.resident is None:
-                    layout = pool_layout(self.plan, g, s.ranges, s.cache.shard_rows)
+                    layout = pool_layout(self.plan, g, s.ranges, s.sources.shard_rows)
                     pool = self.pools[g] = _Pool(
                         layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
                     )
@@ -467,14 +466,14 @@ class Reader:
         if not self.cuda:  # numpy only: no torch thread pool
             xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
             if pool.y is pool.x:  # every column: straight into the arena
-                s.cache.read_rows(lo, hi, out=xn)
+                s.sources.read_rows(lo, hi, out=xn)
                 return
-            arr = s.cache.read_rows(lo, hi)
+            arr = s.sources.read_rows(lo, hi)
             xn[:] = arr if s.xcols is None else arr[:, s.xcols]
             yn[:] = arr if s.ycols is None else arr[:, s.ycols]
             return
         x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
-        arr = s.cache.read_rows(lo, hi)
+        arr = s.sources.read_rows(lo, hi)
         hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
         hy = (
             hx

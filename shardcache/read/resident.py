@@ -101,7 +101,7 @@ class BlockTable:
 
 def resident_bytes(spec: ReadSpec) -> int:
     """Bytes of the arena that holds every bar a stream's windows read (every column it reads)."""
-    return BlockTable.of(spec.ranges, spec.cache.shard_rows).n_rows * spec.row_bytes
+    return BlockTable.of(spec.ranges, spec.sources.shard_rows).n_rows * spec.row_bytes
 
 
 class Resident:

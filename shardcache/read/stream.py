@@ -15,6 +15,15 @@ How a batch is made
     decoded bars into the batch, and the consumer only takes ready batches. With a ``memory_budget``
     that holds the split (``resident``) its bars stay decoded (``shardcache.read.resident``).
 
+Several caches
+    ``WindowStream([es, nq], 60, split="train")`` streams caches with the same features as one:
+    each cache's rows are laid out in one row space (``shardcache.read.sources``), so the plan,
+    exactly-once delivery, workers, ranks, resume and the resident arena are those of one cache,
+    and ``MetaBatch.source`` names each window's cache again. ``weights`` (with
+    ``epoch_windows``) serve the caches in given proportions instead of every window once
+    (``shardcache.read.mixture``). The split must cover the same times in every cache, or
+    ``split_times`` cuts them all again at shared times; each cache keeps its own statistics.
+
 Shuffling
     Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
     contiguous run of that order, and its pieces are cut into pools of ``mix`` consecutive
@@ -55,8 +64,9 @@ Elastic resume
     world size, the rest of the epoch (every window no rank had delivered) is dealt out again,
     each once, in the same order, with the same number of batches on every rank. A state is
     refused (``StateError``, naming the field) when it is from another stream: another seed,
-    shuffle, mix, batch size, window shape, split or cache (its bars: an appended cache is
-    another), or when its history is not a position inside its epoch.
+    shuffle, mix, batch size, window shape, split, cache (its bars: an appended cache is
+    another; several caches, in their order), weights or split times, or when its history is
+    not a position inside its epoch.
 
 Torch threads
     The stream never changes torch's thread settings as the caller sees them: only its gather
@@ -64,8 +74,8 @@ Torch threads
 
 Outputs
     Batches are ``Batch(x, y)`` (``x, y = batch`` works), or ``MetaBatch(x, y, index, symbol,
-    time, target_time)`` with ``meta=True`` (``time`` is the last input bar's, ``target_time``
-    each target bar's); every tensor is one the caller may keep. A DataLoader worker
+    time, target_time, source)`` with ``meta=True`` (``time`` is the last input bar's,
+    ``target_time`` each target bar's, ``source`` the window's cache); every tensor is one the caller may keep. A DataLoader worker
     gathers its batches into a few reused shared-memory slots that the main process maps once
     (``shardcache.read.ship``): a batch crosses as a few integers, and a slot is reused only
     once the caller has dropped every tensor over it. ``MetaBatch.index`` is each window's
@@ -79,7 +89,6 @@ Resources
 from __future__ import annotations
 
 import functools
-import os
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -91,12 +100,13 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..errors import OptionError, OptionTypeError, StateError, StreamClosedError
+from ..errors import OptionError, OptionTypeError, SeveralCachesError, StateError, StreamClosedError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
 from .dataset import WindowDataset
 from .lifetime import StreamResources
 from .loader import StreamLoader
+from .mixture import Mixture
 from .options import (
     CUDA_WORKERS,
     MAX_COUNT,
@@ -105,30 +115,32 @@ from .options import (
     MetaBatch,
     PlanSettings,
     cache_digest,
-    check_split,
     count,
-    open_for_reading,
     parse_budget,
     rank_world,
     window_spec,
 )
-from .passes import Pass, PassState, Planner, check_history
+from .passes import Pass, PassState, Planner, check_history, check_signature
 from .plan import EpochPlan
 from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
 from .resident import resident_bytes
 from .ship import forget, ship
+from .sources import CacheInput, Sources
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
 _SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer iter()"
-_SINCE = {"cache"}  # signature fields a state saved before they existed lacks: such a state is taken
 
 
 class WindowStream(IterableDataset[Batch | MetaBatch]):
     """Every valid window of a cache (one ``split``), shuffled by shard pools, as ready batches.
 
     ``WindowStream(cache, 60, split="train")``: ``seq_len`` (or a ``WindowSpec``) is the only
-    positional setting. Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the
+    positional setting. ``caches`` is one cache (a path, an fsspec URL or an open ``Cache``) or a
+    sequence of them with the same features, streamed as one (``shardcache.read.sources``):
+    every window of every cache once per epoch, or ``epoch_windows`` windows in the proportions
+    ``weights`` (``shardcache.read.mixture``); ``split_times`` re-cuts every cache's splits at
+    shared times. Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the
     ``features`` columns, all by default) and ``y`` the target row ``p + seq_len - 1 +
     horizon`` (the ``target`` columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence
     of horizons; ``meta=True`` yields ``MetaBatch`` (see there: ``time`` is the last input
@@ -145,7 +157,7 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
 
     def __init__(
         self,
-        cache: Cache | str | os.PathLike[str],
+        caches: CacheInput | Sequence[CacheInput],
         seq_len: int | WindowSpec,
         *,
         horizon: int | Sequence[int] | None = None,
@@ -153,6 +165,9 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         split: str | None = None,
+        split_times: str | Mapping[str, str] | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_windows: int | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
         seed: int = 0,
@@ -163,23 +178,24 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         memory_budget: int | str | None = None,
         device: str | torch.device | None = None,
         meta: bool = False,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
     ) -> None:
-        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
+        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
         self.order = PlanSettings.of(batch_size=batch_size, shuffle=shuffle, seed=seed, mix=mix, drop_last=drop_last)
         self.settings = LoaderSettings.of(
             prefetch=prefetch, decoders=decoders, memory_budget=memory_budget, device=device
         )
-        self.cache = open_for_reading(cache, storage_options)
-        self.split = check_split(self.cache, split)
-        self.read_spec = ReadSpec.of(self.cache, self.spec, self.split, self.device, meta)
-        where = self.cache.url if self.split in (None, "all") else f"split {self.split!r} of {self.cache.url}"
+        n = len(Sources.given(caches))
+        self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=n)
+        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times)
+        self.read_spec = ReadSpec.of(self.sources, self.spec, self.device, meta)
         self.planner = Planner(
             ranges=self.read_spec.ranges,
-            n_rows=self.cache.n_rows,
-            shard_rows=self.cache.shard_rows,
+            n_rows=self.sources.n_rows,
+            shard_rows=self.sources.shard_rows,
             settings=self.order,
-            what=where,
+            what=self.sources.where(),
+            shares=self.mixture.shares(self.sources.row_bounds, self.read_spec.ranges),
         )
         self.passes = PassState()
         self.resources = StreamResources(uuid.uuid4().hex)  # its id names this stream's workers' rings
@@ -191,6 +207,9 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
+    caches = property(lambda self: self.sources.caches, doc="The caches streamed, in the order given.")
+    split = property(lambda self: self.sources.split)
+    weights = property(lambda self: self.mixture.weights)
     seq_len = property(lambda self: self.spec.seq_len)
     horizon = property(lambda self: self.spec.horizon)
     stride = property(lambda self: self.spec.stride)
@@ -204,6 +223,15 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
     prefetch = property(lambda self: self.settings.prefetch)
     memory_budget = property(lambda self: self.settings.memory_budget)
     device = property(lambda self: self.settings.device)
+
+    @property
+    def cache(self) -> Cache:
+        """The cache of a stream of one (of several: ``caches[i]``, ``i`` being ``MetaBatch.source``)."""
+        if len(self.sources) > 1:
+            raise SeveralCachesError(
+                f"this WindowStream reads {len(self.sources)} caches: use stream.caches[i] (MetaBatch.source is i)"
+            )
+        return self.sources.caches[0]
 
     @property
     def decoders(self) -> int:
@@ -285,11 +313,7 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         missing = [k for k in ("epoch", "history") if k not in state]
         if missing:
             raise StateError(f"state_dict has no {' or '.join(missing)}: not a WindowStream state_dict")
-        mine = self._signature()
-        bad = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v and (k in state or k not in _SINCE)}
-        if bad:
-            detail = ", ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in bad.items())
-            raise StateError(f"state_dict is from a different stream ({detail})")
+        check_signature(state, self._signature())
         epoch = state["epoch"]
         if isinstance(epoch, bool | np.bool_) or not isinstance(epoch, int | np.integer) or not 0 <= epoch < MAX_COUNT:
             raise StateError(f"state_dict epoch {epoch!r}: must be an int >= 0 (below 2**62)")
@@ -298,8 +322,10 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         self.passes.pin(int(epoch), history)
 
     def _signature(self) -> dict[str, Any]:
-        """The settings that fix the epoch's batches: a saved position means nothing without them."""
-        h = self.spec.horizon
+        """The settings that fix the epoch's batches: a saved position means nothing without them
+        (a mixture's settings only when set, so a single cache's state is as it always was)."""
+        h, times = self.spec.horizon, self.sources.split_times
+        mixed = {**self.mixture.signature(), "split_times": None if times is None else times.text}
         return {
             "seq_len": self.seq_len,
             "horizon": list(h) if isinstance(h, tuple) else h,
@@ -308,11 +334,13 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             **self.order.signature(),
             "n_windows": self.planner.n_windows,
             "cache": self._cache_digest,
+            **{k: v for k, v in mixed.items() if v is not None},
         }
 
     @functools.cached_property
-    def _cache_digest(self) -> str:
-        return cache_digest(self.cache)
+    def _cache_digest(self) -> str | list[str]:
+        digests = [cache_digest(c) for c in self.sources.caches]
+        return digests[0] if len(digests) == 1 else digests
 
     def begin_pass(self) -> Pass:
         """Begin the next pass in this process, as ``iter()`` does (and a ``loader()`` before its
@@ -326,7 +354,7 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
 
     def _capacity(self, plan: EpochPlan, workers: int) -> int:
         """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
-        block = self.spec.block_rows(self.cache.shard_rows) * self.read_spec.row_bytes
+        block = self.spec.block_rows(self.sources.shard_rows) * self.read_spec.row_bytes
         return self.settings.capacity(plan.max_open_pieces(), block, workers, self.mix)
 
     # -- iteration -----------------------------------------------------------------------
@@ -354,7 +382,7 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * spec.nx)
         resident = None
         if not in_worker and self.resident:
-            resident = self.resources.arena(spec, self.cache.shard_rows)
+            resident = self.resources.arena(spec, self.sources.shard_rows)
             if resident.complete:  # nothing to read: each batch gathered on this thread, no reader
                 for batch, gathered in resident.batches(spec, plan, batches):
                     if generation != passes.generation or self.closed:
@@ -435,11 +463,37 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             state["_dist_hint"] = (dist.get_rank(), dist.get_world_size())
         return state
 
+    def info(self) -> dict[str, Any]:
+        """The caches streamed: each one's URL, windows, windows per epoch and statistics, and whether
+        the caches' statistics differ (``stats``: ``shared``, ``differ``, ``none`` or ``mixed``)."""
+        s, shares = self.sources, self.planner.shares
+        windows = np.diff(self.read_spec.ranges.count_below(s.row_bounds)).tolist()
+        return {
+            "split": self.split,
+            "split_times": None if s.split_times is None else s.split_times.text,
+            "weights": None if self.weights is None else list(self.weights),
+            "epoch_windows": self.planner.n_windows,
+            "stats": s.stats,
+            "caches": [
+                {
+                    "url": c.url,
+                    "windows": w,
+                    "per_epoch": w if shares is None else int(shares.windows[k]),
+                    "normalize": c.manifest.normalize,
+                    "stats": c.stats or None,
+                }
+                for k, (c, w) in enumerate(zip(s.caches, windows))
+            ],
+        }
+
     def __repr__(self) -> str:
         rank, world = rank_world(self._dist_hint)
+        s = self.sources
+        mixed = "" if self.weights is None else f"weights={self.weights}, "
+        mixed += "" if len(s) == 1 else f"stats={s.stats!r}, "
         return (
-            f"WindowStream({self.cache.url!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
-            f"stride={self.stride}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"WindowStream({s.urls[0] if len(s) == 1 else s.urls!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
+            f"stride={self.stride}, split={self.split!r}, batch_size={self.batch_size}, {mixed}"
             f"windows={self.planner.n_windows}, memory_budget={self.memory_budget}, "
             f"device={str(self.device)!r}, rank={rank}/{world})"
         )

@@ -53,6 +53,14 @@ if __name__ == "__main__":
     cmd, rest = sys.argv[1], sys.argv[2:]
     if cmd == "resume":
         _resume(rest[0], rest[1], int(rest[2]), rest[3], json.loads(rest[4]))
+    elif cmd == "record-single":
+        import tempfile
+        from pathlib import Path
+
+        from helpers.recorded import record
+
+        with tempfile.TemporaryDirectory() as tmp:
+            record(Path(tmp), Path(rest[0]))
     elif cmd == "stream-rss":
         _stream_rss(rest[0], int(rest[1]), rest[2], json.loads(rest[3]))
     else:

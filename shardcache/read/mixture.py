@@ -1,0 +1,166 @@
+"""Windows of several caches in given proportions: ``Mixture`` (``weights``, ``epoch_windows``) and
+the epoch order it makes (``Shares``).
+
+Without weights a stream serves every window of every cache once per epoch: the plan's own
+shuffle over the caches' shared row space (``shardcache.read.plan``, ``shardcache.read.sources``).
+With ``weights=(w_1, ..., w_k)`` each epoch serves ``epoch_windows`` windows (default: all the
+caches' windows together), ``n_k`` of them from cache ``k`` in proportion to ``w_k`` (largest
+remainders, so the counts add up exactly).
+
+Where each cache's ``n_k`` windows come from: an endless sequence of *cycles*. Cycle ``c`` of
+cache ``k`` is the cache's shards in an order shuffled by ``(seed, k, c)`` (row order without
+``shuffle``), each shard's windows in row order, so a cycle serves every window of the cache once.
+Epoch ``e`` takes positions ``[e * n_k, (e + 1) * n_k)`` of the sequence: a cache whose share is
+below its windows serves the next stretch each epoch (a different subset, and no window again
+before every window was served), one whose share exceeds its windows runs through whole cycles
+(every window once before any twice). The stretches are cut into shard pieces, then the caches'
+pieces are interleaved at random (seeded by ``(seed, epoch)``; evenly without ``shuffle``),
+each cache's pieces keeping their order. The plan cuts the sequence into ranks and pools as it
+does any epoch, except that no pool spans two cycles of one cache (``breaks``): in the epoch's
+order, every window of a cycle comes before any window of the next. Everything is a function
+of ``(seed, epoch)`` and the settings, computed before a byte is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+from numpy.random import default_rng
+
+from ..errors import OptionError, OptionTypeError
+from ..format.windows import Ranges
+from .options import count
+
+__all__ = ["Mixture", "Shares", "apportion"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mixture:
+    """How much of each cache an epoch serves: every window once (``weights=None``), or ``epoch_windows``
+    windows (None: every cache's windows together) in the proportions ``weights``, one per cache."""
+
+    weights: tuple[float, ...] | None = None
+    epoch_windows: int | None = None
+
+    @classmethod
+    def of(cls, *, weights: Any, epoch_windows: Any, n_sources: int) -> Mixture:
+        """The settings as a user gives them, checked against the number of caches."""
+        if weights is None:
+            if epoch_windows is not None:
+                raise OptionError(
+                    "epoch_windows",
+                    epoch_windows,
+                    "applies with {weights}; without weights every epoch serves every window once",
+                    {"weights": None},
+                )
+            return cls()
+        if isinstance(weights, str | bytes) or not isinstance(weights, Sequence | np.ndarray):
+            raise OptionTypeError(f"weights={weights!r}: give one number per cache, such as (0.75, 0.25)")
+        values = list(weights)
+        if len(values) != n_sources:
+            raise OptionError(
+                "weights", weights, f"{len(values)} weight(s) for {n_sources} cache(s): give one per cache"
+            )
+        if not all(_is_real(w) and math.isfinite(float(w)) and float(w) >= 0 for w in values):
+            raise OptionError("weights", weights, "each weight must be a finite number >= 0")
+        if not sum(float(w) for w in values) > 0:
+            raise OptionError("weights", weights, "at least one weight must be above 0")
+        epochs = None if epoch_windows is None else count("epoch_windows", epoch_windows, 1)
+        return cls(weights=tuple(float(w) for w in values), epoch_windows=epochs)
+
+    def shares(self, row_bounds: np.ndarray, ranges: Ranges) -> Shares | None:
+        """Windows of each source per epoch (None without weights), the sources being the row ranges
+        ``row_bounds[k]:row_bounds[k + 1]`` of ``ranges``' row space."""
+        if self.weights is None:
+            return None
+        total = int(ranges.total()) if self.epoch_windows is None else self.epoch_windows
+        return Shares(row_bounds=np.asarray(row_bounds, np.int64), windows=apportion(total, self.weights))
+
+    def signature(self) -> dict[str, Any]:
+        """What a saved position records of the mixture."""
+        return {
+            "weights": None if self.weights is None else list(self.weights),
+            "epoch_windows": self.epoch_windows,
+        }
+
+
+def _is_real(w: Any) -> bool:
+    return isinstance(w, int | float | np.integer | np.floating) and not isinstance(w, bool | np.bool_)
+
+
+def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
+    """``total`` split in proportion to ``weights`` (exact rationals of the given floats), each share
+    rounded down and the remainder given to the largest fractions (the first on ties)."""
+    fr = [Fraction(w) for w in weights]
+    whole = sum(fr)
+    exact = [total * f / whole for f in fr]
+    base = [math.floor(e) for e in exact]
+    rest = total - sum(base)
+    for k in sorted(range(len(fr)), key=lambda k: (base[k] - exact[k], k))[:rest]:
+        base[k] += 1
+    return np.asarray(base, dtype=np.int64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shares:
+    """``windows[k]`` windows per epoch from source ``k``, the rows ``row_bounds[k]:row_bounds[k + 1]`` of
+    the plan's row space (see the module docstring)."""
+
+    row_bounds: np.ndarray
+    windows: np.ndarray
+
+    @property
+    def total(self) -> int:
+        return int(self.windows.sum())
+
+    def sequence(
+        self, ids: np.ndarray, per_shard: np.ndarray, shard_rows: int, *, seed: int, epoch: int, shuffle: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Epoch ``epoch``'s pieces in order: shard, first and end of its windows (in row order), and
+        the positions of the pieces that begin a new cycle of their source (``breaks``), given
+        the shards ``ids`` holding window starts and each one's window count ``per_shard``."""
+        src = np.searchsorted(self.row_bounds, ids * shard_rows, side="right") - 1
+        parts = [
+            self._draw(
+                k, n, ids[(src == k) & (per_shard > 0)], per_shard[(src == k) & (per_shard > 0)], seed, epoch, shuffle
+            )
+            for k, n in enumerate(self.windows.tolist())
+        ]
+        shards, lo, hi, new = (np.concatenate([p[i] for p in parts]) for i in range(4))
+        label = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])
+        if shuffle:  # a random interleaving: slot i takes the next piece of source slots[i]
+            slots = default_rng([seed, epoch, 3]).permutation(label)
+            take = np.empty(len(label), np.int64)
+            take[np.argsort(slots, kind="stable")] = np.arange(len(label))
+        else:  # evenly: each piece at its source's fraction of the epoch served by its middle
+            done = np.concatenate([np.cumsum(p[2] - p[1]) - (p[2] - p[1]) / 2 for p in parts])
+            take = np.argsort(done / np.maximum(self.windows[label], 1), kind="stable")
+        return shards[take], lo[take], hi[take], np.flatnonzero(new[take])
+
+    @staticmethod
+    def _draw(
+        k: int, n: int, shards: np.ndarray, sizes: np.ndarray, seed: int, epoch: int, shuffle: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Source ``k``'s pieces of epoch ``epoch``: positions ``[epoch * n, (epoch + 1) * n)`` of its cycles."""
+        whole = int(sizes.sum())
+        out: list[tuple[np.ndarray, ...]] = [(np.zeros(0, np.int64),) * 3 + (np.zeros(0, bool),)]
+        if not n or not whole:
+            return out[0]  # type: ignore[return-value]
+        a, b = epoch * n, (epoch + 1) * n  # Python ints: no overflow whatever the epoch
+        for c in range(a // whole, (b - 1) // whole + 1):
+            order = default_rng([seed, k, c, 2]).permutation(len(shards)) if shuffle else np.arange(len(shards))
+            size = sizes[order]
+            cum = np.concatenate([[0], np.cumsum(size)])
+            lo_c, hi_c = max(a - c * whole, 0), min(b - c * whole, whole)
+            js = np.arange(int(np.searchsorted(cum, lo_c, side="right")) - 1, int(np.searchsorted(cum, hi_c)))
+            lo, hi = np.clip(lo_c - cum[js], 0, None), np.minimum(size[js], hi_c - cum[js])
+            keep = hi > lo
+            new = np.zeros(int(keep.sum()), bool)
+            new[:1] = c > a // whole  # a cycle begun inside the epoch
+            out.append((shards[order[js[keep]]], lo[keep], hi[keep], new))
+        return tuple(np.concatenate([p[i] for p in out]) for i in range(4))  # type: ignore[return-value]

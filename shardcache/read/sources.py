@@ -1,0 +1,370 @@
+"""The caches a stream or a dataset reads, as one row space: ``Sources``.
+
+A stream of several caches plans over one *source-tagged* row space: cache ``k``'s virtual rows
+``[0, n_rows_k)`` (``Cache``'s own: each symbol on whole shards) are rows ``[row_bounds[k],
+row_bounds[k + 1])`` of the stream's. The plan, the reader, the resident arena and ``WindowDataset``
+see one row space cut into ``shard_rows``-row shards (the greatest common divisor of the caches'
+shard sizes, so that no shard straddles two caches or two symbols), and ``locate`` tags each row
+with its source again. One cache is the row space it always was: offset 0, its own shards.
+
+Which windows each cache serves: ``split`` names a split every cache must have. The split must
+cover the same time range in every cache (else one cache's training bars would lie in another's
+validation period), unless ``split_times`` re-cuts every cache at the same times (``SplitTimes``).
+Each cache keeps its own normalization statistics; ``stats`` says whether they differ.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CacheError, OptionError, OptionTypeError, ShardcacheError
+from ..format.cache import Cache
+from ..format.splits import parse_split
+from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
+from .options import check_split, no_windows_error, open_for_reading
+
+__all__ = ["CacheInput", "Sources", "SplitTimes"]
+
+CacheInput = Cache | str | os.PathLike[str]
+"""One cache as a stream takes it: an open ``Cache``, or a path or fsspec URL to open."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitTimes:
+    """Split names in time order and the times (ns since the epoch, UTC) where each later split starts:
+    ``split_times`` as a user gives it, ``"val=2023-05-15,test=2023-06-01"`` or ``{"val": "2023-05-15",
+    ...}`` (the dates of ``build-cache --split``; ``train`` is everything before the first)."""
+
+    names: tuple[str, ...]
+    cuts_ns: tuple[int, ...]
+    text: str
+
+    @classmethod
+    def of(cls, value: Any) -> SplitTimes | None:
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            text = ",".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, str):
+            text = value
+        else:
+            raise OptionTypeError(
+                f"split_times={value!r}: give 'val=YYYY-MM-DD,test=YYYY-MM-DD' or a dict such as {{'val': '2023-05-15'}}"
+            )
+        try:
+            spec = parse_split(text)
+        except OptionError as exc:
+            raise OptionError("split_times", value, exc.problem) from None
+        if spec.dates_ns is None:
+            raise OptionError("split_times", value, "takes the dates each later split starts at, not fractions")
+        return cls(names=tuple(spec.names), cuts_ns=tuple(spec.dates_ns), text=text)
+
+    def table(self, cache: Cache) -> SegmentTable:
+        """``cache``'s segments (every split) cut again at these times, each piece in the split its bars' times fall in."""
+        seg = np.asarray(cache.segments, dtype=np.int64).reshape(-1, 3)
+        bounds = [seg[:, 1]]
+        if len(seg):
+            first, last = cache.bar_times(seg[:, 1]), cache.bar_times(seg[:, 2] - 1)
+            for cut in self.cuts_ns:
+                row = np.where(first >= cut, seg[:, 1], seg[:, 2])
+                inside = np.flatnonzero((first < cut) & (last >= cut))
+                row[inside] = _first_at(cache, seg[inside, 1], seg[inside, 2] - 1, cut)
+                bounds.append(row)
+        bounds.append(seg[:, 2])
+        edges = np.stack(bounds, axis=1)  # per segment: start, one row per cut, stop (non-decreasing)
+        lo, hi = edges[:, :-1], edges[:, 1:]
+        keep = hi > lo
+        split = np.broadcast_to(np.arange(lo.shape[1], dtype=np.int8), lo.shape)
+        sym = np.broadcast_to(seg[:, :1], lo.shape)
+        table = np.stack([sym[keep], lo[keep], hi[keep]], axis=1)
+        order = np.argsort(table[:, 1], kind="stable")
+        return SegmentTable(segments=table[order], segment_split=split[keep][order], split_names=list(self.names))
+
+
+def _first_at(cache: Cache, lo: np.ndarray, hi: np.ndarray, cut: int) -> np.ndarray:
+    """For each pair, the first row in ``(lo, hi]`` whose bar time is at least ``cut`` (row ``lo`` is
+    before it, row ``hi`` at or after it): a binary search of every pair at once."""
+    lo, hi = lo.copy(), hi.copy()
+    while len(lo) and (hi - lo > 1).any():
+        mid = (lo + hi) // 2
+        before = cache.bar_times(mid) < cut
+        lo, hi = np.where(before, mid, lo), np.where(before, hi, mid)
+    return hi
+
+
+class Sources:
+    """Opened caches with the same features, laid out in one row space, and the split each serves.
+
+    ``Sources.open`` takes what a stream is given (one cache, or a sequence of them, with their
+    ``storage_options``), then checks and chooses the split. ``read_rows``, ``locate``,
+    ``bar_times`` and ``region_stop`` take rows of the shared row space.
+    """
+
+    def __init__(self, caches: Sequence[Cache], *, split: str | None, split_times: SplitTimes | None) -> None:
+        self.caches = tuple(caches)
+        self.urls = [c.url for c in self.caches]
+        _check_features(self.caches, self.urls)
+        self.shard_rows = math.gcd(*(c.shard_rows for c in self.caches))
+        self.row_bounds = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
+        self.split_times = split_times
+        self.split = self._choose(split)
+        self.tables: list[SegmentSource] = [c if split_times is None else split_times.table(c) for c in self.caches]
+
+    @staticmethod
+    def given(caches: Any) -> list[CacheInput]:
+        """What a stream is given as a list of caches (one cache is a list of one), each a path, an
+        fsspec URL or an open ``Cache``; checked before any cache is opened."""
+        if isinstance(caches, Cache | str | os.PathLike):
+            return [caches]
+        if not isinstance(caches, Sequence) or isinstance(caches, bytes):
+            raise OptionTypeError(
+                f"caches={caches!r}: give a cache (a path, an fsspec URL or an open Cache) or a list of them"
+            )
+        items = list(caches)
+        if not items:
+            raise OptionError("caches", items, "give at least one cache")
+        bad = next((c for c in items if not isinstance(c, Cache | str | os.PathLike)), None)
+        if bad is not None:
+            raise OptionTypeError(f"caches: {bad!r} is not a cache (a path, an fsspec URL or an open Cache)")
+        return items
+
+    @classmethod
+    def open(
+        cls,
+        caches: CacheInput | Sequence[CacheInput],
+        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+        *,
+        split: str | None,
+        split_times: Any = None,
+    ) -> Sources:
+        """The caches given to a stream (settings first, then the stores): one path, URL or ``Cache``,
+        or a sequence of them; ``storage_options`` one mapping (for every path or URL) or one per cache."""
+        times = SplitTimes.of(split_times)
+        items = cls.given(caches)
+        if isinstance(caches, Cache | str | os.PathLike):  # one cache, as it always was
+            return cls([open_for_reading(caches, storage_options)], split=split, split_times=times)  # type: ignore[arg-type]
+        options = _per_cache(storage_options, items)
+        return cls([open_for_reading(c, o) for c, o in zip(items, options)], split=split, split_times=times)
+
+    # -- the split ---------------------------------------------------------------------------
+    def _choose(self, split: str | None) -> str | None:
+        """The split every cache serves: each cache's own (the same time range in all), or ``split_times``'."""
+        times = self.split_times
+        if times is None:
+            for cache in self.caches:
+                check_split(cache, split)  # a cache without the split is refused by name
+            if len(self.caches) > 1 and split not in (None, "all"):
+                self._check_cuts(split)
+            return split
+        if split is not None and not isinstance(split, str):
+            raise OptionTypeError(f"split={split!r}: must be a split name (a str) or 'all'")
+        if split is None and len(times.names) > 1:
+            raise OptionError(
+                "split", None, f"split_times cuts {', '.join(times.names)}: pass split={times.names[0]!r} (or another)"
+            )
+        if split not in (None, "all", *times.names):
+            raise OptionError("split", split, f"no such split; split_times cuts {', '.join(times.names)}")
+        return split
+
+    def _check_cuts(self, split: str) -> None:
+        """Refuse caches whose ``split`` covers different time ranges, naming the first two that differ."""
+        spans = [_span(c, split) for c in self.caches]
+        k = next((k for k, s in enumerate(spans) if s != spans[0]), None)
+        if k is None:
+            return
+        raise OptionError(
+            "split",
+            split,
+            f"{self.urls[0]}'s {split} split {_fmt(spans[0])} but {self.urls[k]}'s {_fmt(spans[k])}: the mix "
+            "would train on one cache's bars from another's validation or test period; build the caches with the "
+            "same --split dates (or --stats-from one of them), or pass split_times= to cut every cache at the same times",
+        )
+
+    @property
+    def stats(self) -> str:
+        """The caches' normalization statistics: ``"shared"`` (one set, or one cache), ``"differ"`` (each
+        cache z-scored with its own), ``"none"`` (not normalized) or ``"mixed"`` (some caches normalized)."""
+        kept = {_stats_key(c) for c in self.caches}
+        if len(kept) == 1:
+            return "none" if None in kept else "shared"
+        return "mixed" if None in kept else "differ"
+
+    # -- windows -----------------------------------------------------------------------------
+    def ranges(self, spec: WindowSpec) -> Ranges:
+        """The valid windows of every cache's split, in the shared row space (each cache must have one)."""
+        parts = []
+        for cache, table in zip(self.caches, self.tables):
+            r = valid_ranges(table, spec, split=self.split)
+            if not r.total():
+                raise _named(no_windows_error(cache, spec, self.split, table), cache.url if len(self) > 1 else "")
+            parts.append(r)
+        if len(parts) == 1:
+            return parts[0]
+        return Ranges(
+            start=np.concatenate([p.start + off for p, off in zip(parts, self.row_bounds)]).astype(np.int64),
+            count=np.concatenate([p.count for p in parts]).astype(np.int64),
+            stride=spec.stride,
+            span=spec.span,
+        )
+
+    def where(self) -> str:
+        """Names the windows in a message: ``split 'train' of es.zarr, nq.zarr``."""
+        urls = ", ".join(self.urls)
+        return urls if self.split in (None, "all") else f"split {self.split!r} of {urls}"
+
+    # -- rows of the shared space ------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.caches)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.row_bounds[-1])
+
+    @property
+    def feature_names(self) -> list[str]:
+        return self.caches[0].feature_names
+
+    @property
+    def n_features(self) -> int:
+        return self.caches[0].n_features
+
+    def source_of(self, rows: np.ndarray) -> np.ndarray:
+        """The cache (index into ``caches``) of each row, int64."""
+        src: np.ndarray = np.searchsorted(self.row_bounds, np.asarray(rows, dtype=np.int64), side="right") - 1
+        return src.astype(np.int64)
+
+    def _one(self, row: int) -> tuple[Cache, int]:
+        k = int(np.searchsorted(self.row_bounds, row, side="right")) - 1
+        if not 0 <= k < len(self.caches):
+            raise IndexError(f"row {row} outside the {self.n_rows} rows of the stream's caches")
+        return self.caches[k], int(self.row_bounds[k])
+
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` (inside one symbol of one cache) of its ``features`` (``Cache.read_rows``)."""
+        cache, off = self._one(start)
+        if out is None:
+            return cache.read_rows(start - off, stop - off)
+        return cache.read_rows(start - off, stop - off, out)
+
+    def region_stop(self, row: int) -> int:
+        """End of the rows of the symbol holding ``row``: reads must stop there."""
+        cache, off = self._one(row)
+        return cache.region_stop(row - off) + off
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Cache, symbol (in that cache) and row in that symbol's own arrays of each row (int64 all)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(self.caches) == 1:
+            return (np.zeros(rows.shape, np.int64), *self.caches[0].locate(rows))
+        src = self.source_of(rows)
+        symbol, local = np.empty_like(rows), np.empty_like(rows)
+        for k in np.unique(src).tolist():
+            m = src == k
+            symbol[m], local[m] = self.caches[k].locate(rows[m] - self.row_bounds[k])
+        return src, symbol, local
+
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times (int64 ns since the epoch) of rows, read from each row's cache (``Cache.bar_times``)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(self.caches) == 1:
+            return self.caches[0].bar_times(rows)
+        src, out = self.source_of(rows), np.empty(rows.shape, np.int64)
+        for k in np.unique(src).tolist():
+            m = src == k
+            out[m] = self.caches[k].bar_times(rows[m] - self.row_bounds[k])
+        return out
+
+    def __repr__(self) -> str:
+        return f"Sources({self.urls!r}, split={self.split!r}, stats={self.stats!r})"
+
+
+def _mapping(options: Any) -> dict[str, Any] | None:
+    """One cache's ``storage_options``: a mapping or None (a sequence is one per cache)."""
+    if options is None or isinstance(options, Mapping):
+        return None if options is None else dict(options)
+    raise OptionTypeError(f"storage_options={options!r}: one cache takes one mapping of fsspec options")
+
+
+def _per_cache(options: Any, items: list[Any]) -> list[dict[str, Any] | None]:
+    """Each cache's ``storage_options``: one mapping for every path or URL (an open ``Cache`` keeps its
+    own), or a sequence of one mapping (or None) per cache."""
+    if options is None:
+        return [None] * len(items)
+    if isinstance(options, Mapping):
+        if all(isinstance(c, Cache) for c in items):
+            raise OptionError("storage_options", options, "apply to paths or URLs; every cache given is already open")
+        return [None if isinstance(c, Cache) else dict(options) for c in items]
+    if isinstance(options, Sequence) and not isinstance(options, str | bytes) and len(options) == len(items):
+        return [_mapping(o) for o in options]
+    raise OptionTypeError(
+        f"storage_options={options!r}: give one mapping for every path or URL, or a list of "
+        f"{len(items)} (a mapping or None per cache)"
+    )
+
+
+def _check_features(caches: Sequence[Cache], urls: list[str]) -> None:
+    """Every cache must have the first one's feature names in the same order; else one line naming the difference."""
+    seen: dict[str, int] = {}
+    for cache, url in zip(caches, urls):
+        key = os.path.abspath(url) if "://" not in url else url
+        if key in seen:
+            raise OptionError("caches", urls, f"{url} is given twice (caches[{seen[key]}] and again)")
+        seen[key] = len(seen)
+    want = caches[0].feature_names
+    for cache, url in zip(caches[1:], urls[1:]):
+        have = cache.feature_names
+        if have == want:
+            continue
+        missing, extra = [n for n in want if n not in have], [n for n in have if n not in want]
+        if missing or extra:
+            diff = "; ".join(
+                part
+                for part in (
+                    missing and f"{url} lacks {', '.join(missing)}",
+                    extra and f"{url} has {', '.join(extra)}, which {urls[0]} lacks",
+                )
+                if part
+            )
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(want, have)) if a != b)
+            diff = f"{url} has the same features in another order (position {i}: {have[i]!r}, not {want[i]!r})"
+        raise OptionError("caches", urls, f"every cache needs the features of {urls[0]} in the same order: {diff}")
+
+
+def _span(cache: Cache, split: str) -> tuple[int | None, int | None]:
+    """Where ``split`` starts and ends in ``cache`` (ns; None: open-ended)."""
+    names, cuts = cache.split_names, list(cache.manifest.splits.cuts_ns)
+    i = names.index(split)
+    return (int(cuts[i - 1]) if i > 0 else None, int(cuts[i]) if i < len(cuts) else None)
+
+
+def _fmt(span: tuple[int | None, int | None]) -> str:
+    """A split's time range for a message: ``runs from 2023-05-15T19:29:00 to ...``."""
+
+    def when(ns: int | None) -> str:
+        return "the first bar" if ns is None else str(np.datetime_as_string(np.datetime64(ns, "ns"), unit="s"))
+
+    lo, hi = span
+    return f"runs from {when(lo)}" + (" to the last bar" if hi is None else f" to {when(hi)}")
+
+
+def _stats_key(cache: Cache) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    stats = cache.manifest.stats
+    if cache.manifest.normalize == "none" or stats is None:
+        return None
+    return tuple(stats.mean), tuple(stats.std)
+
+
+def _named(exc: ShardcacheError, url: str) -> ShardcacheError:
+    """``exc`` about one cache of several, its message prefixed with the cache's URL."""
+    if not url:
+        return exc
+    if isinstance(exc, OptionError):
+        return OptionError(exc.option, exc.value, f"{url}: {exc.problem}", exc.mentions)
+    return CacheError(f"{url}: {exc}" if url not in str(exc) else str(exc))
