@@ -95,7 +95,7 @@ def test_mixing_lightning_recipe_validates_both_caches_and_checkpoints_a_resumab
         caches.append(build_cache(files, tmp_path / f"data/{sym[:2].lower()}.zarr", split=split, progress=False))
     monkeypatch.chdir(tmp_path)
     scope: dict = {"WindowStream": WindowStream, "torch": torch}
-    exec(compile(classes, str(MIXING), "exec"), scope)  # noqa: S102 -- the page's code, as a reader runs it
+    exec(compile(classes, str(MIXING), "exec"), scope)
     seen: dict[str, list] = {"train": [], "val": []}
     scope["Forecaster"] = _recording(scope["Forecaster"], seen)
     mixed = 'Mixed(["data/es.zarr", "data/nq.zarr"], weights=(0.75, 0.25))'
@@ -103,7 +103,7 @@ def test_mixing_lightning_recipe_validates_both_caches_and_checkpoints_a_resumab
     run = run.replace("limit_train_batches=20", "limit_train_batches=3")
     run = run.replace(mixed, mixed[:-1] + f", workers={workers})")
     run += "\ntrainer.save_checkpoint('last.ckpt')\n"
-    exec(compile(run, str(MIXING), "exec"), {**scope, "L": L})  # noqa: S102 -- the page's code, as a reader runs it
+    exec(compile(run, str(MIXING), "exec"), {**scope, "L": L})
     val_windows = sum(n_windows(c, 60, split="val") for c in caches)
     passes = seen["val"][1:]
     assert len(passes) == 2 and all(not s and len(v) == val_windows for s, v in passes)
