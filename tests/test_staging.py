@@ -120,7 +120,14 @@ RESULTS = {  # a task's result as the build writes it, and the type it is read b
     "stats": ((np.ones(4), np.zeros(4), np.arange(4.0)), staging._returns(shard_stats)),
     "write": (
         ShardRecord(
-            symbol=2, shard=1, rows=300, first_ts=10**18, last_ts=10**18 + 299, stored_bytes=4321, digest="9f2c"
+            symbol=2,
+            shard=1,
+            rows=300,
+            first_ts=10**18,
+            last_ts=10**18 + 299,
+            stored_bytes=4321,
+            chunk_rows=512,
+            digest="9f2c",
         ),
         staging._returns(write_shard),
     ),
@@ -152,7 +159,7 @@ def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
         bars_per_symbol=np.array([3, 4]),
         segments=np.array([[0, 0, 3], [1, 1024, 1028]]),
         segment_split=np.array([0, 1], np.int8),
-        shards=np.array([[0, 0, 3, 10, 12, 99], [1, 0, 4, 11, 14, 120]]),
+        shards=np.array([[0, 0, 3, 10, 12, 99, 8], [1, 0, 4, 11, 14, 120, 8]]),
         digests=np.array([[1, 2], [2**64 - 1, 0]], np.uint64),
         grown=[1],
         first_new=1,

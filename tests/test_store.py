@@ -13,7 +13,7 @@ import zarr
 from helpers import make_cache, synthetic_bars
 
 from shardcache import CacheError, open_cache
-from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, shard_digest, symbol_bases
+from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, shard_digest, symbol_bases, symbol_chunk_rows
 
 SHARD = 256
 
@@ -80,20 +80,28 @@ def test_a_symbol_is_its_documents_and_chunks_only(cache):
 def test_the_root_index_describes_every_shard(cache, bars):
     g = zarr.open_group(cache.url, mode="r")
     table, digests = g["shards"][...], g["shard_digests"][...]
-    assert g["shards"].attrs["fields"] == ["symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes"]
-    assert table.shape == (cache.n_shards, 6) and digests.shape == (cache.n_shards, 2) and digests.dtype == np.uint64
-    for s, (i, k, rows, first, last, stored) in enumerate(table.tolist()):
+    fields = ["symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes", "chunk_rows"]
+    assert g["shards"].attrs["fields"] == fields
+    assert table.shape == (cache.n_shards, 7) and digests.shape == (cache.n_shards, 2) and digests.dtype == np.uint64
+    for s, (i, k, rows, first, last, stored, chunk_rows) in enumerate(table.tolist()):
         assert cache.shard_symbol(s) == (i, k)
         a, b = cache.shard_table[s, 1:].tolist()
         assert rows == b - a and (first, last) == (bars.ts[a], bars.ts[b - 1])
         assert stored == (Path(cache.url) / cache.shard_key(s)).stat().st_size
         assert digests[s].astype("<u8").tobytes().hex() == shard_digest(bars.features[a:b])
+        assert chunk_rows == g[f"symbols/{i}/features"].metadata.codecs[0].chunk_shape[0] == 64
     np.testing.assert_array_equal(cache.root_shards, table)
     local = g["segments"][...]
     for i in range(4):
         rows = _symbol_rows(bars, i)
         seg = bars.segments[bars.segments[:, 0] == i]
         np.testing.assert_array_equal(local[local[:, 0] == i, 1:3], seg[:, 1:] - rows.start)
+
+
+def test_a_short_symbols_inner_chunks_are_halved_while_they_hold_it():
+    assert symbol_chunk_rows([1, 300, 600, 5000, 8192, 10**6], 8192).tolist() == [512, 512, 1024, 8192, 8192, 8192]
+    assert symbol_chunk_rows([10, 100, 200], 250).tolist() == [125, 125, 250]  # 125 is odd: it divides no further
+    assert symbol_chunk_rows([3], 1).tolist() == [1]
 
 
 def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):

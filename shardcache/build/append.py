@@ -58,7 +58,7 @@ from .._version import __version__
 from ..errors import CacheError, OptionError, ShardcacheError, SourceError
 from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.index import ShardIndex
-from ..format.layout import ATTR, open_group, symbol_bases
+from ..format.layout import ATTR, open_group, symbol_bases, symbol_chunk_rows
 from ..format.manifest import Manifest
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
@@ -341,6 +341,7 @@ def append_cache(
             staging.save("finish", finish)
         staging.written = True
         layout = m.layout
+        index = ShardIndex(table=finish.shards, digests=finish.digests)
         writer = CacheWriter(
             staging.cache_path,
             feature_names=inputs.names,
@@ -350,6 +351,7 @@ def append_cache(
             codec=layout.codec,
             storage_options=run.storage_options,
             create=False,
+            symbol_chunks=index.symbol_chunk_rows(len(finish.bars_per_symbol)),
         )
         writer.write_symbols(finish.grown, first_new=finish.first_new)
         writer.write_history(finish.history)
@@ -357,7 +359,7 @@ def append_cache(
             finish.segments,
             finish.segment_split,
             Manifest.from_json(finish.manifest, url=out),
-            ShardIndex(table=finish.shards, digests=finish.digests),
+            index,
         )
         staging.publish()
         staging.remove()
@@ -437,6 +439,9 @@ def _write(
         codec=m.layout.codec,
         storage_options=cache.storage_options,
         create=False,
+        symbol_chunks=np.concatenate(  # a stored symbol keeps its inner chunks; a new one gets the rule's
+            [cache.symbol_chunks, symbol_chunk_rows(placement.bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)]
+        ),
     )
     work = ShardWork(
         staging=staging.root,

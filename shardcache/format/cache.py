@@ -309,6 +309,13 @@ class Cache:
         return int(self.manifest.layout.chunk_rows)
 
     @property
+    def symbol_chunks(self) -> np.ndarray:
+        """Each symbol's inner-chunk rows (``layout.symbol_chunk_rows``), from the root shard index."""
+        return ShardIndex(table=self.root_shards, digests=np.zeros((0, 2), np.uint64)).symbol_chunk_rows(
+            len(self.symbols)
+        )
+
+    @property
     def n_rows(self) -> int:
         """Size of the virtual row space: every symbol's rows, each padded to whole shards."""
         return int(self.bases[-1])

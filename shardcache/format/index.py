@@ -3,7 +3,8 @@
 ``shards`` int64 ``(N, 6)`` holds, per shard in virtual-shard order (symbol after symbol, each
 symbol's shards in order; row ``s`` is virtual shard ``s``): ``symbol``, ``shard`` (the symbol's own
 shard number), ``rows``, ``first_ts`` and ``last_ts`` (its first and last bar, ns since the epoch),
-``stored_bytes`` (the size of its ``features`` object). ``shard_digests`` uint64 ``(N, 2)`` holds each
+``stored_bytes`` (the size of its ``features`` object) and ``chunk_rows`` (its inner chunks' rows: the
+symbol's, ``layout.symbol_chunk_rows``). ``shard_digests`` uint64 ``(N, 2)`` holds each
 shard's digest (``layout.shard_digest``: blake2b, 16 bytes, of its decoded rows) as two little-endian
 words. Both are written once per build or append, whatever the number of symbols, so ``ls``,
 ``info`` and ``verify`` read them instead of every symbol's objects.
@@ -20,7 +21,7 @@ __all__ = ["DIGEST_ARRAY", "SHARD_ARRAY", "SHARD_FIELDS", "ShardIndex", "ShardRe
 
 SHARD_ARRAY = "shards"
 DIGEST_ARRAY = "shard_digests"
-SHARD_FIELDS = ("symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes")
+SHARD_FIELDS = ("symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes", "chunk_rows")
 
 
 def digest_words(digest: str) -> tuple[int, int]:
@@ -39,6 +40,7 @@ class ShardRecord:
     first_ts: int
     last_ts: int
     stored_bytes: int
+    chunk_rows: int
     digest: str  # hex, ``layout.shard_digest``
 
 
@@ -46,7 +48,7 @@ class ShardRecord:
 class ShardIndex:
     """Every shard's row of ``shards`` and its digest words, in virtual-shard order."""
 
-    table: np.ndarray  # (N, 6) int64, columns SHARD_FIELDS
+    table: np.ndarray  # (N, 7) int64, columns SHARD_FIELDS
     digests: np.ndarray  # (N, 2) uint64
 
     @classmethod
@@ -60,6 +62,13 @@ class ShardIndex:
     def digest(self, row: int) -> str:
         """The hex digest of row ``row``."""
         return str(self.digests[row].astype("<u8").tobytes().hex())
+
+    def symbol_chunk_rows(self, n_symbols: int) -> np.ndarray:
+        """Each symbol's inner-chunk rows (from its first shard's row)."""
+        out = np.zeros(n_symbols, np.int64)
+        first = self.table[self.table[:, 1] == 0]
+        out[first[:, 0]] = first[:, SHARD_FIELDS.index("chunk_rows")]
+        return out
 
     @property
     def stored_bytes(self) -> int:
@@ -87,7 +96,7 @@ class ShardIndex:
             table[keep], digests[keep], filled[keep] = old[src], self.digests[src], True
         for r in records:
             row = int(first[r.symbol]) + r.shard
-            table[row] = (r.symbol, r.shard, r.rows, r.first_ts, r.last_ts, r.stored_bytes)
+            table[row] = (r.symbol, r.shard, r.rows, r.first_ts, r.last_ts, r.stored_bytes, r.chunk_rows)
             digests[row] = digest_words(r.digest)
             filled[row] = True
         if not filled.all():

@@ -57,6 +57,7 @@ __all__ = [
     "shard_digest",
     "spanned_shards",
     "symbol_bases",
+    "symbol_chunk_rows",
 ]
 
 FORMAT_VERSION = 4
@@ -131,6 +132,24 @@ def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
     """First virtual row of each symbol, plus the total: ``base[i + 1] = base[i] + ceil(n_i / R) * R``."""
     n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
     return np.concatenate([[0], np.cumsum(-(-n // shard_rows) * shard_rows)]).astype(np.int64)
+
+
+def symbol_chunk_rows(bars_per_symbol: Any, chunk_rows: int) -> np.ndarray:
+    """Inner-chunk rows of each symbol's ``features``, fixed when its array is created: ``chunk_rows``
+    halved while the half still holds the symbol's bars, down to ``chunk_rows / 16`` at the least.
+
+    A 300-bar symbol then decodes a 512-row chunk, not an 8,192-row one that is 96% fill (lever 7 of
+    docs/scale-notes.md); a halved chunk still divides the shard, and the shard index grows to 16
+    times the entries at most. The root index records each shard's (``format.index``), so readers
+    know it without a symbol's ``zarr.json``, and an append that grows a symbol keeps it.
+    """
+    n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
+    c = np.full(len(n), int(chunk_rows), dtype=np.int64)
+    for _ in range(4):  # 16 = 2**4
+        half = c // 2
+        shrink = (c % 2 == 0) & (half >= n) & (half >= 1)
+        c = np.where(shrink, half, c)
+    return c
 
 
 def describe_damage(exc: BaseException) -> str:

@@ -94,7 +94,7 @@ class SymbolDocuments:
         return out
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=64)
 def symbol_documents(n_features: int, shard_rows: int, chunk_rows: int, codec: str) -> SymbolDocuments:
     """The documents of a layout, made once per process."""
     return SymbolDocuments(n_features, shard_rows, chunk_rows, codec)

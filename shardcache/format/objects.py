@@ -1,10 +1,10 @@
 """A cache's objects by key, written and read with one request each, many at once.
 
-One code path for every store: a local cache's objects are plain files, written to a temporary
-name and renamed into place (so a killed write leaves the old object or the new one, never a
-part, and a hard link into another cache is replaced, never written through: see
-``shardcache.build.append``); any other URL goes through zarr's ``Store`` API (``store.set``,
-``store.get``), concurrently on zarr's event loop. Nothing is checked or read back before a
+One code path for every store: a local cache's objects are plain files, a new one written in
+place, an existing one written to a temporary name and renamed over it (a reader sees the old
+object or the new one, and a hard link into another cache is replaced, never written through:
+see ``shardcache.build.append``); any other URL goes through zarr's ``Store`` API
+(``store.set``, ``store.get``), concurrently on zarr's event loop. Nothing is checked or read back before a
 write: the writer knows what it writes. A whole object is read with an open-ended byte range
 (``OffsetByteRequest(0)``), which s3fs sends as one GET where a plain read first asks the
 object's size with a HEAD.
@@ -32,15 +32,32 @@ __all__ = ["STRAY", "Objects"]
 STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
+def _create(path: str, data: bytes) -> bool:
+    """Write ``data`` to a new file ``path``; False (nothing written) if something is there already."""
+    for first in (True, False):
+        try:
+            with open(path, "xb") as fh:
+                fh.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
+            if not first:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+    return False
+
+
 def _write_file(path: str, data: bytes) -> None:
+    """``data`` as the file ``path``. A new file is written in place (a kill leaves a part only where no
+    object was, and every such key is written again before a cache is complete: a build's tasks and its
+    finish run again on resume); an existing one is replaced by a rename, never written through, so a
+    hard link into another cache keeps its bytes and a reader sees the old object or the new one."""
+    if _create(path, data):
+        return
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-    except FileNotFoundError:  # its folder is new (the first object of a symbol or a shard)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(data)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
     os.replace(tmp, path)
 
 

@@ -22,9 +22,18 @@ from ..errors import CacheError
 from .decode import ShardDecoder, decode_chunk
 from .encode import encode_chunk, encode_shard
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
-from .layout import ATTR, chunk_codec, chunk_key, compressors, group_path, shard_digest, symbol_bases
+from .layout import (
+    ATTR,
+    chunk_codec,
+    chunk_key,
+    compressors,
+    group_path,
+    shard_digest,
+    symbol_bases,
+    symbol_chunk_rows,
+)
 from .manifest import Layout, Manifest, incomplete
-from .metadata import symbol_documents, zarr_objects
+from .metadata import SymbolDocuments, symbol_documents, zarr_objects
 from .objects import STRAY, Objects
 
 __all__ = ["CacheWriter"]
@@ -50,7 +59,10 @@ class CacheWriter:
     """Writes a cache's symbol documents, whole shards (one writer per shard), the root index and the manifest.
 
     Shards are addressed in the virtual row space of ``bars_per_symbol`` (``symbol_bases``); the
-    writer turns them into rows of the symbol's own arrays. ``create=True`` starts a cache: the
+    writer turns them into rows of the symbol's own arrays. A symbol's inner chunks have
+    ``symbol_chunks[i]`` rows (``layout.symbol_chunk_rows`` of ``chunk_rows`` by default: a symbol
+    shorter than ``chunk_rows`` gets smaller ones; an append passes the stored symbols' own, which
+    never change). ``create=True`` starts a cache: the
     root with ``complete: false``, the ``feature`` names and every symbol's documents.
     ``create=False`` writes nothing until asked (a resume, an append: ``write_symbols`` rewrites
     the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
@@ -71,6 +83,7 @@ class CacheWriter:
         codec: str = "blosc-lz4",
         storage_options: dict[str, Any] | None = None,
         create: bool = True,
+        symbol_chunks: Any = None,
     ) -> None:
         self.objects = Objects(url, storage_options)
         self.url, self.storage_options = self.objects.url, storage_options
@@ -84,14 +97,18 @@ class CacheWriter:
         self.bars_per_symbol = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         self.n_bars = int(self.bars_per_symbol.sum())
+        if symbol_chunks is None:
+            symbol_chunks = symbol_chunk_rows(self.bars_per_symbol, self.chunk_rows)
+        self.symbol_chunks = np.asarray(symbol_chunks, dtype=np.int64).reshape(-1)
+        if len(self.symbol_chunks) != len(self.bars_per_symbol) or (self.shard_rows % self.symbol_chunks).any():
+            raise CacheError(f"inner-chunk rows {self.symbol_chunks.tolist()} must divide shard rows {shard_rows}")
         self._codecs = (chunk_codec(codec), chunk_codec("zstd"))  # features' inner chunks, time chunks
         if create:
             self._create()
 
-    @property
-    def documents(self) -> Any:
-        """The symbols' ``zarr.json`` templates of this layout (``metadata.SymbolDocuments``)."""
-        return symbol_documents(self.n_features, self.shard_rows, self.chunk_rows, self.codec)
+    def documents(self, i: int) -> SymbolDocuments:
+        """Symbol ``i``'s ``zarr.json`` templates (``metadata.SymbolDocuments``: one per inner-chunk size)."""
+        return symbol_documents(self.n_features, self.shard_rows, int(self.symbol_chunks[i]), self.codec)
 
     def _create(self) -> None:
         """A new cache: the root (``complete: false``) with its ``symbols`` group and ``feature`` names, then
@@ -115,9 +132,9 @@ class CacheWriter:
     def write_symbols(self, symbols: Iterable[int], first_new: int = 0) -> None:
         """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and
         the group document of those from ``first_new`` on (an append's new symbols), concurrently."""
-        docs, out = self.documents, {}
+        out: dict[str, bytes] = {}
         for i in symbols:
-            out.update(docs.symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
+            out.update(self.documents(i).symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
         self.objects.put_many(out)
 
     def sweep(self) -> int:
@@ -170,7 +187,7 @@ class CacheWriter:
         a, b = start - int(self.bases[i]), stop - int(self.bases[i])
         k = a // self.shard_rows
         path = f"{group_path(i)}/features"
-        meta = self.documents.features_metadata(int(self.bars_per_symbol[i]))
+        meta = self.documents(i).features_metadata(int(self.bars_per_symbol[i]))
         feats = ShardDecoder.from_metadata(self.objects.store, path, meta).read(a, b)
         raw = self.objects.get_many([chunk_key(i, "time", k)])[chunk_key(i, "time", k)]
         if raw is None:
@@ -188,7 +205,8 @@ class CacheWriter:
         if block.shape != (b - a, self.n_features) or times.shape != (b - a,):
             raise CacheError(f"shard {shard}: expected {(b - a, self.n_features)} rows, got {block.shape}")
         k = a // self.shard_rows
-        data = encode_shard(block, self.shard_rows, self.chunk_rows, self._codecs[0])
+        chunk_rows = int(self.symbol_chunks[i])
+        data = encode_shard(block, self.shard_rows, chunk_rows, self._codecs[0])
         stamps = encode_chunk(times, self.shard_rows, 0, self._codecs[1])
         objects = {}
         for key, value in ((chunk_key(i, "features", k), data), (chunk_key(i, "time", k), stamps)):
@@ -204,6 +222,7 @@ class CacheWriter:
             first_ts=int(times[0]),
             last_ts=int(times[-1]),
             stored_bytes=0 if data is None else len(data),
+            chunk_rows=chunk_rows,
             digest=shard_digest(block),
         )
 

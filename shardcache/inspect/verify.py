@@ -38,7 +38,7 @@ from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from ..format.cache import Cache, open_cache
 from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_chunk
 from ..format.layout import chunk_codec, chunk_key, describe_damage, shard_digest
-from ..format.metadata import symbol_documents
+from ..format.metadata import SymbolDocuments, symbol_documents
 from ..format.objects import Objects
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
@@ -157,6 +157,8 @@ def _check_document(key: str, data: bytes | None, want: bytes, problems: list[Pr
     if data is None:
         problems.append(Problem(key, "missing"))
         return
+    if data == want:
+        return
     try:
         got = json.loads(data)
     except ValueError as exc:
@@ -201,15 +203,23 @@ class _Checker:
         except Exception as exc:  # noqa: BLE001 - a damaged digest array is a finding, not the end
             problems.append(Problem("shard_digests", f"unreadable ({describe_damage(exc)})"))
             self.digests = None
-        self.docs = symbol_documents(cache.n_features, cache.shard_rows, cache.chunk_rows, cache.manifest.layout.codec)
-        self.decoder = _Fetched.from_metadata(objects.store, "", self.docs.features_metadata(0))
+        self.store = objects.store
+        self.chunks = cache.symbol_chunks
+        self._decoders: dict[int, _Fetched] = {}
         self.time_codec = chunk_codec("zstd")
         self.checked = 0
 
+    def documents(self, i: int) -> SymbolDocuments:
+        """Symbol ``i``'s ``zarr.json`` documents as ``build-cache`` writes them (its inner chunks' size)."""
+        c = self.cache
+        return symbol_documents(c.n_features, c.shard_rows, int(self.chunks[i]), c.manifest.layout.codec)
+
     def features(self, objects: dict[str, bytes | None], i: int, shard: int, a: int, b: int) -> None:
         """Shard ``shard``'s ``features`` object: decoded, its size and digest against the index."""
-        key = self.cache.shard_key(shard)
-        dec = self.decoder.like(f"{self.cache.groups[i]}/features", int(self.cache.bars_per_symbol[i]))
+        key, rows = self.cache.shard_key(shard), int(self.chunks[i])
+        if rows not in self._decoders:  # one decoder per inner-chunk size; ``like`` it for each symbol
+            self._decoders[rows] = _Fetched.from_metadata(self.store, "", self.documents(i).features_metadata(0))
+        dec = self._decoders[rows].like(f"{self.cache.groups[i]}/features", int(self.cache.bars_per_symbol[i]))
         dec.objects = objects
         try:
             rows = dec.read(a, b)
@@ -292,23 +302,22 @@ def verify_cache(
     _check_manifest(cache, problems)
     objects = Objects(cache.url, cache.storage_options)
     check = _Checker(cache, objects, problems)
-    docs, rows = check.docs, cache.shard_rows
-    _check_document(
-        "symbols/zarr.json", objects.get_many(["symbols/zarr.json"])["symbols/zarr.json"], docs.group, problems
-    )
+    rows = cache.shard_rows
+    group = check.documents(0).group  # every group's document is the same
+    _check_document("symbols/zarr.json", objects.get_many(["symbols/zarr.json"])["symbols/zarr.json"], group, problems)
     show = progress and sys.stderr.isatty()
     with tqdm(total=cache.n_shards, desc="verify", unit="shard", leave=False, disable=not show) as bar:
         for batch in _batches(cache):
             keys: list[str] = []
             for i in batch:
                 n = int(cache.bars_per_symbol[i])
-                keys += docs.symbol(i, n)
+                keys += check.documents(i).symbol(i, n)
                 keys += [chunk_key(i, a, k) for k in range(-(-n // rows)) for a in ("features", "time")]
             got = objects.get_many(keys)
             for i in batch:
                 _check_segments(cache, i, problems)
                 n = int(cache.bars_per_symbol[i])
-                for key, want in docs.symbol(i, n).items():
+                for key, want in check.documents(i).symbol(i, n).items():
                     _check_document(key, got[key], want, problems)
                 first, prev = int(cache.bases[i]) // rows, None
                 for k in range(-(-n // rows)):

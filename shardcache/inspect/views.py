@@ -98,7 +98,7 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     keys = [cache.shard_key(s) for s in range(len(table))]
     stored = _stored_sizes(cache, keys)
     out = []
-    for (i, k, rows, t0, t1, _), key in zip(table.tolist(), keys):
+    for (i, k, rows, t0, t1), key in zip(table[:, :5].tolist(), keys):  # format.index.SHARD_FIELDS
         a = k * cache.shard_rows
         out.append(
             ShardInfo(
