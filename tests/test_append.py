@@ -187,7 +187,7 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
 def test_a_short_symbol_keeps_its_small_inner_chunks_when_an_append_grows_it(tmp_path):
     """A symbol shorter than ``chunk_rows`` gets smaller inner chunks (halved while they hold its bars,
     down to chunk_rows / 16), recorded in the root index; an append cannot change an array's chunks."""
-    out, opts = tmp_path / "c.zarr", dict(normalize="none", progress=False, shard_rows=4096, chunk_rows=1024)
+    out, opts = tmp_path / "c.zarr", {"normalize": "none", "progress": False, "shard_rows": 4096, "chunk_rows": 1024}
     a = _bars(tmp_path / "a.dbn", np.arange(150), "ESM4")
     later = [_bars(tmp_path / "b.dbn", 150 + np.arange(3000)), _bars(tmp_path / "c.dbn", 150 + np.arange(30), "TINY")]
     first = build_cache([a], out, **opts)
