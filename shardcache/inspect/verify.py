@@ -126,10 +126,9 @@ class _Fetched(ShardDecoder):
         return raw
 
 
-def _check_segments(cache: Cache, i: int, problems: list[Problem]) -> None:
-    """Symbol ``i``'s segments in the root index: they tile its rows in order, with known split ids."""
+def _check_segments(cache: Cache, i: int, index: np.ndarray, problems: list[Problem]) -> None:
+    """Symbol ``i``'s segments in the root index (``index``): they tile its rows in order, with known split ids."""
     n, sym = int(cache.bars_per_symbol[i]), cache.symbols[i]
-    index = cache.local_segments[cache.local_segments[:, 0] == i]
     if not len(index) or index[0, 1] != 0 or index[-1, 2] != n:
         problems.append(Problem("segments", f"{sym}'s segments do not cover its rows 0-{n}"))
     gaps = np.flatnonzero(index[1:, 1] != index[:-1, 2])
@@ -303,6 +302,8 @@ def verify_cache(
     objects = Objects(cache.url, cache.storage_options)
     check = _Checker(cache, objects, problems)
     rows = cache.shard_rows
+    local = cache.local_segments[np.argsort(cache.local_segments[:, 0], kind="stable")]  # stored order kept
+    bounds = np.searchsorted(local[:, 0], np.arange(len(cache.symbols) + 1))  # each symbol's segments
     group = check.documents(0).group  # every group's document is the same
     _check_document("symbols/zarr.json", objects.get_many(["symbols/zarr.json"])["symbols/zarr.json"], group, problems)
     show = progress and sys.stderr.isatty()
@@ -315,7 +316,7 @@ def verify_cache(
                 keys += [chunk_key(i, a, k) for k in range(-(-n // rows)) for a in ("features", "time")]
             got = objects.get_many(keys)
             for i in batch:
-                _check_segments(cache, i, problems)
+                _check_segments(cache, i, local[bounds[i] : bounds[i + 1]], problems)
                 n = int(cache.bars_per_symbol[i])
                 for key, want in check.documents(i).symbol(i, n).items():
                     _check_document(key, got[key], want, problems)
