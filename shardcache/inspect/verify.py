@@ -215,10 +215,10 @@ class _Checker:
 
     def features(self, objects: dict[str, bytes | None], i: int, shard: int, a: int, b: int) -> None:
         """Shard ``shard``'s ``features`` object: decoded, its size and digest against the index."""
-        key, rows = self.cache.shard_key(shard), int(self.chunks[i])
-        if rows not in self._decoders:  # one decoder per inner-chunk size; ``like`` it for each symbol
-            self._decoders[rows] = _Fetched.from_metadata(self.store, "", self.documents(i).features_metadata(0))
-        dec = self._decoders[rows].like(f"{self.cache.groups[i]}/features", int(self.cache.bars_per_symbol[i]))
+        key, chunk_rows = self.cache.shard_key(shard), int(self.chunks[i])
+        if chunk_rows not in self._decoders:  # one decoder per inner-chunk size; ``like`` it for each symbol
+            self._decoders[chunk_rows] = _Fetched.from_metadata(self.store, "", self.documents(i).features_metadata(0))
+        dec = self._decoders[chunk_rows].like(f"{self.cache.groups[i]}/features", int(self.cache.bars_per_symbol[i]))
         dec.objects = objects
         try:
             rows = dec.read(a, b)
