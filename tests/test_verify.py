@@ -125,6 +125,10 @@ def test_timestamps_and_segment_table(cache, capsys):
     index = group["segments"][...]  # the root segment index: symbol, start, stop, split
     index[3, 2] -= 1  # a one-row gap between segments 3 and 4
     index[0, 3] = 7
+    one, two = np.flatnonzero(index[:, 0] == 1), np.flatnonzero(index[:, 0] == 2)
+    index[one[0], 1] = 3  # symbol 1's rows 0-2 in no segment
+    k = two[len(two) // 2]
+    index[k, 2] = index[k, 1]  # an empty segment of symbol 2 (and a gap after it)
     group["segments"][...] = index
     shards = group["shards"][...]  # the root shard index: symbol, shard, rows, first and last bar, bytes
     shards[2, 4] -= 60
@@ -136,8 +140,10 @@ def test_timestamps_and_segment_table(cache, capsys):
         t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t
         for t in text
     ), text
-    assert any(t.startswith("segments: 1 gap(s) or overlap(s)") for t in text), text
+    assert any(t.startswith(f"segments: 1 gap(s) or overlap(s) in {c.symbols[0]}'s rows") for t in text), text
     assert "segments: split ids outside 0-2" in text
+    assert f"segments: {c.symbols[1]}'s segments do not cover its rows 0-{c.bars_per_symbol[1]}" in text
+    assert f"segments: 1 empty or reversed segment(s) of {c.symbols[2]}, first at row {index[k, 1]}" in text
     assert any(t.startswith("shards: row 2 (symbols/0/time/c/2): first and last bar times") for t in text), text
     assert run_verify(capsys, cache)[0] == 1
 

@@ -126,28 +126,37 @@ class _Fetched(ShardDecoder):
         return raw
 
 
-def _check_segments(cache: Cache, i: int, index: np.ndarray, problems: list[Problem]) -> None:
-    """Symbol ``i``'s segments in the root index (``index``): they tile its rows in order, with known split ids."""
-    n, sym = int(cache.bars_per_symbol[i]), cache.symbols[i]
-    if not len(index) or index[0, 1] != 0 or index[-1, 2] != n:
-        problems.append(Problem("segments", f"{sym}'s segments do not cover its rows 0-{n}"))
-    gaps = np.flatnonzero(index[1:, 1] != index[:-1, 2])
-    if len(gaps):
+def _check_segments(cache: Cache, problems: list[Problem]) -> None:
+    """The root segment index, every symbol at once: each symbol's segments tile its rows in order (in
+    the order stored), none empty or reversed, with known split ids."""
+    local = cache.local_segments[np.argsort(cache.local_segments[:, 0], kind="stable")]
+    sym, start, stop = local[:, 0], local[:, 1], local[:, 2]
+    n, names = cache.bars_per_symbol, cache.manifest.symbols
+    first = np.searchsorted(sym, np.arange(len(n)))  # each symbol's first segment (its last: the next's - 1)
+    last = np.searchsorted(sym, np.arange(len(n)), side="right") - 1
+    some = last >= first
+    covered = some & (start[np.minimum(first, len(local) - 1)] == 0) & (stop[np.maximum(last, 0)] == n)
+    joins = np.flatnonzero((sym[1:] == sym[:-1]) & (start[1:] != stop[:-1]))  # a gap or an overlap
+    empty = np.flatnonzero(stop <= start)
+    for i in np.flatnonzero(~covered).tolist():
+        problems.append(Problem("segments", f"{names[i]}'s segments do not cover its rows 0-{int(n[i])}"))
+    for i in np.unique(sym[joins]).tolist():
+        mine = joins[sym[joins] == i]
         problems.append(
             Problem(
                 "segments",
-                f"{len(gaps)} gap(s) or overlap(s) in {sym}'s rows, first after row {int(index[gaps[0], 2])}",
+                f"{len(mine)} gap(s) or overlap(s) in {names[i]}'s rows, first after row {int(stop[mine[0]])}",
             )
         )
-    empty = np.flatnonzero(index[:, 2] <= index[:, 1])
-    if len(empty):
+    for i in np.unique(sym[empty]).tolist():
+        mine = empty[sym[empty] == i]
         problems.append(
             Problem(
                 "segments",
-                f"{len(empty)} empty or reversed segment(s) of {sym}, first at row {int(index[empty[0], 1])}",
+                f"{len(mine)} empty or reversed segment(s) of {names[i]}, first at row {int(start[mine[0]])}",
             )
         )
-    if len(index) and (index[:, 3].min() < 0 or index[:, 3].max() >= len(cache.split_names)):
+    if len(local) and (local[:, 3].min() < 0 or local[:, 3].max() >= len(cache.split_names)):
         problems.append(Problem("segments", f"split ids outside 0-{len(cache.split_names) - 1}"))
 
 
@@ -218,7 +227,8 @@ class _Checker:
         key, chunk_rows = self.cache.shard_key(shard), int(self.chunks[i])
         if chunk_rows not in self._decoders:  # one decoder per inner-chunk size; ``like`` it for each symbol
             self._decoders[chunk_rows] = _Fetched.from_metadata(self.store, "", self.documents(i).features_metadata(0))
-        dec = self._decoders[chunk_rows].like(f"{self.cache.groups[i]}/features", int(self.cache.bars_per_symbol[i]))
+        path = f"{self.cache.manifest.groups[i]}/features"  # not ``Cache.groups``: a copy of every symbol's
+        dec = self._decoders[chunk_rows].like(path, int(self.cache.bars_per_symbol[i]))
         dec.objects = objects
         try:
             rows = dec.read(a, b)
@@ -255,7 +265,7 @@ class _Checker:
                 Problem(
                     key,
                     f"timestamps not strictly increasing at {len(bad)} row(s), first "
-                    f"at row {a + int(bad[0])} of {cache.symbols[i]}",
+                    f"at row {a + int(bad[0])} of {cache.manifest.symbols[i]}",
                 )
             )
         first, last = self.table[shard, 3:5].tolist()
@@ -302,8 +312,7 @@ def verify_cache(
     objects = Objects(cache.url, cache.storage_options)
     check = _Checker(cache, objects, problems)
     rows = cache.shard_rows
-    local = cache.local_segments[np.argsort(cache.local_segments[:, 0], kind="stable")]  # stored order kept
-    bounds = np.searchsorted(local[:, 0], np.arange(len(cache.symbols) + 1))  # each symbol's segments
+    _check_segments(cache, problems)
     group = check.documents(0).group  # every group's document is the same
     _check_document("symbols/zarr.json", objects.get_many(["symbols/zarr.json"])["symbols/zarr.json"], group, problems)
     show = progress and sys.stderr.isatty()
@@ -316,7 +325,6 @@ def verify_cache(
                 keys += [chunk_key(i, a, k) for k in range(-(-n // rows)) for a in ("features", "time")]
             got = objects.get_many(keys)
             for i in batch:
-                _check_segments(cache, i, local[bounds[i] : bounds[i + 1]], problems)
                 n = int(cache.bars_per_symbol[i])
                 for key, want in check.documents(i).symbol(i, n).items():
                     _check_document(key, got[key], want, problems)
