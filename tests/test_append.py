@@ -184,6 +184,27 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     np.testing.assert_array_equal(ds.features.values, stored_rows(cache)[0][150:300])
 
 
+def test_a_short_symbol_keeps_its_small_inner_chunks_when_an_append_grows_it(tmp_path):
+    """A symbol shorter than ``chunk_rows`` gets smaller inner chunks (halved while they hold its bars,
+    down to chunk_rows / 16), recorded in the root index; an append cannot change an array's chunks."""
+    out, opts = tmp_path / "c.zarr", {"normalize": "none", "progress": False, "shard_rows": 4096, "chunk_rows": 1024}
+    a = _bars(tmp_path / "a.dbn", np.arange(150), "ESM4")
+    later = [_bars(tmp_path / "b.dbn", 150 + np.arange(3000)), _bars(tmp_path / "c.dbn", 150 + np.arange(30), "TINY")]
+    first = build_cache([a], out, **opts)
+    assert first.symbol_chunks.tolist() == [256]  # 1024 -> 512 -> 256 (>= 150); 128 would not hold it
+    cache = append_cache(later, out, progress=False)
+    assert cache.symbols == ["ESM4", "TINY"] and cache.manifest.bars_per_symbol == [3150, 30]
+    assert cache.symbol_chunks.tolist() == [256, 64]  # ESM4 keeps its chunks; TINY: 1024 / 16 at the least
+    group = open_group(out)
+    for i, chunk_rows in enumerate([256, 64]):
+        assert group[f"symbols/{i}/features"].metadata.codecs[0].chunk_shape == (chunk_rows, cache.n_features)
+        assert (cache.root_shards[cache.root_shards[:, 0] == i, 6] == chunk_rows).all()
+    assert verify_cache(out).ok
+    whole = build_cache([a, *later], tmp_path / "w.zarr", **opts)
+    assert whole.symbol_chunks.tolist() == [1024, 64]  # built at once, ESM4 is long enough for whole chunks
+    np.testing.assert_array_equal(stored_rows(cache)[0], stored_rows(whole)[0])
+
+
 def test_bad_appends_are_refused_with_one_line(files, tmp_path, capsys):
     out = tmp_path / "c.zarr"
     n_bars = build_cache(files[:5], out, **OPTS).n_bars

@@ -172,19 +172,18 @@ def test_a_reader_of_an_object_store_sees_the_cache_before_the_append_then_a_ref
     before = _as_read(open_cache(url, options))
     seen: dict[str, dict] = {}
     writer = append_mod.CacheWriter
-    history, small = writer.write_history, writer._asmall
+    history, index = writer.write_history, writer.write_index
 
     def after_the_shards(self, record):  # every new and rewritten shard is written, arrays grown
         seen["shards written"] = _read_in_another_process(url, options)
         history(self, record)
 
-    async def after_the_index(self, g, name, data, dims):  # the root segment index, before the manifest
-        await small(self, g, name, data, dims)
-        if name == "segments":
-            seen["index written"] = _read_in_another_process(url, options)
+    def after_the_index(self, *args):  # the root index (segments, shards, digests), before the manifest
+        index(self, *args)
+        seen["index written"] = _read_in_another_process(url, options)
 
     monkeypatch.setattr(writer, "write_history", after_the_shards)
-    monkeypatch.setattr(writer, "_asmall", after_the_index)
+    monkeypatch.setattr(writer, "write_index", after_the_index)
     append_cache(_day(tmp_path, 1), url, storage_options=options, progress=False)
     assert seen["shards written"] == before  # the old cache, row for row, though its arrays are longer
     assert "an append is being written to this object store); open the cache again" in seen["index written"]["refused"]

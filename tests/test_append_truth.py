@@ -148,7 +148,7 @@ def test_a_killed_object_store_append_run_again_records_its_inputs_once(point, t
     build_cache(files[:3], want, **opts)
     append_cache(files[3:], want, progress=False)
     assert in_child(_killed_s3_append, point, files[3:], url, options) == -signal.SIGKILL
-    if point.startswith("finish: the root metadata"):  # the segment index is the append's, the manifest not yet
+    if point.startswith("finish: the root index"):  # the root index is the append's, the manifest not yet
         with pytest.raises(CacheError, match="the segment index and the manifest disagree"):
             open_cache(url, options)
         with pytest.raises(CacheError, match="an append to it stopped in its last writes; finish it first"):

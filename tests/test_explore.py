@@ -114,7 +114,7 @@ def test_info_counts_windows_per_split_at_read_time(cache_path, seq_len, horizon
     summary = info(cache, seq_len, horizon)
     assert summary["windows_per_split"] == brute_windows(cache, seq_len, horizon)
     assert summary["windows"] == sum(summary["windows_per_split"].values())
-    assert summary["format_version"] == 3 and summary["shards"] == 6 and summary["bars"] == 1256
+    assert summary["format_version"] == 4 and summary["shards"] == 6 and summary["bars"] == 1256
     assert dict(zip(summary["symbols"], summary["bars_per_symbol"])) == COUNTS
 
 
@@ -152,7 +152,7 @@ def test_to_xarray_is_the_datatree_with_labels(cache_path, source):
     xr = pytest.importorskip("xarray")
     cache = open_cache(cache_path)
     tree = to_xarray(cache)
-    assert isinstance(tree, xr.DataTree) and tree.attrs["shardcache"]["format_version"] == 3
+    assert isinstance(tree, xr.DataTree) and tree.attrs["shardcache"]["format_version"] == 4
     for i, (symbol, path) in enumerate(zip(cache.symbols, cache.manifest.groups)):
         node = tree[path]
         assert node.symbol.item() == symbol
@@ -201,13 +201,22 @@ def test_shards_and_info_of_a_cache_on_s3(s3_bucket, cache_path, source, tmp_pat
     np.testing.assert_array_equal(ds.features.values, source["BRK/B"].values)
 
 
-def test_ls_names_a_damaged_time_array_in_one_line(cache_path, tmp_path, capsys):
+def test_ls_reads_the_root_index_and_names_its_damage_in_one_line(cache_path, tmp_path, capsys):
+    """``ls`` reads bar times from the root shard index, not from each symbol's ``time`` array: a damaged
+    time chunk is ``verify``'s finding, a damaged root index ``ls``'s one-line refusal."""
     broken = str(tmp_path / "broken.zarr")
     shutil.copytree(cache_path, broken)
     group = open_cache(broken).manifest.groups[1]
     with open(os.path.join(broken, *group.split("/"), "time", "c", "0"), "wb") as fh:
         fh.write(b"not zstd")
+    assert shards(broken) == shards(cache_path)
+    assert main(["verify", broken]) == 1
+    assert f"{group}/time/c/0: corrupt (crc32c checksum mismatch" in capsys.readouterr().out
+    index = os.path.join(broken, "shards", "c", "0", "0")
+    with open(index, "r+b") as fh:
+        fh.seek(10)
+        fh.write(b"\xff\xff")
     assert main(["ls", broken]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"shardcache: error: {broken}: {group}/time cannot be read (")
-    assert err[0].endswith("`shardcache verify` lists the damage; rebuild the cache")
+    assert len(err) == 1 and err[0].startswith(f"shardcache: error: {broken}: the shard index (shards) is damaged: ")
+    assert err[0].endswith("; rebuild the cache")

@@ -34,6 +34,7 @@ from shardcache.build.sample import make_sample
 from shardcache.cli import build_cache_main
 from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
+from shardcache.format.index import ShardRecord
 from shardcache.format.layout import FORMAT_VERSION
 from shardcache.format.manifest import Manifest
 from shardcache.inspect.verify import compare_caches, verify_cache
@@ -117,7 +118,19 @@ RESULTS = {  # a task's result as the build writes it, and the type it is read b
     "scan": (_scan_result(), staging._returns(scan._scan)),
     "merge": (_merged(), staging._returns(merge._merge)),
     "stats": ((np.ones(4), np.zeros(4), np.arange(4.0)), staging._returns(shard_stats)),
-    "write": ("9f2c0d", staging._returns(write_shard)),
+    "write": (
+        ShardRecord(
+            symbol=2,
+            shard=1,
+            rows=300,
+            first_ts=10**18,
+            last_ts=10**18 + 299,
+            stored_bytes=4321,
+            chunk_rows=512,
+            digest="9f2c",
+        ),
+        staging._returns(write_shard),
+    ),
     "created": (True, bool),
 }
 
@@ -146,9 +159,10 @@ def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
         bars_per_symbol=np.array([3, 4]),
         segments=np.array([[0, 0, 3], [1, 1024, 1028]]),
         segment_split=np.array([0, 1], np.int8),
-        shards=[0, 1],
-        digests=["9f2c0d", "77aa01"],
+        shards=np.array([[0, 0, 3, 10, 12, 99, 8], [1, 0, 4, 11, 14, 120, 8]]),
+        digests=np.array([[1, 2], [2**64 - 1, 0]], np.uint64),
         grown=[1],
+        first_new=1,
         manifest=manifest.to_json(),
         history={"sources": [{"path": "a.dbn"}], "appends": [{"bars": 7}]},
     )
@@ -249,7 +263,7 @@ def test_a_planted_pickle_under_every_marker_name_never_runs(files, clean, inter
         for suffix in (".pkl", ".json", ".npz"):
             (done / f"{base}{suffix}").write_bytes(evil)
     stage = staging.Staging(str(root), str(out), {}, -1)
-    kinds = {"scan": RESULTS["scan"][1], "merge": Merged, "stats": RESULTS["stats"][1], "write": str}
+    kinds = {"scan": RESULTS["scan"][1], "merge": Merged, "stats": RESULTS["stats"][1], "write": ShardRecord}
     for base in bases:
         prefix, _, i = base.partition("-")
         assert stage.load(prefix, int(i) if i else None, kinds.get(prefix, bool)) is None

@@ -1,9 +1,11 @@
-"""The format-3 contract: per-symbol groups as plain zarr sees them, the virtual row space, old formats refused."""
+"""The format-4 contract: per-symbol groups and the root index as plain zarr sees them, the virtual row space,
+old formats refused."""
 
 from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import zarr
 from helpers import make_cache, synthetic_bars
 
 from shardcache import CacheError, open_cache
-from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, symbol_bases
+from shardcache.format.layout import FORMAT_VERSION, TIME_ATTRS, shard_digest, symbol_bases, symbol_chunk_rows
 
 SHARD = 256
 
@@ -34,8 +36,9 @@ def _symbol_rows(bars, i):
 def test_each_symbol_is_a_dense_group_plain_zarr_reads(cache, bars):
     g = zarr.open_group(cache.url, mode="r")
     m = g.attrs["shardcache"]
-    assert m["format_version"] == FORMAT_VERSION == 3 and m["complete"]
+    assert m["format_version"] == FORMAT_VERSION == 4 and m["complete"]
     assert m["groups"] == [f"symbols/{i}" for i in range(4)]
+    assert list(g["feature"][...]) == ["f0", "f1", "f2"] and g["feature"].metadata.dimension_names == ("feature",)
     for i, path in enumerate(m["groups"]):
         rows = _symbol_rows(bars, i)
         f, t = g[path]["features"], g[path]["time"]
@@ -43,11 +46,62 @@ def test_each_symbol_is_a_dense_group_plain_zarr_reads(cache, bars):
         assert f.metadata.dimension_names == ("time", "feature") and t.metadata.dimension_names == ("time",)
         np.testing.assert_array_equal(f[...], bars.features[rows])  # no fill rows
         np.testing.assert_array_equal(t[...], bars.ts[rows])
-        assert dict(t.attrs) == TIME_ATTRS and list(g[path]["feature"][...]) == ["f0", "f1", "f2"]
-        assert len(f.attrs["digests"]) == -(-f.shape[0] // SHARD)
+        assert dict(t.attrs) == TIME_ATTRS and dict(f.attrs) == {}
+        assert sorted(g[path].array_keys()) == ["features", "time"]  # nothing else per symbol
+
+
+def test_a_symbol_is_its_documents_and_chunks_only(cache):
+    """Per symbol: its group's, features' and time's zarr.json plus one shard and one time chunk per
+    shard; everything else is at the root, whatever the number of symbols."""
+    root = Path(cache.url)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    for i in range(4):
+        n_shards = -(-int(cache.bars_per_symbol[i]) // SHARD)
+        mine = [f for f in files if f.startswith(f"symbols/{i}/")]
+        assert sorted(mine) == sorted(
+            [f"symbols/{i}/zarr.json", f"symbols/{i}/features/zarr.json", f"symbols/{i}/time/zarr.json"]
+            + [f"symbols/{i}/features/c/{k}/0" for k in range(n_shards)]
+            + [f"symbols/{i}/time/c/{k}" for k in range(n_shards)]
+        )
+    assert [f for f in files if f.count("/") < 2 or not f.startswith("symbols/")] == [
+        "feature/c/0",
+        "feature/zarr.json",
+        "segments/c/0/0",
+        "segments/zarr.json",
+        "shard_digests/c/0/0",
+        "shard_digests/zarr.json",
+        "shards/c/0/0",
+        "shards/zarr.json",
+        "symbols/zarr.json",
+        "zarr.json",
+    ]  # a build adds history/zarr.json
+
+
+def test_the_root_index_describes_every_shard(cache, bars):
+    g = zarr.open_group(cache.url, mode="r")
+    table, digests = g["shards"][...], g["shard_digests"][...]
+    fields = ["symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes", "chunk_rows"]
+    assert g["shards"].attrs["fields"] == fields
+    assert table.shape == (cache.n_shards, 7) and digests.shape == (cache.n_shards, 2) and digests.dtype == np.uint64
+    for s, (i, k, rows, first, last, stored, chunk_rows) in enumerate(table.tolist()):
+        assert cache.shard_symbol(s) == (i, k)
+        a, b = cache.shard_table[s, 1:].tolist()
+        assert rows == b - a and (first, last) == (bars.ts[a], bars.ts[b - 1])
+        assert stored == (Path(cache.url) / cache.shard_key(s)).stat().st_size
+        assert digests[s].astype("<u8").tobytes().hex() == shard_digest(bars.features[a:b])
+        assert chunk_rows == g[f"symbols/{i}/features"].metadata.codecs[0].chunk_shape[0] == 64
+    np.testing.assert_array_equal(cache.root_shards, table)
+    local = g["segments"][...]
+    for i in range(4):
+        rows = _symbol_rows(bars, i)
         seg = bars.segments[bars.segments[:, 0] == i]
-        np.testing.assert_array_equal(g[path]["segment_start"][...], seg[:, 1] - rows.start)
-        np.testing.assert_array_equal(g[path]["segment_stop"][...], seg[:, 2] - rows.start)
+        np.testing.assert_array_equal(local[local[:, 0] == i, 1:3], seg[:, 1:] - rows.start)
+
+
+def test_a_short_symbols_inner_chunks_are_halved_while_they_hold_it():
+    assert symbol_chunk_rows([1, 300, 600, 5000, 8192, 10**6], 8192).tolist() == [512, 512, 1024, 8192, 8192, 8192]
+    assert symbol_chunk_rows([10, 100, 200], 250).tolist() == [125, 125, 250]  # 125 is odd: it divides no further
+    assert symbol_chunk_rows([3], 1).tolist() == [1]
 
 
 def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):
@@ -84,7 +138,7 @@ def test_a_pickled_cache_reopens(cache, bars):
     np.testing.assert_array_equal(copy.read_rows(0, stop), bars.features[:stop])
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_old_formats_are_refused_in_one_line(cache, tmp_path, version):
     import shutil
 

@@ -125,7 +125,14 @@ def test_timestamps_and_segment_table(cache, capsys):
     index = group["segments"][...]  # the root segment index: symbol, start, stop, split
     index[3, 2] -= 1  # a one-row gap between segments 3 and 4
     index[0, 3] = 7
+    one, two = np.flatnonzero(index[:, 0] == 1), np.flatnonzero(index[:, 0] == 2)
+    index[one[0], 1] = 3  # symbol 1's rows 0-2 in no segment
+    k = two[len(two) // 2]
+    index[k, 2] = index[k, 1]  # an empty segment of symbol 2 (and a gap after it)
     group["segments"][...] = index
+    shards = group["shards"][...]  # the root shard index: symbol, shard, rows, first and last bar, bytes
+    shards[2, 4] -= 60
+    group["shards"][...] = shards
     report = verify_cache(cache)
     text = [str(p) for p in report.problems]
     shard = (inside - 1) // SHARD
@@ -133,10 +140,37 @@ def test_timestamps_and_segment_table(cache, capsys):
         t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t
         for t in text
     ), text
-    assert any(t.startswith("segments: 1 gap(s) or overlap(s)") for t in text), text
+    assert any(t.startswith(f"segments: 1 gap(s) or overlap(s) in {c.symbols[0]}'s rows") for t in text), text
     assert "segments: split ids outside 0-2" in text
-    assert "symbols/0/segment_start: the symbol's segment table differs from the root segments index" in text
+    assert f"segments: {c.symbols[1]}'s segments do not cover its rows 0-{c.bars_per_symbol[1]}" in text
+    assert f"segments: 1 empty or reversed segment(s) of {c.symbols[2]}, first at row {index[k, 1]}" in text
+    assert any(t.startswith("shards: row 2 (symbols/0/time/c/2): first and last bar times") for t in text), text
     assert run_verify(capsys, cache)[0] == 1
+
+
+def test_each_zarr_json_and_shard_size_is_checked_against_the_layout_and_the_root_index(cache):
+    c = open_cache(cache)
+    first = int(c.bases[1]) // SHARD  # symbol 1's first shard
+    group = zarr.open_group(str(cache), mode="r+")
+    shards = group["shards"][...]
+    shards[first, 5] += 1  # its stored bytes, one more than the object holds
+    group["shards"][...] = shards
+    features = cache / "symbols" / "1" / "features" / "zarr.json"
+    meta = json.loads(features.read_text())
+    meta["dimension_names"] = ["t", "f"]
+    features.write_text(json.dumps(meta))
+    (cache / "symbols" / "1" / "time" / "zarr.json").unlink()
+    (cache / "symbols" / "zarr.json").write_text("{")
+    text = [str(p) for p in verify_cache(cache).problems]
+    size = (cache / "symbols" / "1" / "features" / "c" / "0" / "0").stat().st_size
+    assert text[0].startswith("symbols/zarr.json: unreadable (JSONDecodeError")
+    assert (
+        "symbols/1/features/zarr.json: differs from the zarr.json build-cache writes for this layout (dimension_names)"
+        in text
+    )
+    assert "symbols/1/time/zarr.json: missing" in text
+    assert f"symbols/1/features/c/0/0: {size:,} bytes, the root index (shards) says {size + 1:,}" in text
+    assert len(text) == 4, text
 
 
 def test_damaged_segment_table_cannot_be_opened(cache, capsys):

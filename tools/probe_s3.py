@@ -2,8 +2,9 @@
 behind issue 21's choices (docs/scale-notes.md), each a section of its own:
 
 * ``zarr``: requests to open a group for writing, create a group and the arrays of one symbol as
-  ``CacheWriter`` does, write a whole shard, a partial last shard, part of an existing shard, rewrite
-  attributes and open an array, through s3fs (``FsspecStore``) and obstore (``ObjectStore``);
+  format 3's ``CacheWriter`` did through zarr, write a whole shard, a partial last shard, part of an
+  existing shard, rewrite attributes and open an array, through s3fs (``FsspecStore``) and obstore
+  (``ObjectStore``);
 * ``reads``: one shard read as ``ShardDecoder`` reads it (the whole object; the index and a byte range)
   through s3fs (default, and ``max_concurrency=1``) and obstore: requests and milliseconds per shard;
 * ``chained``: ``filecache::``, ``simplecache::`` and ``blockcache::`` URLs through ``open_cache``:
@@ -107,7 +108,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 
 
 def _symbol_arrays(group: zarr.Group, n: int, f: int, shard_rows: int, chunk_rows: int) -> zarr.Array:
-    """The arrays ``CacheWriter`` creates for one symbol (``features``, ``time``, ``feature``); ``features``."""
+    """The arrays format 3's ``CacheWriter`` created for a symbol (``features``, ``time``, ``feature``); ``features``."""
     feats = group.create_array(
         "features",
         shape=(n, f),
@@ -167,7 +168,7 @@ def section_zarr(p: Probe, args: argparse.Namespace) -> None:
             lambda s=store: list(zarr.open_group(s, mode="r").members(max_depth=None)), bucket
         )
         results[name] = res
-    print("### zarr primitives: requests (one symbol, as CacheWriter writes it)\n")
+    print("### zarr primitives: requests (one symbol, as format 3's CacheWriter wrote it)\n")
     names = list(results)
     _table(
         ["operation", *names],

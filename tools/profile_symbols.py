@@ -44,6 +44,8 @@ WATCH = {
     "zarr require_group": ("zarr/core/group.py", "require_group"),
     "zarr update_attributes": ("zarr/core/array.py", "update_attributes"),
     "zarr Array setitem (shard writes)": ("zarr/core/array.py", "_set_selection"),
+    "encode_shard (the writer's shards)": ("format/encode.py", "encode_shard"),
+    "Objects.put / put_many (object writes)": ("format/objects.py", "put_many"),
     "zarr sync (an event-loop hop)": ("zarr/core/sync.py", "sync"),
     "zarr metadata to_buffer_dict (JSON docs)": ("zarr/core/metadata/v3.py", "to_buffer_dict"),
     "json.dumps": ("json/__init__.py", "dumps"),
@@ -72,10 +74,9 @@ IDLE = (
 # the build's stages: (object path, attribute, stage label); Staging.run's label is its prefix argument
 STAGES = [
     ("shardcache.build.staging.Staging", "run", None),
-    ("shardcache.build.builder", "_place", "place (create every symbol's group and arrays)"),
-    ("shardcache.format.writer.CacheWriter", "finish", "finish (segment tables, digests, manifest)"),
+    ("shardcache.build.builder", "_place", "place (every symbol's documents)"),
+    ("shardcache.format.writer.CacheWriter", "finish", "finish (root index, manifest)"),
     ("shardcache.format.writer.CacheWriter", "write_history", "history"),
-    ("shardcache.build.builder", "stored_bytes", "stored_bytes"),
     ("shardcache.build.staging.Staging", "publish", "publish"),
     ("shardcache.build.staging.Staging", "remove", "remove staging"),
     ("shardcache.build.builder", "open_cache", "open_cache"),

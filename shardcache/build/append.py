@@ -1,14 +1,15 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-A format-3 cache keeps each symbol in its own group (``shardcache.format.layout``), so a symbol grows
-in place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
+A cache keeps each symbol in its own group (``shardcache.format.layout``), so a symbol grows in
+place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
 for every symbol with new bars:
 
 * refuses bars at or before the symbol's last stored bar (one line naming the file): an
   append adds only later bars, it never inserts or replaces;
-* grows the symbol's ``features`` and ``time`` (zarr resize: a metadata write), rewrites
-  its partial last shard (its stored rows read back as they are, plus the new ones) and
-  writes new whole shards after it; every other shard object is left as it is;
+* rewrites its partial last shard (its stored rows read back as they are, plus the new ones),
+  writes new whole shards after it, then the ``zarr.json`` of its ``features`` and ``time`` at
+  their new length; every other object of every symbol is left as it is, and the root index
+  (``segments``, ``shards``, ``shard_digests``) is written again whole;
 * continues the symbol's last segment when the first new bar follows the last stored one
   within the cache's ``max_gap``, in the same split and on the same instrument (a continuous
   symbol that rolls at the boundary starts a new segment, its roll recorded as a build
@@ -25,12 +26,13 @@ all train bars.
 
 Atomicity reuses the build's staging (``shardcache.build.staging``): locally the append works on
 ``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
-one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` removes a staged link before it writes
-that key (shards, metadata, JSON objects), so the staging copy never changes a file it
-shares with ``OUT``, whatever the store library does when it writes. A killed append leaves
+one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` writes every object to a temporary name and
+renames it into place, which replaces a staged link instead of writing through it, so the
+staging copy never changes a file it shares with ``OUT``. A killed append leaves
 ``OUT`` byte for byte untouched and resumes with ``resume=True``. On object stores the
 append writes in place: new and rewritten shards first (a rewritten tail shard keeps its
-stored rows), then the history, the segment tables, the digests and the manifest last. Those
+stored rows), then the grown symbols' documents, the history, the root index and the manifest
+last. Those
 last writes are decided once and saved in the staging folder (``_Finish``) before the first of
 them, so a rerun after a kill among them writes the same ones (never a second history record),
 and a ``resume`` of an append already finished changes nothing.
@@ -55,7 +57,8 @@ import numpy as np
 from .._version import __version__
 from ..errors import CacheError, OptionError, ShardcacheError, SourceError
 from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
-from ..format.layout import ATTR, open_group, symbol_bases
+from ..format.index import ShardIndex
+from ..format.layout import ATTR, open_group, symbol_bases, symbol_chunk_rows
 from ..format.manifest import Manifest
 from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
@@ -66,7 +69,7 @@ from .merge import Merged, merge_symbols, place_clusters
 from .run import RunOptions, settings
 from .scan import Inputs, Scanned, Stage, open_inputs, scan_inputs
 from .staging import Staging, digest, fingerprint, prepare
-from .summary import grown, stored_bytes
+from .summary import grown
 
 __all__ = ["STATS", "append_cache"]
 
@@ -80,7 +83,7 @@ class _Placement:
 
     symbols: list[str]
     bars_per_symbol: np.ndarray
-    grown: list[int]  # symbols with new bars (their groups' segment tables and digests are rewritten)
+    grown: list[int]  # symbols with new bars (their documents are rewritten; the new ones' groups written)
     segments: np.ndarray  # virtual rows of the appended cache (format.layout.symbol_bases)
     segment_split: np.ndarray
     clusters: np.ndarray  # cluster ids (see ShardWork), in row order
@@ -94,7 +97,7 @@ class _Placement:
 
 @dataclass(kw_only=True)
 class _Finish:
-    """An append's last writes (history, segment tables, digests, manifest), saved in its staging folder
+    """An append's last writes (grown symbols' documents, history, root index, manifest), saved in its staging folder
     before the first of them. On an object store they go in place, so a rerun after a kill among them
     writes these again: it cannot place the bars again from a half-written cache, and it never records
     its inputs and its append a second time."""
@@ -102,9 +105,10 @@ class _Finish:
     bars_per_symbol: np.ndarray
     segments: np.ndarray
     segment_split: np.ndarray
-    shards: list[int]  # the shards written and their digests
-    digests: list[str]
+    shards: np.ndarray  # the root shard index after the append (``ShardIndex.table``)
+    digests: np.ndarray  # and its digests
     grown: list[int]
+    first_new: int  # the first new symbol (its group document is written too)
     manifest: dict[str, Any]  # the new manifest, as stored (``Manifest.to_json``)
     history: dict[str, Any]
 
@@ -337,6 +341,7 @@ def append_cache(
             staging.save("finish", finish)
         staging.written = True
         layout = m.layout
+        index = ShardIndex(table=finish.shards, digests=finish.digests)
         writer = CacheWriter(
             staging.cache_path,
             feature_names=inputs.names,
@@ -346,14 +351,15 @@ def append_cache(
             codec=layout.codec,
             storage_options=run.storage_options,
             create=False,
+            symbol_chunks=index.symbol_chunk_rows(len(finish.bars_per_symbol)),
         )
+        writer.write_symbols(finish.grown, first_new=finish.first_new)
         writer.write_history(finish.history)
         writer.finish(
             finish.segments,
             finish.segment_split,
             Manifest.from_json(finish.manifest, url=out),
-            dict(zip(finish.shards, finish.digests)),
-            symbols=finish.grown,
+            index,
         )
         staging.publish()
         staging.remove()
@@ -375,7 +381,7 @@ def _plan(
     scanned = scan_inputs(stage, inputs.sources, staging.root, inputs.read_columns)
     _check_bar_size(cache.url, cache.manifest, inputs.sources, scanned.steps)
     inputs.sources.clear()  # the readers' state is not needed again
-    placement, manifest, digests = _write(stage, staging, cache, scanned, inputs)
+    placement, manifest, index = _write(stage, staging, cache, scanned, inputs)
     record = {
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "inputs": len(described),
@@ -392,9 +398,10 @@ def _plan(
         bars_per_symbol=placement.bars_per_symbol,
         segments=placement.segments,
         segment_split=placement.segment_split,
-        shards=list(placement.touched),
-        digests=list(digests),
+        shards=index.table,
+        digests=index.digests,
         grown=list(placement.grown),
+        first_new=len(cache.symbols),
         manifest=manifest.to_json(),
         history={"sources": [*old.get("sources", []), *described], "appends": [*old.get("appends", []), record]},
     )
@@ -412,9 +419,9 @@ def _finished(cache: Cache, inputs: Inputs, stats: str) -> dict[str, Any] | None
 
 def _write(
     stage: Stage, staging: Staging, cache: Cache, scanned: Scanned, inputs: Inputs
-) -> tuple[_Placement, Manifest, list[str]]:
+) -> tuple[_Placement, Manifest, ShardIndex]:
     """Merge and place the scanned bars and write the shards they touch: the placement, the new
-    manifest and the shards' digests."""
+    manifest and the new root shard index."""
     m = cache.manifest
     _check_after(cache, scanned, inputs.paths)
     instruments = {sym: int(t["instrument"]) for sym, t in m.tails.items() if "instrument" in t}
@@ -432,6 +439,9 @@ def _write(
         codec=m.layout.codec,
         storage_options=cache.storage_options,
         create=False,
+        symbol_chunks=np.concatenate(  # a stored symbol keeps its inner chunks; a new one gets the rule's
+            [cache.symbol_chunks, symbol_chunk_rows(placement.bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)]
+        ),
     )
     work = ShardWork(
         staging=staging.root,
@@ -450,9 +460,10 @@ def _write(
     if m.stats is not None:  # frozen
         work.mean = np.asarray(m.stats.mean).astype(np.float32)
         work.std = np.asarray(m.stats.std).astype(np.float32)
-    digests = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
+    records = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
     staging.written = True
     writer.sweep()
+    index = cache.shard_index().updated(records, placement.bars_per_symbol, cache.shard_rows)
     manifest = grown(
         m,
         symbols=placement.symbols,
@@ -461,7 +472,7 @@ def _write(
         merged=merged,
         scanned=scanned,
         writer=writer,
-        stored=stored_bytes(staging.cache_path, cache.storage_options),
+        stored=index.stored_bytes,
         appended=True,
     )
-    return placement, manifest, digests
+    return placement, manifest, index

@@ -44,6 +44,7 @@ from ..errors import CacheError, OptionError, ShardcacheError
 from ..format.build_options import BuildOptions
 from ..format.cache import Cache, open_cache
 from ..format.durations import format_duration
+from ..format.index import ShardIndex
 from ..format.layout import default_chunking, group_path, symbol_bases
 from ..format.manifest import BuildRecord, Stats
 from ..format.paths import probe
@@ -57,7 +58,7 @@ from .run import RunOptions, settings
 from .scan import SKETCH, Inputs, Scanned, Stage, open_inputs, scan_inputs
 from .sources import Source
 from .staging import Staging, digest, fingerprint, prepare
-from .summary import fresh, grown, stored_bytes
+from .summary import fresh, grown
 
 __all__ = ["build_cache", "connect"]
 
@@ -137,10 +138,10 @@ def _build(
     work = _place(merged, inputs, spec, options, run.storage_options, staging)
     stats = _zscore(stage, work, options.normalize, frozen)
     shards = work.writer.shard_ids
-    digests = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
+    records = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
     staging.written = True
     work.writer.sweep()
-    stored = stored_bytes(staging.cache_path, run.storage_options)
+    index = ShardIndex.empty().updated(records, work.writer.bars_per_symbol, work.writer.shard_rows)
     record = BuildRecord(
         options=options, max_gap_ns=int(max_gap_ns), bar_ns=bar_ns, fingerprint=fingerprint, workers=run.workers
     )
@@ -163,11 +164,11 @@ def _build(
         merged=merged,
         scanned=scanned,
         writer=work.writer,
-        stored=stored,
+        stored=index.stored_bytes,
         appended=False,
     )
     work.writer.write_history({"sources": described, "appends": []})
-    work.writer.finish(work.segments, work.segment_split, manifest, dict(zip(shards, digests)))
+    work.writer.finish(work.segments, work.segment_split, manifest, index)
 
 
 def _resampled(srcs: list[Source]) -> list[str]:

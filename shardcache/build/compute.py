@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from ..errors import ShardcacheError
+from ..format.index import ShardRecord
 from ..format.writer import CacheWriter
 from .features import compute_features
 
@@ -161,8 +162,8 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
     return mean, std, int(n[0]) if len(n) else 0
 
 
-def write_shard(job: tuple[ShardWork, int]) -> str:
-    """Compute, normalize and write one whole shard (with the rows an append keeps); its digest."""
+def write_shard(job: tuple[ShardWork, int]) -> ShardRecord:
+    """Compute, normalize and write one whole shard (with the rows an append keeps); its row of the root index."""
     work, shard = job
     a, b = work.writer.shard_bounds(shard)
     c = work.first_new.get(shard, a)

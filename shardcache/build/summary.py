@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from .._version import __version__
@@ -21,14 +20,7 @@ from ..format.writer import CacheWriter
 from .merge import Merged
 from .scan import Scanned
 
-__all__ = ["fresh", "grown", "split_bar_counts", "stored_bytes", "window_count"]
-
-
-def stored_bytes(url: str, storage_options: dict[str, Any] | None) -> int:
-    """Bytes of every symbol's ``features`` shard objects (what the compression ratio is about)."""
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    found = fs.find(path.rstrip("/") + "/symbols", detail=True)
-    return int(sum(d["size"] for p, d in found.items() if "/features/c/" in p))
+__all__ = ["fresh", "grown", "split_bar_counts", "window_count"]
 
 
 def split_bar_counts(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str]) -> dict[str, int]:

@@ -4,7 +4,7 @@ In memory ``Cache`` lays the symbols out in one *virtual* row space for the wind
 symbol ``i``'s bars are rows ``[base[i], base[i] + n_i)`` with ``base`` aligned to whole
 shards (``symbol_bases``), so virtual shard ``s`` lies inside one symbol and is its local
 shard ``s - base[i] / shard_rows``. ``locate`` maps virtual rows back to (symbol, row).
-Opening reads the root manifest and the root ``segments`` index only (one object each, not
+Opening reads the root manifest and the root index (``segments`` and ``shards``: a few objects, not
 one per symbol); per-symbol arrays are opened on first use.
 """
 
@@ -22,7 +22,8 @@ import zarr
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
-from .layout import ATTR, describe_damage, gather, node_array, node_group, open_group, symbol_bases
+from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
+from .layout import ATTR, chunk_key, describe_damage, gather, open_group, symbol_bases
 from .manifest import Manifest
 from .paths import is_url, local_path, probe
 from .zarr_adapter import async_group, sync
@@ -37,7 +38,7 @@ class NoCacheError(CacheError):
 
 
 class IndexAheadError(CacheError):
-    """An object-store cache whose segment index is newer than its manifest: an append is writing it
+    """An object-store cache whose root index is newer than its manifest: an append is writing it
     (or was killed in its last writes)."""
 
 
@@ -78,7 +79,7 @@ class Cache:
         raise CacheError(f"{self.url}: the cache kept being replaced while it was opened; try again")
 
     def _load(self) -> None:
-        """Read and check the manifest, then the root segment index; lay out the virtual rows."""
+        """Read and check the manifest, then the root index (``segments``, ``shards``); lay out the virtual rows."""
         group = self._open()
         attrs = group.attrs.get(ATTR)
         if not attrs:
@@ -86,19 +87,26 @@ class Cache:
         self.manifest = Manifest.from_json(attrs, url=self.url)
         self.bars_per_symbol = np.asarray(self.manifest.bars_per_symbol, dtype=np.int64)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
-        try:
-            local = np.asarray(node_array(group, "segments")[...], dtype=np.int64).reshape(-1, 4)
-        except (KeyError, ValueError, TypeError, RuntimeError) as exc:  # missing, or what codecs raise on damage
-            raise CacheError(
-                f"{self.url}: the segment table (segments) is damaged: {describe_damage(exc)}; rebuild the cache"
-            ) from None
-        self.local_segments = local
+        local, table = self._root_arrays(group, "segments", SHARD_ARRAY)
+        self._digests: np.ndarray | None = None
+        self.local_segments = local = local.reshape(-1, 4)
         sym = local[:, 0]
         if len(sym) and (sym.min() < 0 or sym.max() >= len(self.bars_per_symbol)):
             raise CacheError(
                 f"{self.url}: the segment index names symbols the manifest does not have; rebuild the cache"
             )
-        if len(sym) and (local[:, 2] > self.bars_per_symbol[sym]).any() and is_url(self.url):
+        ahead = bool(len(sym)) and bool((local[:, 2] > self.bars_per_symbol[sym]).any())
+        self.root_shards = table = table.reshape(-1, len(SHARD_FIELDS))
+        counts = -(-self.bars_per_symbol // self.shard_rows)
+        want = np.repeat(np.arange(len(counts)), counts)
+        if table.shape != (len(want), len(SHARD_FIELDS)) or not np.array_equal(table[:, 0], want):
+            ahead |= len(table) > len(want)
+            bad = "has other shards than"
+        else:
+            rows = np.minimum(self.bars_per_symbol[want] - table[:, 1] * self.shard_rows, self.shard_rows)
+            ahead |= bool((table[:, 2] > rows).any())
+            bad = "" if np.array_equal(table[:, 2], rows) else "counts other rows than"
+        if ahead and is_url(self.url):
             raise IndexAheadError(  # an append's index, an older manifest: what an object store shows during one
                 f"{self.url}: the segment index and the manifest disagree (an append is being "
                 "written to this object store); open the cache again"
@@ -111,10 +119,40 @@ class Cache:
                 f"{self.symbols[int(np.flatnonzero(ends != self.bars_per_symbol)[0])]} (the manifest was edited, or "
                 f"the cache is damaged); `shardcache verify {self.url}` lists what is wrong; rebuild the cache"
             )
+        if bad and not is_url(self.url):
+            raise CacheError(
+                f"{self.url}: the shard index (shards) {bad} the manifest (the manifest was edited, or the cache is "
+                f"damaged); `shardcache verify {self.url}` lists what is wrong; rebuild the cache"
+            )
         virtual = np.stack([sym, local[:, 1] + self.bases[sym], local[:, 2] + self.bases[sym]], axis=1)
         order = np.argsort(virtual[:, 1], kind="stable")
         self.segments = virtual[order]
         self.segment_split = local[order, 3].astype(np.int8)
+
+    def _root_arrays(self, group: zarr.Group, *names: str) -> list[np.ndarray]:
+        """Root index arrays ``names``, read concurrently; a ``CacheError`` naming the one that is damaged."""
+        found: dict[str, Any] = {}
+        root = async_group(group)
+
+        async def read(name: str) -> None:
+            try:
+                arr = await root.getitem(name)
+                if not isinstance(arr, zarr.AsyncArray):
+                    raise KeyError(name)
+                found[name] = await arr.getitem(...)
+            except Exception as exc:  # noqa: BLE001 - missing, or codecs raising ValueError/RuntimeError on damage
+                found[name] = exc
+
+        gather([read(name) for name in names])
+        out = []
+        for name in names:
+            if isinstance(found[name], BaseException):
+                what = {"segments": "segment table"}.get(name, "shard index")
+                raise CacheError(
+                    f"{self.url}: the {what} ({name}) is damaged: {describe_damage(found[name])}; rebuild the cache"
+                ) from None
+            out.append(np.asarray(found[name]))
+        return out
 
     def _identity(self) -> tuple[int, int, int] | None:
         """Device, inode and change time of a local cache's folder, to notice it being swapped (a rename
@@ -271,6 +309,13 @@ class Cache:
         return int(self.manifest.layout.chunk_rows)
 
     @property
+    def symbol_chunks(self) -> np.ndarray:
+        """Each symbol's inner-chunk rows (``layout.symbol_chunk_rows``), from the root shard index."""
+        return ShardIndex(table=self.root_shards, digests=np.zeros((0, 2), np.uint64)).symbol_chunk_rows(
+            len(self.symbols)
+        )
+
+    @property
     def n_rows(self) -> int:
         """Size of the virtual row space: every symbol's rows, each padded to whole shards."""
         return int(self.bases[-1])
@@ -408,14 +453,29 @@ class Cache:
     def shard_key(self, shard: int, array: str = "features") -> str:
         """Store key of virtual shard ``shard`` of ``array``, e.g. ``symbols/3/features/c/0/0``."""
         i, local = self.shard_symbol(shard)
-        arr = self.array(i, array)
-        return f"{self.groups[i]}/{array}/" + arr.metadata.encode_chunk_key((local,) + (0,) * (arr.ndim - 1))
+        return chunk_key(i, array, local)
 
     def shard_exists(self, shard: int, array: str = "features") -> bool:
         """Whether the store holds virtual shard ``shard`` of ``array`` (``features`` or ``time``)."""
-        i = self.shard_symbol(shard)[0]
-        store = self.array(i, array).store_path.store
-        return bool(sync(store.exists(self.shard_key(shard, array))))
+        root = self.handles.group.store_path
+        key = self.shard_key(shard, array)
+        return bool(sync(root.store.exists(f"{root.path}/{key}" if root.path else key)))
+
+    def shard_digests(self) -> np.ndarray:
+        """Each shard's digest words (``shard_digests``, uint64 ``(n_shards, 2)``), read on first use."""
+        if self._digests is None:
+            (digests,) = self._root_arrays(self.handles.group, DIGEST_ARRAY)
+            if digests.shape != (self.n_shards, 2):
+                raise CacheError(
+                    f"{self.url}: {DIGEST_ARRAY} holds {digests.shape[0]} digests for {self.n_shards} shards; "
+                    "rebuild the cache"
+                )
+            self._digests = digests.astype(np.uint64, copy=False)
+        return self._digests
+
+    def shard_index(self) -> ShardIndex:
+        """The root shard index: every shard's row of ``shards`` and its digest (see ``format.index``)."""
+        return ShardIndex(table=self.root_shards, digests=self.shard_digests())
 
     def __repr__(self) -> str:
         return (

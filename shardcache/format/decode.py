@@ -18,10 +18,11 @@ buffer costs its page faults again on every read).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import threading
-from typing import Any
+from typing import Any, Self
 
 import google_crc32c
 import numcodecs
@@ -33,7 +34,7 @@ from zarr.storage import LocalStore
 
 from .zarr_adapter import ArrayV3Metadata, sync
 
-__all__ = ["ChunkError", "MissingShard", "ShardDecoder"]
+__all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk"]
 
 _EMPTY = 2**64 - 1
 _KEEP = 32 << 20  # a thread keeps its read buffer up to this size
@@ -155,8 +156,21 @@ class ShardDecoder:
         doc = json.loads(raw.tobytes())
         if not isinstance(doc, dict) or doc.get("node_type") != "array":
             raise ValueError(f"{key} is not a Zarr v3 array's metadata")
+        return cls.from_metadata(store, path, ArrayV3Metadata.from_dict(doc))
+
+    @classmethod
+    def from_metadata(cls, store: Store, path: str, metadata: ArrayV3Metadata) -> Self:
+        """The decoder of the array at ``path`` in ``store`` whose metadata is known already (a writer's
+        template, ``metadata.SymbolDocuments``): no read."""
         dec = cls.__new__(cls)
-        dec._bind(store, path, ArrayV3Metadata.from_dict(doc))
+        dec._bind(store, path, metadata)
+        return dec
+
+    def like(self, path: str, n_rows: int) -> Self:
+        """The decoder of another array of this store and layout, ``n_rows`` long, at ``path`` (another
+        symbol's ``features``): made without parsing metadata again."""
+        dec = copy.copy(self)
+        dec.prefix, dec.n_rows = path, int(n_rows)  # ``meta`` keeps the layout; only its shape is this one's
         return dec
 
     def _bind(self, store: Store, path: str, metadata: ArrayV3Metadata) -> None:
@@ -252,3 +266,18 @@ class ShardDecoder:
                 self.codec.decode(body, out=dest)
         except (RuntimeError, ValueError) as exc:  # what numcodecs raises for damaged input, and a short copy
             raise ChunkError(f"inner chunk {c} could not be decoded: {exc}") from None
+
+
+def decode_chunk(data: bytes, codec: Any | None, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """One chunk as ``encode.encode_chunk`` stores it (``codec``'s bytes and their crc32c), decoded to a
+    new ``dtype`` array of ``shape``; ``ChunkError`` when it is damaged."""
+    body = _check_crc(np.frombuffer(data, dtype=np.uint8), "the chunk")
+    out = np.empty(shape, dtype=np.dtype(dtype).newbyteorder("<"))
+    try:
+        if codec is None:
+            out.reshape(-1).view(np.uint8)[:] = body
+        else:
+            codec.decode(body, out=out)
+    except Exception as exc:  # noqa: BLE001 - each codec raises its own kinds on damaged bytes
+        raise ChunkError(f"the chunk could not be decoded: {exc}") from None
+    return out.astype(dtype, copy=False)

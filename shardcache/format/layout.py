@@ -1,21 +1,24 @@
-"""The on-disk layout (format 3): one Zarr v3 group per symbol plus the ``shardcache`` manifest.
+"""The on-disk layout (format 4): one Zarr v3 group per symbol, a root index and the ``shardcache`` manifest.
 
 Layout (readable with plain ``zarr`` and ``xarray``)::
 
     CACHE/                      root group; attributes["shardcache"] = manifest (bounded size)
       segments  int64 (S, 4)    derived index: symbol, start, stop (rows of that symbol), split
+      shards    int64 (N, 6)    one row per stored shard: symbol, shard, rows, first and last bar
+                                time, stored bytes (``format.index``)
+      shard_digests uint64 (N, 2)  each shard's digest, two little-endian words
+      feature   str (F,)        the feature names: the coordinate of every symbol's ``feature`` dimension
       symbols/<i>/              the manifest's symbol i (``symbols[i]``), at path ``groups[i]``
-        features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks;
-                                    attrs["digests"]: one digest per shard, in shard order
+        features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks
         time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])
-        feature   str (F,)          the feature names (an xarray coordinate)
-        segment_start, segment_stop int64, segment_split int8 (S_i,): the symbol's segments
       history/                  attrs: sources (the inputs), appends (one record per append); not read to open
 
-Every array is dense: row ``r`` of symbol ``i``'s arrays is its ``r``-th bar in time order. A
-segment is a maximal run of one symbol's bars with no gap above ``max_gap`` and inside one
-split, so a window never crosses a symbol, a gap or a split. The manifest's ``complete`` flag
-is written last.
+A symbol is five objects when it fits one shard: its group's, ``features``' and ``time``'s
+``zarr.json``, its shard and its time chunk. Everything else is written once per build or
+append at the root, whatever the number of symbols. Every array is dense: row ``r`` of symbol
+``i``'s arrays is its ``r``-th bar in time order. A segment is a maximal run of one symbol's
+bars with no gap above ``max_gap`` and inside one split, so a window never crosses a symbol,
+a gap or a split. The manifest's ``complete`` flag is written last.
 
 The constants, codecs and pure row arithmetic of that layout live here; ``cache.Cache`` reads
 it and ``writer.CacheWriter`` writes it.
@@ -28,6 +31,7 @@ import hashlib
 import os
 from typing import Any
 
+import numcodecs
 import numpy as np
 import zarr
 from zarr.abc.codec import BytesBytesCodec
@@ -43,6 +47,8 @@ __all__ = [
     "CODECS",
     "FORMAT_VERSION",
     "TIME_ATTRS",
+    "chunk_codec",
+    "chunk_key",
     "compressors",
     "default_chunking",
     "describe_damage",
@@ -54,9 +60,10 @@ __all__ = [
     "shard_digest",
     "spanned_shards",
     "symbol_bases",
+    "symbol_chunk_rows",
 ]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 ATTR = "shardcache"
 CODECS = ("blosc-lz4", "zstd", "lz4", "none")
 TIME_ATTRS = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
@@ -76,6 +83,18 @@ def compressors(codec: str) -> list[BytesBytesCodec]:
     else:
         raise CacheError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
     return [*first, Crc32cCodec()]
+
+
+def chunk_codec(codec: str) -> Any | None:
+    """The numcodecs codec that encodes (and decodes) a chunk as ``compressors(codec)`` does, before its
+    crc32c; None for ``none``. Made from those zarr codecs' own configuration."""
+    first = [c.to_dict() for c in compressors(codec)[:-1]]
+    if not first:
+        return None
+    name, cfg = str(first[0]["name"]), dict(first[0].get("configuration", {}))
+    if name == "blosc":
+        cfg["shuffle"] = ("noshuffle", "shuffle", "bitshuffle").index(cfg["shuffle"])
+    return numcodecs.get_codec({"id": name.removeprefix("numcodecs."), **cfg})
 
 
 def default_chunking(n_features: int) -> tuple[int, int]:
@@ -124,10 +143,35 @@ def group_path(i: int) -> str:
     return f"symbols/{int(i)}"
 
 
+def chunk_key(i: int, array: str, k: int) -> str:
+    """Store key of chunk ``k`` of symbol ``i``'s ``array``: ``features`` is chunked in rows only, so its
+    shard ``k`` is ``symbols/<i>/features/c/<k>/0``; ``time``'s chunk is ``symbols/<i>/time/c/<k>``
+    (zarr's default chunk key encoding)."""
+    return f"{group_path(i)}/{array}/c/{int(k)}/0" if array == "features" else f"{group_path(i)}/{array}/c/{int(k)}"
+
+
 def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
     """First virtual row of each symbol, plus the total: ``base[i + 1] = base[i] + ceil(n_i / R) * R``."""
     n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
     return np.concatenate([[0], np.cumsum(-(-n // shard_rows) * shard_rows)]).astype(np.int64)
+
+
+def symbol_chunk_rows(bars_per_symbol: Any, chunk_rows: int) -> np.ndarray:
+    """Inner-chunk rows of each symbol's ``features``, fixed when its array is created: ``chunk_rows``
+    halved while the half still holds the symbol's bars, down to ``chunk_rows / 16`` at the least.
+
+    A 300-bar symbol then decodes a 512-row chunk, not an 8,192-row one that is 96% fill (lever 7 of
+    docs/scale-notes.md); a halved chunk still divides the shard, and the shard index grows to 16
+    times the entries at most. The root index records each shard's (``format.index``), so readers
+    know it without a symbol's ``zarr.json``, and an append that grows a symbol keeps it.
+    """
+    n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
+    c = np.full(len(n), int(chunk_rows), dtype=np.int64)
+    for _ in range(4):  # 16 = 2**4
+        half = c // 2
+        shrink = (c % 2 == 0) & (half >= n) & (half >= 1)
+        c = np.where(shrink, half, c)
+    return c
 
 
 def describe_damage(exc: BaseException) -> str:

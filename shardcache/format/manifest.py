@@ -1,6 +1,6 @@
 """``Manifest``: the root attributes of a cache (``attrs["shardcache"]``), typed, with their JSON round trip.
 
-The on-disk contract (format 3) is the JSON document ``to_json`` writes and ``from_json`` reads:
+The on-disk contract (format 4) is the JSON document ``to_json`` writes and ``from_json`` reads:
 
 * the store: ``feature_names``, ``symbols`` with each one's ``groups`` path and ``bars_per_symbol``,
   ``layout`` (shard and chunk rows, codec, shards), ``format_version`` and ``complete`` (written last);
@@ -10,7 +10,7 @@ The on-disk contract (format 3) is the JSON document ``to_json`` writes and ``fr
   ``rolls`` of continuous symbols, ``tails`` (each symbol's raw last bar, which an append continues
   from), ``appends`` (how many; only once there was one), ``created``, ``elapsed_s``.
 
-``from_json`` refuses formats 1 and 2, a newer format, an incomplete cache and a document missing a
+``from_json`` refuses formats 1 to 3, a newer format, an incomplete cache and a document missing a
 field, naming it. Per-symbol parts (``symbols``, ``groups``, ``bars_per_symbol``, ``rolls``, ``tails``)
 stay the JSON lists and dicts they are read as: opening a cache of thousands of symbols builds no
 object per symbol.
@@ -283,7 +283,7 @@ class Manifest:
         incomplete format, or a missing field."""
         get = _Reader(doc, url)
         version = get("format_version")
-        if version in (1, 2):
+        if version in (1, 2, 3):
             raise CacheError(f"{url}: cache format {version} is no longer read; rebuild it with build-cache")
         if version != FORMAT_VERSION:
             raise CacheError(

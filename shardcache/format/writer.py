@@ -1,56 +1,74 @@
-"""Writing the format-3 layout of ``shardcache.format.layout``: symbol groups, whole shards, the manifest last."""
+"""Writing the format-4 layout of ``shardcache.format.layout``: symbol documents, whole shards, the root
+index, the manifest last.
+
+Every object is written whole with one request (``objects.Objects``): the symbols' ``zarr.json``
+documents stamped from one template (``metadata.SymbolDocuments``), each shard and time chunk
+encoded here (``encode``), the root index and the manifest made by zarr in memory. Nothing is
+read back or checked for existence first, so a symbol costs what its objects cost: five PUTs for
+a one-shard symbol on an object store.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import re
 import shutil
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import zarr
 
 from ..errors import CacheError
+from .decode import ShardDecoder, decode_chunk
+from .encode import encode_chunk, encode_shard
+from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
 from .layout import (
     ATTR,
-    TIME_ATTRS,
+    chunk_codec,
+    chunk_key,
     compressors,
-    gather,
     group_path,
-    node_array,
-    open_group,
     shard_digest,
     symbol_bases,
+    symbol_chunk_rows,
 )
 from .manifest import Layout, Manifest, incomplete
-from .paths import is_url, local_path
-from .zarr_adapter import async_group, sync
+from .metadata import SymbolDocuments, symbol_documents, zarr_objects
+from .objects import STRAY, Objects
 
 __all__ = ["CacheWriter"]
 
-_SEGMENT_ARRAYS = ("segment_start", "segment_stop", "segment_split")
-# temporary files a killed write leaves: zarr's LocalStore writes ``<name>.<uuid hex>.partial`` and
-# renames it into place; ``CacheWriter._release`` copies to ``<name>.<pid>.unshare``
-_STRAY = re.compile(r"\.([0-9a-f]{32}\.partial|\d+\.unshare)$")
 
-
-def _local_file(url: str, key: str) -> str | None:
-    """The file behind ``key`` of a local cache, None for object stores."""
-    return None if is_url(url) else os.path.join(local_path(url), key)
+def _small(g: zarr.Group, name: str, data: np.ndarray, dims: tuple[str, ...], **attrs: Any) -> None:
+    """A small one-chunk root array of ``data`` (zstd + crc32c), created in ``g``."""
+    arr = g.create_array(
+        name,
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=tuple(max(1, n) for n in data.shape),
+        compressors=compressors("zstd"),
+        fill_value=0,
+        dimension_names=dims,
+        attributes=attrs or None,
+    )
+    if data.size:
+        arr[...] = data
 
 
 class CacheWriter:
-    """Creates each symbol's group, writes whole shards (one writer per shard) and the manifest.
+    """Writes a cache's symbol documents, whole shards (one writer per shard), the root index and the manifest.
 
-    Shards are addressed in the virtual row space of ``bars_per_symbol`` (``symbol_bases``);
-    the writer turns them into rows of the symbol's own arrays. The manifest starts with
-    ``complete: false``; ``finish`` writes the segment tables and digests, then the manifest
-    with ``complete: true``, the last write of a build. ``create=False`` reopens the arrays
-    (a resume, an append: existing symbols grown to ``bars_per_symbol``, new ones created).
-    Before rewriting any object of a local cache it gives the file its own inode (``_release``),
-    so a hard-linked staging copy (``shardcache.build.append``) never changes a file it shares
-    with the original, and a killed write never leaves an object missing.
+    Shards are addressed in the virtual row space of ``bars_per_symbol`` (``symbol_bases``); the
+    writer turns them into rows of the symbol's own arrays. A symbol's inner chunks have
+    ``symbol_chunks[i]`` rows (``layout.symbol_chunk_rows`` of ``chunk_rows`` by default: a symbol
+    shorter than ``chunk_rows`` gets smaller ones; an append passes the stored symbols' own, which
+    never change). ``create=True`` starts a cache: the
+    root with ``complete: false``, the ``feature`` names and every symbol's documents.
+    ``create=False`` writes nothing until asked (a resume, an append: ``write_symbols`` rewrites
+    the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
+    the manifest with ``complete: true``, the last write of a build. A local object is written to a
+    temporary name and renamed into place: a hard-linked staging copy (``shardcache.build.append``)
+    never changes a file it shares with the original, and a killed write never leaves a part.
     Picklable, so shard writes can run as dask tasks on any worker.
     """
 
@@ -65,9 +83,10 @@ class CacheWriter:
         codec: str = "blosc-lz4",
         storage_options: dict[str, Any] | None = None,
         create: bool = True,
+        symbol_chunks: Any = None,
     ) -> None:
-        self.url = os.fspath(url)
-        self.storage_options = storage_options
+        self.objects = Objects(url, storage_options)
+        self.url, self.storage_options = self.objects.url, storage_options
         self.feature_names = list(feature_names)
         self.n_features = len(feature_names)
         self.shard_rows = int(shard_rows)
@@ -78,111 +97,56 @@ class CacheWriter:
         self.bars_per_symbol = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
         self.bases = symbol_bases(self.bars_per_symbol, self.shard_rows)
         self.n_bars = int(self.bars_per_symbol.sum())
-        self._arrays: dict[tuple[int, str], zarr.Array[Any]] = {}
-        self._group: zarr.Group | None = None
+        if symbol_chunks is None:
+            symbol_chunks = symbol_chunk_rows(self.bars_per_symbol, self.chunk_rows)
+        self.symbol_chunks = np.asarray(symbol_chunks, dtype=np.int64).reshape(-1)
+        if len(self.symbol_chunks) != len(self.bars_per_symbol) or (self.shard_rows % self.symbol_chunks).any():
+            raise CacheError(f"inner-chunk rows {self.symbol_chunks.tolist()} must divide shard rows {shard_rows}")
+        self._codecs = (chunk_codec(codec), chunk_codec("zstd"))  # features' inner chunks, time chunks
         if create:
-            self._group = open_group(self.url, "w", storage_options)
-            self._group.attrs[ATTR] = incomplete()
-        self._ensure_symbols()
+            self._create()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_arrays"], state["_group"] = {}, None
-        return state
+    def documents(self, i: int) -> SymbolDocuments:
+        """Symbol ``i``'s ``zarr.json`` templates (``metadata.SymbolDocuments``: one per inner-chunk size)."""
+        return symbol_documents(self.n_features, self.shard_rows, int(self.symbol_chunks[i]), self.codec)
 
-    @property
-    def root(self) -> zarr.Group:
-        if self._group is None:
-            self._group = open_group(self.url, "r+", self.storage_options)
-        return self._group
+    def _create(self) -> None:
+        """A new cache: the root (``complete: false``) with its ``symbols`` group and ``feature`` names, then
+        every symbol's documents. A local folder already there is cleared first, as zarr's mode "w" does."""
+        if self.objects.root is not None and os.path.lexists(self.objects.root):
+            shutil.rmtree(self.objects.root)
 
-    def _release(self, key: str) -> None:
-        """Give a local object (or each file of a folder) its own inode before it is rewritten: a
-        hard link into another cache must not change. The copy replaces the link by a rename, so
-        the path holds its old bytes until zarr writes the new ones, even if the process is killed."""
-        path = _local_file(self.url, key)
-        if path is None or not os.path.exists(path):
-            return
-        files = [path] if not os.path.isdir(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-        for file in files:
-            if os.stat(file).st_nlink > 1:
-                tmp = f"{file}.{os.getpid()}.unshare"
-                shutil.copy2(file, tmp)
-                os.replace(tmp, file)
+        def root(g: zarr.Group) -> None:
+            g.attrs[ATTR] = incomplete()
+            g.create_group("symbols")
+            names = g.create_array(
+                "feature", shape=(self.n_features,), dtype=str, chunks=(max(self.n_features, 1),),
+                dimension_names=("feature",),
+            )  # fmt: skip
+            if self.n_features:
+                names[...] = np.asarray(self.feature_names, dtype=str)
+
+        self.objects.put_many(zarr_objects(root))
+        self.write_symbols(range(len(self.bars_per_symbol)))
+
+    def write_symbols(self, symbols: Iterable[int], first_new: int = 0) -> None:
+        """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and
+        the group document of those from ``first_new`` on (an append's new symbols), concurrently."""
+        out: dict[str, bytes] = {}
+        for i in symbols:
+            out.update(self.documents(i).symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
+        self.objects.put_many(out)
 
     def sweep(self) -> int:
         """Remove the temporary files killed writes left in a local cache (none on object stores:
-        a PUT is whole or absent), so they are neither counted in its bytes nor published. Returns
-        how many were removed."""
-        root = _local_file(self.url, "")
+        a PUT is whole or absent), so they are never published. Returns how many were removed."""
+        root = self.objects.root
         if root is None:
             return 0
-        strays = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if _STRAY.search(f)]
+        strays = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if STRAY.search(f)]
         for path in strays:
             os.unlink(path)
         return len(strays)
-
-    def _ensure_symbols(self) -> None:
-        """Create missing symbol groups and grow existing arrays to ``bars_per_symbol`` (metadata only).
-
-        Thousands of symbols mean thousands of small metadata objects: they are written
-        concurrently on zarr's event loop (``_gather``; one PUT each on an object store).
-        """
-        symbols = self.root.require_group("symbols")
-        have = set(symbols.group_keys())
-        sizes = list(enumerate(self.bars_per_symbol.tolist()))
-        grow = [(i, n) for i, n in sizes if str(i) in have]
-        gather(
-            [self._acreate_symbol(async_group(symbols), str(i), n) for i, n in sizes if str(i) not in have]
-            + [self._agrow(async_group(symbols), i, n) for i, n in grow]
-        )
-
-    async def _acreate_symbol(self, symbols: Any, name: str, n: int) -> None:
-        g = await symbols.require_group(name)
-        f = max(self.n_features, 1)
-        await asyncio.gather(
-            g.create_array(
-                "features",
-                shape=(n, self.n_features),
-                dtype="float32",
-                chunks=(self.chunk_rows, f),
-                shards=(self.shard_rows, f),
-                compressors=compressors(self.codec),
-                fill_value=np.nan,
-                dimension_names=("time", "feature"),
-            ),
-            g.create_array(
-                "time",
-                shape=(n,),
-                dtype="int64",
-                chunks=(self.shard_rows,),
-                compressors=compressors("zstd"),
-                fill_value=0,
-                dimension_names=("time",),
-                attributes=dict(TIME_ATTRS),
-            ),
-            self._anames(g, f),
-        )
-
-    async def _anames(self, g: Any, f: int) -> None:
-        names = await g.create_array(
-            "feature", shape=(self.n_features,), dtype=str, chunks=(f,), dimension_names=("feature",)
-        )
-        if self.n_features:
-            await names.setitem(..., np.asarray(self.feature_names, dtype=str))
-
-    async def _agrow(self, symbols: Any, i: int, n: int) -> None:
-        for array, shape in (("features", (n, self.n_features)), ("time", (n,))):
-            arr = await symbols.getitem(f"{i}/{array}")
-            if arr.shape[0] < n:
-                self._release(f"{group_path(i)}/{array}/zarr.json")  # rewritten from the copy in memory
-                await arr.resize(shape)
-
-    def _array(self, i: int, name: str) -> zarr.Array[Any]:
-        arr = self._arrays.get((i, name))
-        if arr is None:
-            arr = self._arrays[(i, name)] = node_array(self.root, f"{group_path(i)}/{name}")
-        return arr
 
     @property
     def n_shards(self) -> int:
@@ -216,68 +180,84 @@ class CacheWriter:
         i, a, b = self.shard_symbol(shard)
         return int(self.bases[i]) + a, int(self.bases[i]) + b
 
-    def _local(self, start: int, stop: int) -> tuple[int, int, int]:
-        i = int(np.searchsorted(self.bases, start, side="right")) - 1
-        return i, start - int(self.bases[i]), stop - int(self.bases[i])
-
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Virtual rows ``[start, stop)`` (one symbol) as stored: features and timestamps (an append keeps them)."""
-        i, a, b = self._local(start, stop)
-        return (
-            np.asarray(self._array(i, "features")[a:b], dtype=np.float32),
-            np.asarray(self._array(i, "time")[a:b], dtype=np.int64),
-        )
+        """Virtual rows ``[start, stop)`` (inside one shard of one symbol) as stored: features and
+        timestamps (the rows of its tail shard an append keeps)."""
+        i = int(np.searchsorted(self.bases, start, side="right")) - 1
+        a, b = start - int(self.bases[i]), stop - int(self.bases[i])
+        k = a // self.shard_rows
+        path = f"{group_path(i)}/features"
+        meta = self.documents(i).features_metadata(int(self.bars_per_symbol[i]))
+        feats = ShardDecoder.from_metadata(self.objects.store, path, meta).read(a, b)
+        raw = self.objects.get_many([chunk_key(i, "time", k)])[chunk_key(i, "time", k)]
+        if raw is None:
+            raise CacheError(f"{self.url}: {chunk_key(i, 'time', k)} is missing; rebuild the cache")
+        ts = decode_chunk(raw, self._codecs[1], np.int64, (self.shard_rows,))
+        s0 = k * self.shard_rows
+        return feats, ts[a - s0 : b - s0]
 
-    def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> str:
-        """Write shard ``shard`` whole (rows and timestamps) and return its digest."""
+    def write_shard(self, shard: int, features: np.ndarray, ts: np.ndarray) -> ShardRecord:
+        """Write shard ``shard`` whole (its ``features`` object and its ``time`` chunk, one request each)
+        and return its row of the root index."""
         i, a, b = self.shard_symbol(shard)
         block = np.ascontiguousarray(features, dtype=np.float32)
-        if block.shape != (b - a, self.n_features) or len(ts) != b - a:
+        times = np.asarray(ts, dtype=np.int64)
+        if block.shape != (b - a, self.n_features) or times.shape != (b - a,):
             raise CacheError(f"shard {shard}: expected {(b - a, self.n_features)} rows, got {block.shape}")
-        feats, times = self._array(i, "features"), self._array(i, "time")
-        local = a // self.shard_rows
-        path = group_path(i)
-        self._release(f"{path}/features/" + feats.metadata.encode_chunk_key((local, 0)))
-        self._release(f"{path}/time/" + times.metadata.encode_chunk_key((local,)))
-        feats[a:b] = block
-        times[a:b] = np.asarray(ts, dtype=np.int64)
-        return shard_digest(block)
-
-    async def _asmall(self, g: Any, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
-        """(Re)create a small one-chunk array (its old objects already released)."""
-        arr = await g.create_array(
-            name,
-            shape=data.shape,
-            dtype=data.dtype,
-            chunks=tuple(max(1, n) for n in data.shape),
-            compressors=compressors("zstd"),
-            fill_value=0,
-            overwrite=True,
-            dimension_names=dims,
+        k = a // self.shard_rows
+        chunk_rows = int(self.symbol_chunks[i])
+        data = encode_shard(block, self.shard_rows, chunk_rows, self._codecs[0])
+        stamps = encode_chunk(times, self.shard_rows, 0, self._codecs[1])
+        objects = {}
+        for key, value in ((chunk_key(i, "features", k), data), (chunk_key(i, "time", k), stamps)):
+            if value is None:  # every value the fill value: zarr stores no object
+                self.objects.delete(key)
+            else:
+                objects[key] = value
+        self.objects.put_many(objects)
+        return ShardRecord(
+            symbol=i,
+            shard=k,
+            rows=b - a,
+            first_ts=int(times[0]),
+            last_ts=int(times[-1]),
+            stored_bytes=0 if data is None else len(data),
+            chunk_rows=chunk_rows,
+            digest=shard_digest(block),
         )
-        if data.size:
-            await arr.setitem(..., data)
 
     def write_history(self, history: dict[str, Any]) -> None:
         """Store the inputs and append records (``{"sources": [...], "appends": [...]}``) as the
         attributes of the ``history`` group: out of the manifest, and not read to open the cache."""
-        self._release("history/zarr.json")
-        self.root.require_group("history").attrs.update(history)
+        made = zarr_objects(lambda g: g.create_group("history", attributes=history))
+        self.objects.put("history/zarr.json", made["history/zarr.json"])
 
-    def finish(
-        self,
-        segments: np.ndarray,
-        segment_split: np.ndarray,
-        manifest: Manifest,
-        digests: dict[int, str],
-        symbols: Any = None,
-    ) -> None:
-        """Write the symbols' segment tables and shard digests, the root segment index, then the
-        manifest marked complete (the last write).
+    def write_index(self, segments: np.ndarray, index: ShardIndex) -> None:
+        """The root index: ``segments`` (symbol, start, stop, split in the symbol's own rows), ``shards``
+        and ``shard_digests``, written together (each array's document and chunk)."""
+        if len(index.table) != self.n_shards:
+            raise CacheError(f"{self.url}: the shard index has {len(index.table)} rows for {self.n_shards} shards")
 
-        ``segments`` are virtual rows; ``digests`` maps the shards written to their digests
-        (the other shards keep the ones stored); ``symbols`` limits the per-symbol writes to
-        those (an append), all by default. ``manifest`` must describe this writer's symbols and layout.
+        def make(g: zarr.Group) -> None:
+            _small(g, "segments", segments.astype(np.int64), ("all_segments", "field"))
+            _small(
+                g, SHARD_ARRAY, index.table.astype(np.int64), ("all_shards", "shard_field"), fields=list(SHARD_FIELDS)
+            )
+            _small(g, DIGEST_ARRAY, index.digests.astype(np.uint64), ("all_shards", "digest_word"))
+
+        made = zarr_objects(make)
+        made.pop("zarr.json")
+        self.objects.put_many(made)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        """The root's ``zarr.json`` with the manifest marked complete: the last write of a build or append."""
+        self.objects.put("zarr.json", zarr_objects(lambda g: g.attrs.put({ATTR: manifest.to_json()}))["zarr.json"])
+
+    def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: Manifest, index: ShardIndex) -> None:
+        """Write the root index, then the manifest marked complete (the last write).
+
+        ``segments`` are virtual rows, ``index`` every shard's row (``ShardIndex.updated``).
+        ``manifest`` must describe this writer's symbols and layout.
         """
         if manifest.bars_per_symbol != self.bars_per_symbol.tolist() or manifest.layout != self.layout:
             raise CacheError(f"{self.url}: the manifest to write does not describe the cache written")
@@ -287,33 +267,5 @@ class CacheWriter:
         seg, split = seg[order], split[order]
         sym = seg[:, 0]
         local = np.stack([sym, seg[:, 1] - self.bases[sym], seg[:, 2] - self.bases[sym], split], axis=1)
-        bounds = np.searchsorted(sym, np.arange(len(self.bars_per_symbol) + 1))
-        root = self.root
-        todo = range(len(self.bars_per_symbol)) if symbols is None else sorted({int(s) for s in symbols})
-        for i in todo:
-            for name in _SEGMENT_ARRAYS:
-                self._release(f"{group_path(i)}/{name}")
-        self._release("segments")
-        groups = async_group(root.require_group("symbols"))
-
-        async def one(i: int) -> None:
-            g = await groups.getitem(str(i))
-            if not isinstance(g, zarr.AsyncGroup):
-                raise CacheError(f"{self.url}: {group_path(i)} is an array, not a symbol's group")
-            mine = local[bounds[i] : bounds[i + 1]]
-            for name, col, dtype in zip(_SEGMENT_ARRAYS, (1, 2, 3), ("int64", "int64", "int8")):
-                await self._asmall(g, name, mine[:, col].astype(dtype), ("segment",))
-            feats = await g.getitem("features")
-            if not isinstance(feats, zarr.AsyncArray):
-                raise CacheError(f"{self.url}: {group_path(i)}/features is a group, not an array")
-            self._release(f"{group_path(i)}/features/zarr.json")  # rewritten from the copy in memory
-            first = int(self.bases[i]) // self.shard_rows
-            n_local = -(-int(self.bars_per_symbol[i]) // self.shard_rows)
-            old = list(cast("list[str | None]", feats.attrs.get("digests") or []))  # as this writer stores them
-            old += [None] * (n_local - len(old))
-            await feats.update_attributes({"digests": [digests.get(first + k, old[k]) for k in range(n_local)]})
-
-        gather([one(i) for i in todo])
-        sync(self._asmall(async_group(root), "segments", local.astype(np.int64), ("all_segments", "field")))
-        self._release("zarr.json")
-        root.attrs[ATTR] = manifest.to_json()
+        self.write_index(local, index)
+        self.write_manifest(manifest)

@@ -1,35 +1,45 @@
-"""Check a cache end to end: checksums, shard digests, timestamps and the segment tables.
+"""Check a cache end to end: every stored object once, against the root index and the manifest.
 
-``verify_cache`` (``shardcache verify CACHE``) re-reads the whole cache one shard at a
-time, so memory stays at one shard whatever the cache size, and names every problem by the
-store key it concerns (``symbols/3/features/c/0/0``, ``symbols/3/time/c/0``, ``segments``):
+``verify_cache`` (``shardcache verify CACHE``) reads each of a symbol's objects once, whole (one
+request each on an object store, many at once, a few dozen symbols' worth of bytes at a time, so
+memory stays bounded whatever the cache size), and names every problem by the store key it
+concerns (``symbols/3/features/c/0/0``, ``symbols/3/time/c/0``, ``symbols/3/features/zarr.json``,
+``segments``, ``shards``):
 
-* a shard object that is missing, or that fails to decode: zarr checks the crc32c of
-  every inner chunk and of the shard index, so flipped or truncated bytes show up here;
-* a shard whose decoded rows differ from the digest recorded at build time (the
-  ``digests`` attribute of each symbol's ``features``, see ``layout.shard_digest``);
-* a symbol's timestamps that do not strictly increase, a symbol's segment table
-  (``segment_start``/``segment_stop``/``segment_split``) that does not tile its rows in
-  order or disagrees with the root ``segments`` index, split ids outside the manifest's
-  splits, and array shapes or chunking that disagree with the manifest.
+* a shard object or time chunk that is missing, or that fails to decode: every inner chunk and
+  the shard index carry a crc32c (``format.decode``), so flipped or truncated bytes show up here;
+* a shard whose decoded rows differ from the digest recorded at build time (the root
+  ``shard_digests``, see ``layout.shard_digest``), or whose size, first or last bar time differ
+  from its row of the root ``shards`` index;
+* a symbol's timestamps that do not strictly increase;
+* a ``zarr.json`` that is not the one ``build-cache`` writes for the manifest's layout and the
+  symbol's length (``format.metadata``: its shape, chunking, codecs, dimension names);
+* a root segment index whose segments do not tile each symbol's rows in order, or split ids
+  outside the manifest's splits.
 
-A cache that cannot be opened at all (missing, incomplete, old or newer format, damaged
-segment index) raises ``CacheError`` instead of returning a report.
+A cache that cannot be opened at all (missing, incomplete, old or newer format, damaged root
+index) raises ``CacheError`` instead of returning a report.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from ..format.cache import Cache, open_cache
-from ..format.layout import describe_damage, shard_digest
+from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_chunk
+from ..format.layout import chunk_codec, chunk_key, describe_damage, shard_digest
+from ..format.metadata import SymbolDocuments, symbol_documents
+from ..format.objects import Objects
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 
@@ -104,79 +114,175 @@ def _key_order(key: str) -> tuple[tuple[int, int, str], ...]:
     return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in key.split("/"))
 
 
-def _read(cache: Cache, shard: int, array: str, a: int, b: int, problems: list[Problem]) -> np.ndarray | None:
-    """Local rows ``[a, b)`` of one shard of a symbol's ``array``, or None after recording why they cannot be had."""
-    key = cache.shard_key(shard, array)
-    if not cache.shard_exists(shard, array):
-        problems.append(Problem(key, "missing"))
-        return None
-    try:
-        return np.asarray(cache.array(cache.shard_symbol(shard)[0], array)[a:b])
-    except _DAMAGE as exc:  # checksum mismatch (ValueError) or a codec error; an OSError is no damage
-        problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
-        return None
+class _Fetched(ShardDecoder):
+    """A shard decoder over objects already fetched (``objects``, key -> bytes or None): no request."""
+
+    objects: dict[str, bytes | None]
+
+    def _get(self, key: str, byte_range: Any = None) -> np.ndarray | None:
+        data = self.objects.get(key)
+        if data is None:
+            return None
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if isinstance(byte_range, SuffixByteRequest):
+            return raw[max(len(raw) - byte_range.suffix, 0) :]
+        if isinstance(byte_range, RangeByteRequest):
+            return raw[byte_range.start : byte_range.end]
+        return raw
 
 
-def _check_symbol(cache: Cache, i: int, problems: list[Problem]) -> list[str | None] | None:
-    """Symbol ``i``'s array shapes and chunking and its segment table; its recorded digests."""
-    n, path = int(cache.bars_per_symbol[i]), cache.groups[i]
-    f, t = cache.array(i, "features"), cache.array(i, "time")
-    if f.shape != (n, cache.n_features):
-        problems.append(Problem(f"{path}/features", f"shape {f.shape}, manifest says {(n, cache.n_features)}"))
-    if t.shape != (n,):
-        problems.append(Problem(f"{path}/time", f"shape {t.shape}, manifest says {(n,)}"))
-    if f.shards is None or f.shards[0] != cache.shard_rows:
-        problems.append(
-            Problem(f"{path}/features", f"shards of {f.shards and f.shards[0]} rows, manifest says {cache.shard_rows}")
-        )
-    if t.chunks[0] != cache.shard_rows:
-        problems.append(Problem(f"{path}/time", f"chunks of {t.chunks[0]} rows, manifest says {cache.shard_rows}"))
-    index = cache.local_segments[cache.local_segments[:, 0] == i]
-    sym = cache.symbols[i]
-    if not len(index) or index[0, 1] != 0 or index[-1, 2] != n:
-        problems.append(Problem("segments", f"{sym}'s segments do not cover its rows 0-{n}"))
-    gaps = np.flatnonzero(index[1:, 1] != index[:-1, 2])
-    if len(gaps):
+def _check_segments(cache: Cache, problems: list[Problem]) -> None:
+    """The root segment index, every symbol at once: each symbol's segments tile its rows in order (in
+    the order stored), none empty or reversed, with known split ids."""
+    local = cache.local_segments[np.argsort(cache.local_segments[:, 0], kind="stable")]
+    sym, start, stop = local[:, 0], local[:, 1], local[:, 2]
+    n, names = cache.bars_per_symbol, cache.manifest.symbols
+    first = np.searchsorted(sym, np.arange(len(n)))  # each symbol's first segment (its last: the next's - 1)
+    last = np.searchsorted(sym, np.arange(len(n)), side="right") - 1
+    some = last >= first
+    covered = some & (start[np.minimum(first, len(local) - 1)] == 0) & (stop[np.maximum(last, 0)] == n)
+    joins = np.flatnonzero((sym[1:] == sym[:-1]) & (start[1:] != stop[:-1]))  # a gap or an overlap
+    empty = np.flatnonzero(stop <= start)
+    for i in np.flatnonzero(~covered).tolist():
+        problems.append(Problem("segments", f"{names[i]}'s segments do not cover its rows 0-{int(n[i])}"))
+    for i in np.unique(sym[joins]).tolist():
+        mine = joins[sym[joins] == i]
         problems.append(
             Problem(
                 "segments",
-                f"{len(gaps)} gap(s) or overlap(s) in {sym}'s rows, first after row {int(index[gaps[0], 2])}",
+                f"{len(mine)} gap(s) or overlap(s) in {names[i]}'s rows, first after row {int(stop[mine[0]])}",
             )
         )
-    empty = np.flatnonzero(index[:, 2] <= index[:, 1])
-    if len(empty):
+    for i in np.unique(sym[empty]).tolist():
+        mine = empty[sym[empty] == i]
         problems.append(
             Problem(
                 "segments",
-                f"{len(empty)} empty or reversed segment(s) of {sym}, first at row {int(index[empty[0], 1])}",
+                f"{len(mine)} empty or reversed segment(s) of {names[i]}, first at row {int(start[mine[0]])}",
             )
         )
-    if len(index) and (index[:, 3].min() < 0 or index[:, 3].max() >= len(cache.split_names)):
+    if len(local) and (local[:, 3].min() < 0 or local[:, 3].max() >= len(cache.split_names)):
         problems.append(Problem("segments", f"split ids outside 0-{len(cache.split_names) - 1}"))
+
+
+def _check_document(key: str, data: bytes | None, want: bytes, problems: list[Problem]) -> None:
+    """A stored ``zarr.json`` against the one ``build-cache`` writes (compared as JSON)."""
+    if data is None:
+        problems.append(Problem(key, "missing"))
+        return
+    if data == want:
+        return
     try:
-        table = np.stack(
-            [
-                np.asarray(cache.array(i, name)[...], dtype=np.int64)
-                for name in ("segment_start", "segment_stop", "segment_split")
-            ],
-            axis=1,
-        ).reshape(-1, 3)
-    except _DAMAGE as exc:  # missing or damaged
-        problems.append(Problem(f"{path}/segment_start", f"unreadable ({describe_damage(exc)})"))
-    else:
-        if not np.array_equal(table, index[:, 1:]):
-            problems.append(
-                Problem(f"{path}/segment_start", "the symbol's segment table differs from the root segments index")
+        got = json.loads(data)
+    except ValueError as exc:
+        problems.append(Problem(key, f"unreadable ({describe_damage(exc)})"))
+        return
+    expected = json.loads(want)
+    if not isinstance(got, dict):
+        problems.append(Problem(key, "not a zarr.json document"))
+    elif got.get("shape") != expected.get("shape"):  # named by its array, as a reader names it (Cache._check_rows)
+        shape, manifest = tuple(got.get("shape") or ()), tuple(expected["shape"])
+        problems.append(Problem(key.removesuffix("/zarr.json"), f"shape {shape}, manifest says {manifest}"))
+    elif got != expected:
+        keys = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
+        problems.append(
+            Problem(key, f"differs from the zarr.json build-cache writes for this layout ({', '.join(keys)})")
+        )
+
+
+def _batches(cache: Cache, limit: int = 64 << 20) -> Iterator[list[int]]:
+    """Symbols in order, grouped so that each group's stored shards hold about ``limit`` bytes at most."""
+    sizes = np.bincount(cache.root_shards[:, 0], weights=cache.root_shards[:, 5], minlength=len(cache.symbols))
+    batch: list[int] = []
+    total = 0.0
+    for i, size in enumerate(sizes.tolist()):
+        if batch and (total + size > limit or len(batch) >= 512):
+            yield batch
+            batch, total = [], 0.0
+        batch.append(i)
+        total += size
+    if batch:
+        yield batch
+
+
+class _Checker:
+    """Every check of one shard's objects, against the root index."""
+
+    def __init__(self, cache: Cache, objects: Objects, problems: list[Problem]) -> None:
+        self.cache, self.problems = cache, problems
+        self.table = cache.root_shards
+        try:
+            self.digests: np.ndarray | None = cache.shard_digests()
+        except Exception as exc:  # noqa: BLE001 - a damaged digest array is a finding, not the end
+            problems.append(Problem("shard_digests", f"unreadable ({describe_damage(exc)})"))
+            self.digests = None
+        self.store = objects.store
+        self.chunks = cache.symbol_chunks
+        self._decoders: dict[int, _Fetched] = {}
+        self.time_codec = chunk_codec("zstd")
+        self.checked = 0
+
+    def documents(self, i: int) -> SymbolDocuments:
+        """Symbol ``i``'s ``zarr.json`` documents as ``build-cache`` writes them (its inner chunks' size)."""
+        c = self.cache
+        return symbol_documents(c.n_features, c.shard_rows, int(self.chunks[i]), c.manifest.layout.codec)
+
+    def features(self, objects: dict[str, bytes | None], i: int, shard: int, a: int, b: int) -> None:
+        """Shard ``shard``'s ``features`` object: decoded, its size and digest against the index."""
+        key, chunk_rows = self.cache.shard_key(shard), int(self.chunks[i])
+        if chunk_rows not in self._decoders:  # one decoder per inner-chunk size; ``like`` it for each symbol
+            self._decoders[chunk_rows] = _Fetched.from_metadata(self.store, "", self.documents(i).features_metadata(0))
+        path = f"{self.cache.manifest.groups[i]}/features"  # not ``Cache.groups``: a copy of every symbol's
+        dec = self._decoders[chunk_rows].like(path, int(self.cache.bars_per_symbol[i]))
+        dec.objects = objects
+        try:
+            rows = dec.read(a, b)
+        except MissingShard:
+            self.problems.append(Problem(key, "missing"))
+            return
+        except ChunkError as exc:
+            self.problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
+            return
+        if self.digests is not None:
+            self.checked += 1
+            if shard_digest(rows) != self.digests[shard].astype("<u8").tobytes().hex():
+                self.problems.append(Problem(key, "rows differ from the digest recorded at build time"))
+        size, want = len(objects[key] or b""), int(self.table[shard, 5])
+        if size != want:
+            self.problems.append(Problem(key, f"{size:,} bytes, the root index (shards) says {want:,}"))
+
+    def times(self, data: bytes | None, i: int, shard: int, a: int, b: int, prev: int | None) -> int | None:
+        """Shard ``shard``'s ``time`` chunk: decoded, strictly increasing, its ends against the index; its last bar."""
+        key, cache = self.cache.shard_key(shard, "time"), self.cache
+        if data is None:
+            self.problems.append(Problem(key, "missing"))
+            return None
+        try:
+            ts = decode_chunk(data, self.time_codec, np.int64, (cache.shard_rows,))[: b - a]
+        except ChunkError as exc:
+            self.problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
+            return None
+        bad = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
+        if prev is not None and ts[0] <= prev:
+            bad = np.r_[0, bad]
+        if len(bad):
+            self.problems.append(
+                Problem(
+                    key,
+                    f"timestamps not strictly increasing at {len(bad)} row(s), first "
+                    f"at row {a + int(bad[0])} of {cache.manifest.symbols[i]}",
+                )
             )
-    digests = f.attrs.get("digests")
-    expected = -(-n // cache.shard_rows)
-    if digests is not None and not isinstance(digests, list):
-        problems.append(Problem(f"{path}/features", f"shard digests are not a list: {digests!r:.60}"))
-        return None
-    if digests is not None and len(digests) != expected:
-        problems.append(Problem(f"{path}/features", f"{len(digests)} shard digests for {expected} shards"))
-        return None
-    return [None if d is None else str(d) for d in digests] if digests is not None else None
+        first, last = self.table[shard, 3:5].tolist()
+        if (int(ts[0]), int(ts[-1])) != (first, last):
+            self.problems.append(
+                Problem(
+                    "shards",
+                    f"row {shard} ({key}): first and last bar times {first}, {last}; the time chunk holds "
+                    f"{int(ts[0])}, {int(ts[-1])}",
+                )
+            )
+        return int(ts[-1])
 
 
 def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
@@ -203,50 +309,42 @@ def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
 def verify_cache(
     path: str | os.PathLike[str] | Cache, storage_options: dict[str, Any] | None = None, *, progress: bool = False
 ) -> VerifyReport:
-    """Re-read every shard of the cache at ``path`` and report what is wrong (see the module docstring)."""
+    """Read every object of the cache at ``path`` once and report what is wrong (see the module docstring)."""
     t0 = time.perf_counter()
     cache = open_cache(path, storage_options)
     problems: list[Problem] = []
     _check_manifest(cache, problems)
-    checked, rows = 0, cache.shard_rows
+    objects = Objects(cache.url, cache.storage_options)
+    check = _Checker(cache, objects, problems)
+    rows = cache.shard_rows
+    _check_segments(cache, problems)
+    group = check.documents(0).group  # every group's document is the same
+    _check_document("symbols/zarr.json", objects.get_many(["symbols/zarr.json"])["symbols/zarr.json"], group, problems)
     show = progress and sys.stderr.isatty()
     with tqdm(total=cache.n_shards, desc="verify", unit="shard", leave=False, disable=not show) as bar:
-        for i in range(len(cache.symbols)):
-            digests = _check_symbol(cache, i, problems)
-            first, n, prev = int(cache.bases[i]) // rows, int(cache.bars_per_symbol[i]), None
-            for k in range(-(-n // rows)):
-                shard, a, b = first + k, k * rows, min((k + 1) * rows, n)
-                feats = _read(cache, shard, "features", a, b, problems)
-                if feats is not None and digests is not None:
-                    checked += 1
-                    if shard_digest(feats.astype(np.float32, copy=False)) != digests[k]:
-                        problems.append(
-                            Problem(cache.shard_key(shard), "rows differ from the digest recorded at build time")
-                        )
-                ts = _read(cache, shard, "time", a, b, problems)
-                if ts is not None and len(ts):
-                    ts = ts.astype(np.int64, copy=False)
-                    bad = np.flatnonzero(ts[1:] <= ts[:-1]) + 1
-                    if prev is not None and ts[0] <= prev:
-                        bad = np.r_[0, bad]
-                    if len(bad):
-                        problems.append(
-                            Problem(
-                                cache.shard_key(shard, "time"),
-                                f"timestamps not strictly increasing at {len(bad)} row(s), first "
-                                f"at row {a + int(bad[0])} of {cache.symbols[i]}",
-                            )
-                        )
-                    prev = int(ts[-1])
-                else:
-                    prev = None
-                bar.update()
+        for batch in _batches(cache):
+            keys: list[str] = []
+            for i in batch:
+                n = int(cache.bars_per_symbol[i])
+                keys += check.documents(i).symbol(i, n)
+                keys += [chunk_key(i, a, k) for k in range(-(-n // rows)) for a in ("features", "time")]
+            got = objects.get_many(keys)
+            for i in batch:
+                n = int(cache.bars_per_symbol[i])
+                for key, want in check.documents(i).symbol(i, n).items():
+                    _check_document(key, got[key], want, problems)
+                first, prev = int(cache.bases[i]) // rows, None
+                for k in range(-(-n // rows)):
+                    shard, a, b = first + k, k * rows, min((k + 1) * rows, n)
+                    check.features(got, i, shard, a, b)
+                    prev = check.times(got[chunk_key(i, "time", k)], i, shard, a, b, prev)
+                    bar.update()
     cache.check_same()
     return VerifyReport(
         path=cache.url,
         shards=cache.n_shards,
         rows=cache.n_bars,
-        digests_checked=checked,
+        digests_checked=check.checked,
         problems=problems,
         elapsed_s=time.perf_counter() - t0,
     )

@@ -2,15 +2,15 @@
 and its symbols as xarray objects (``to_xarray``, ``open_symbol``).
 
 Functions of a ``Cache`` rather than its methods, so that the format never imports its views.
-The xarray views are thin layers over what plain xarray opens from a format-3 cache
+The xarray views are thin layers over what plain xarray opens from a cache
 (``xr.open_datatree(CACHE, engine="zarr")``, ``xr.open_zarr(CACHE, group=path)``): they add the
-manifest's labels (symbol, split per bar, train-split feature mean and std) and one dask chunk
-per shard.
+manifest's labels (symbol, feature names, split per bar, train-split feature mean and std) and one
+dask chunk per shard. ``open_symbol`` opens one symbol's group only, in time proportional to it
+whatever the number of symbols.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,27 +86,20 @@ def _shard_counts(cache: Cache) -> np.ndarray:
 def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     """Every stored shard, symbol by symbol: object key, local rows, time range, stored size, ratio.
 
-    A shard object that is not there shows as missing (``stored_bytes=None``; sizes from
-    ``_stored_sizes``). Time ranges come from the
-    symbols' ``time`` arrays, read concurrently (``_symbol_times``).
+    Rows and bar times come from the root shard index (``format.index``), read once whatever the
+    number of symbols; a shard object that is not there shows as missing (``stored_bytes=None``;
+    sizes from ``_stored_sizes``).
     """
     cache = open_cache(cache)
-    rows, bars, counts = cache.shard_rows, cache.bars_per_symbol, _shard_counts(cache)
-    if not counts.sum():
+    table = cache.root_shards
+    if not len(table):
         return []
-    symbol = np.repeat(np.arange(len(bars)), counts)
-    shard = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    start = shard * rows
-    stop = np.minimum(start + rows, bars[symbol])
-    times = _symbol_times(cache, np.flatnonzero(counts))
     names, groups = cache.symbols, cache.groups
-    keys = [
-        f"{groups[i]}/features/c/{k}/0" for i, k in zip(symbol.tolist(), shard.tolist())
-    ]  # zarr's default key encoding
+    keys = [cache.shard_key(s) for s in range(len(table))]
     stored = _stored_sizes(cache, keys)
     out = []
-    for i, k, a, b, key in zip(symbol.tolist(), shard.tolist(), start.tolist(), stop.tolist(), keys):
-        t0, t1 = int(times[i][a]), int(times[i][b - 1])
+    for (i, k, rows, t0, t1), key in zip(table[:, :5].tolist(), keys):  # format.index.SHARD_FIELDS
+        a = k * cache.shard_rows
         out.append(
             ShardInfo(
                 symbol=names[i],
@@ -115,47 +108,14 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
                 shard=k,
                 key=key,
                 start=a,
-                stop=b,
+                stop=a + rows,
                 first_ts=t0,
                 last_ts=t1,
-                raw_bytes=(b - a) * cache.n_features * 4,
+                raw_bytes=rows * cache.n_features * 4,
                 stored_bytes=stored.get(key),
             )
         )
     return out
-
-
-def _symbol_times(cache: Cache, ids: np.ndarray, concurrency: int = 32) -> dict[int, np.ndarray]:
-    """The ``time`` arrays of symbols ``ids`` (int64 ns), read ``concurrency`` at a time through zarr's
-    async API: one symbol after another costs a round trip each, seconds for thousands on S3."""
-    import zarr.api.asynchronous as zarr_async
-    from zarr import AsyncArray
-
-    from ..format.zarr_adapter import sync
-
-    groups = cache.groups
-    options = cache.storage_options if "://" in cache.url else None
-
-    async def read_all() -> list[np.ndarray]:
-        root = await zarr_async.open_group(store=cache.url, mode="r", zarr_format=3, storage_options=options)
-        limit = asyncio.Semaphore(concurrency)
-
-        async def one(i: int) -> np.ndarray:
-            async with limit:
-                try:
-                    arr = await root.getitem(f"{groups[i]}/time")
-                    if not isinstance(arr, AsyncArray):
-                        raise KeyError(f"{groups[i]}/time is a group")
-                    return np.asarray(await arr.getitem(slice(None)), dtype=np.int64)
-                except (ValueError, RuntimeError, TypeError, KeyError) as exc:  # missing, or a damaged chunk
-                    raise CacheError(
-                        f"{cache.url}: {groups[i]}/time cannot be read ({type(exc).__name__}); "
-                        "`shardcache verify` lists the damage; rebuild the cache"
-                    ) from None
-
-        return await asyncio.gather(*(one(i) for i in ids.tolist()))
-
-    return dict(zip(ids.tolist(), sync(read_all())))
 
 
 def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
@@ -239,18 +199,20 @@ def _open_kwargs(cache: Cache) -> dict[str, Any]:
     return kwargs
 
 
-def _labelled(ds: xarray.Dataset, cache: Cache, i: int, split: bool) -> xarray.Dataset:
-    """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``
-    and, with ``split``, the split name of every bar (from the symbol's segment table)."""
+def _labelled(ds: xarray.Dataset, cache: Cache, i: int, split: bool, names: bool = True) -> xarray.Dataset:
+    """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``,
+    with ``names`` the ``feature`` names (a tree inherits them from its root) and, with ``split``, the
+    split name of every bar (from the root segment index)."""
     coords: dict[str, Any] = {"symbol": cache.symbols[i]}
+    if names:
+        coords["feature"] = ("feature", np.asarray(cache.feature_names, dtype=str))
     stats = cache.stats
     if stats:
         coords["feature_mean"] = ("feature", np.asarray([stats[n]["mean"] for n in cache.feature_names]))
         coords["feature_std"] = ("feature", np.asarray([stats[n]["std"] for n in cache.feature_names]))
     if split:
-        a, b = ds["segment_start"].values, ds["segment_stop"].values
         codes = np.zeros(ds.sizes["time"], dtype=np.int8)
-        for lo, hi, code in zip(a.tolist(), b.tolist(), ds["segment_split"].values.tolist()):
+        for _, lo, hi, code in cache.local_segments[cache.local_segments[:, 0] == i].tolist():
             codes[lo:hi] = code
         coords["split"] = ("time", np.asarray(cache.split_names)[codes])
     out = ds.assign_coords(coords)
@@ -287,11 +249,12 @@ def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> xar
 def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     """The whole cache as a lazy ``xarray.DataTree``: ``xr.open_datatree(CACHE, engine="zarr")`` with
     one node per symbol (``tree[cache.groups[i]]``), each labelled with its ``symbol``
-    and the feature statistics (``open_symbol`` adds the split per bar). The root's attributes
-    hold the manifest. Opening reads every symbol's metadata and ``time`` index."""
+    and the feature statistics (``open_symbol`` adds the split per bar); every node inherits the
+    root's ``feature`` names. The root's attributes hold the manifest. Opening reads every symbol's
+    metadata and ``time`` index: for a few of many symbols, ``open_symbol`` each is faster."""
     xr = _xarray()
     cache = open_cache(cache)
     tree: xarray.DataTree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
     for i, path in enumerate(cache.groups):
-        tree[path] = _labelled(tree[path].to_dataset(), cache, i, split=False)
+        tree[path] = _labelled(tree[path].to_dataset(inherit=False), cache, i, split=False, names=False)
     return tree

@@ -1,6 +1,6 @@
 """Shared test helpers, one package (test files never import each other). What lives where:
 
-* this module: small format-3 caches written straight from numpy arrays with the real ``CacheWriter``
+* this module: small format-4 caches written straight from numpy arrays with the real ``CacheWriter``
   (``synthetic_bars``, ``make_cache``), ``stored_rows`` read back with plain zarr, the ``brute_starts``
   oracle, the DDP rank ``ddp_rank`` and ``run_helper`` (``python -m helpers COMMAND``, see ``__main__``);
 * ``helpers.stream``: window rows from a batch's metadata, a DDP rank given a stream made before init;
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardcache.format.cache import Cache
+from shardcache.format.index import ShardIndex
 from shardcache.format.layout import symbol_bases
 from shardcache.format.manifest import Counts, Manifest, Splits
 from shardcache.format.writer import CacheWriter
@@ -133,7 +134,7 @@ def make_cache(
     chunk_rows: int,
     codec: str = "blosc-lz4",
 ) -> Cache:
-    """Write ``bars`` as a complete format-3 cache with the real ``CacheWriter`` and open it.
+    """Write ``bars`` as a complete format-4 cache with the real ``CacheWriter`` and open it.
 
     Each symbol's rows are those its segments cover. The cache's virtual rows are ``bars``'
     rows when ``bars`` was made with the same ``shard_rows`` (or has one symbol).
@@ -154,11 +155,11 @@ def make_cache(
         chunk_rows=chunk_rows,
         codec=codec,
     )
-    digests = {}
+    records = []
     for s in writer.shard_ids:
         i, a, b = writer.shard_symbol(s)
         rows = slice(int(first[i]) + a, int(first[i]) + b)
-        digests[s] = writer.write_shard(s, bars.features[rows], bars.ts[rows])
+        records.append(writer.write_shard(s, bars.features[rows], bars.ts[rows]))
     virtual = seg.copy()
     virtual[:, 1:] += (writer.bases[:-1] - first)[seg[:, 0]][:, None]
     manifest = Manifest(
@@ -170,7 +171,9 @@ def make_cache(
         splits=Splits(names=bars.split_names),
         counts=Counts(bars=int((last - first).sum()), symbols=n_sym, segments=len(seg)),
     )
-    writer.finish(virtual, bars.segment_split, manifest, digests)
+    writer.finish(
+        virtual, bars.segment_split, manifest, ShardIndex.empty().updated(records, writer.bars_per_symbol, shard_rows)
+    )
     return Cache(path)
 
 

@@ -65,21 +65,16 @@ def _always(args) -> bool:
     return True
 
 
-def _key(key: str):
-    """A kill predicate for ``CacheWriter._release(self, key)``."""
-    return lambda args: args[1] == key
-
-
 # where an append is killed: (object, function, killed after the call (else before), for which calls)
 APPEND_KILLS = {
     "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
-    "grow: an array's metadata unshared, not rewritten": (
+    "grow: the grown symbols' documents written, the root index not": (
         append_mod.CacheWriter,
-        "_release",
+        "write_symbols",
         True,
-        _key("symbols/0/features/zarr.json"),
+        _always,
     ),
     "finish: segments written, manifest not": (append_mod.CacheWriter, "finish", False, _always),
-    "finish: the root metadata unshared, not rewritten": (append_mod.CacheWriter, "_release", True, _key("zarr.json")),
+    "finish: the root index written, the manifest not": (append_mod.CacheWriter, "write_manifest", False, _always),
     "publish: complete, not swapped in": (append_mod.Staging, "publish", False, _always),
 }

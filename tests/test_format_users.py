@@ -1,6 +1,7 @@
-"""Format 3 as a zarr user and an xarray user first meet it: one dense group per symbol, a
-``time`` index, ``.sel`` by time reading only the shards it needs, the whole cache as a DataTree,
-and a Hypothesis round trip from Parquet through ``build_cache`` back to the source values."""
+"""The format as a zarr user and an xarray user first meet it: one dense group per symbol, a
+``time`` index, the feature names at the root (inherited by every node of a DataTree), ``.sel``
+by time reading only the shards it needs, the whole cache as a DataTree, and a Hypothesis round
+trip from Parquet through ``build_cache`` back to the source values."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def manifest(path: str) -> dict:
 def test_plain_zarr_every_symbol_is_one_dense_array(cache_path, source):
     root = zarr.open_group(cache_path, mode="r")
     m = dict(root.attrs["shardcache"])
-    assert m["format_version"] == 3 and m["complete"] is True
+    assert m["format_version"] == 4 and m["complete"] is True
     assert sorted(m["symbols"]) == sorted(COUNTS) and len(m["groups"]) == len(m["symbols"])
+    assert list(root["feature"][...]) == ["x0", "x1", "x2"] == m["feature_names"]
     for symbol, path in zip(m["symbols"], m["groups"]):
         group = root[path]
         features = group["features"]
@@ -56,8 +58,8 @@ def test_plain_zarr_every_symbol_is_one_dense_array(cache_path, source):
         assert not np.isnan(values).any()
         np.testing.assert_array_equal(values, source[symbol].values)
         np.testing.assert_array_equal(group["time"][...], source[symbol].ts)
-        assert list(group["feature"][...]) == ["x0", "x1", "x2"] == m["feature_names"]
         assert features.metadata.dimension_names == ("time", "feature")
+        assert sorted(group.keys()) == ["features", "time"]
 
 
 def test_xarray_symbol_dataset_has_a_datetime_time_index(cache_path, source):
@@ -69,6 +71,9 @@ def test_xarray_symbol_dataset_has_a_datetime_time_index(cache_path, source):
         assert isinstance(ds.indexes["time"], pd.DatetimeIndex) and ds.indexes["time"].is_monotonic_increasing
         np.testing.assert_array_equal(ds.time.values, source[symbol].ts.astype("datetime64[ns]"))
         np.testing.assert_array_equal(ds.features.values, source[symbol].values)
+        assert "feature" not in ds.coords  # the names live once, at the root: one line adds them
+        names = xr.open_zarr(cache_path, consolidated=False)["feature"].values
+        ds = ds.assign_coords(feature=names)
         assert list(ds.feature.values) == ["x0", "x1", "x2"]
         np.testing.assert_array_equal(ds.features.sel(feature="x1").values, source[symbol].values[:, 1])
 
@@ -123,10 +128,12 @@ def test_sel_outside_a_deleted_shard_still_loads(cache_path, source, tmp_path):
 def test_open_datatree_opens_the_whole_cache(cache_path, source):
     tree = xr.open_datatree(cache_path, engine="zarr", consolidated=False)
     m = dict(tree.attrs["shardcache"])
-    assert m["format_version"] == 3
+    assert m["format_version"] == 4
     for symbol, path in zip(m["symbols"], m["groups"]):
         node = tree[path]
         assert node.features.shape == (COUNTS[symbol], 3)
+        assert list(node.feature.values) == ["x0", "x1", "x2"]  # inherited from the root's coordinate
+        np.testing.assert_array_equal(node.features.sel(feature="x2").values, source[symbol].values[:, 2])
         np.testing.assert_array_equal(node.time.values, source[symbol].ts.astype("datetime64[ns]"))
         np.testing.assert_array_equal(node.features.values, source[symbol].values)
     assert sorted(tree["symbols"].children) == sorted(p.split("/")[1] for p in m["groups"])

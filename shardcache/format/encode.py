@@ -1,0 +1,75 @@
+"""Shard and chunk bytes of the layout ``build-cache`` writes: the exact inverse of ``decode.py``.
+
+zarr writes a shard through its async codec pipeline, and reads the old object first when the
+shard is the partial last one (a GET before every PUT on an object store). These functions make
+the same bytes in one pass, so a writer stores each object with one ``store.set`` (one file write
+locally): every inner chunk of whole rows, padded with the fill value to its full shape, through
+``bytes`` (little-endian), the codec and a crc32c; chunks equal to the fill value left out, as
+zarr's ``write_empty_chunks=False`` leaves them out; then the shard index (offset and length of
+each chunk, ``2**64 - 1`` for an absent one) with its crc32c, at the end.
+``tests/test_encode.py`` checks them bit for bit against zarr's own writes, for every codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+__all__ = ["encode_chunk", "encode_shard"]
+
+_EMPTY = np.uint64(2**64 - 1)
+
+
+def _with_crc(body: bytes) -> bytes:
+    return body + np.uint32(google_crc32c.value(body)).tobytes()
+
+
+def _all_fill(values: np.ndarray, fill: Any) -> bool:
+    """Whether every value equals ``fill`` as zarr's ``NDBuffer.all_equal`` decides it: NaN equals NaN,
+    and a float zero fill compares bit patterns (-0.0 is not 0.0)."""
+    fill = np.asarray(fill, dtype=values.dtype)
+    if values.dtype.kind == "f" and np.isnan(fill):
+        return bool(np.isnan(values).all())
+    if values.dtype.kind == "f" and fill == 0:
+        return bool((values.view(f"u{values.itemsize}") == fill.view(f"u{values.itemsize}")).all())
+    return bool((values == fill).all())
+
+
+def encode_chunk(values: np.ndarray, rows: int, fill: Any, codec: Any | None) -> bytes | None:
+    """One chunk of ``rows`` rows (``values`` padded with ``fill`` below its own rows) as stored:
+    the codec's bytes and their crc32c; None when every value equals ``fill`` (NaN equal to NaN),
+    which zarr does not store."""
+    values = np.asarray(values)
+    if _all_fill(values, fill):  # the padding is the fill value: the rows given decide
+        return None
+    if len(values) == rows and values.flags.c_contiguous:
+        full = values
+    else:
+        full = np.full((rows, *values.shape[1:]), fill, dtype=values.dtype)
+        full[: len(values)] = values
+    raw = full.astype(full.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
+    return _with_crc(raw.tobytes() if codec is None else bytes(codec.encode(raw)))
+
+
+def encode_shard(block: np.ndarray, shard_rows: int, chunk_rows: int, codec: Any | None) -> bytes | None:
+    """The shard object of ``block`` (float32 ``(rows, F)``, ``rows <= shard_rows``, the shard's first
+    rows; NaN below them): its encoded inner chunks in order, then the index; None when every inner
+    chunk is empty (zarr then stores no object)."""
+    block = np.ascontiguousarray(block, dtype=np.float32)
+    n_chunks = shard_rows // chunk_rows
+    index = np.full((n_chunks, 2), _EMPTY, dtype="<u8")
+    parts: list[bytes] = []
+    offset = 0
+    for c in range(min(n_chunks, -(-len(block) // chunk_rows))):
+        data = encode_chunk(block[c * chunk_rows : (c + 1) * chunk_rows], chunk_rows, np.nan, codec)
+        if data is None:
+            continue
+        parts.append(data)
+        index[c] = (offset, len(data))
+        offset += len(data)
+    if not parts:
+        return None
+    parts.append(_with_crc(index.tobytes()))
+    return b"".join(parts)

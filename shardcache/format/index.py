@@ -1,0 +1,106 @@
+"""The root shard index: one row per stored shard of every symbol, in plain zarr arrays at the root.
+
+``shards`` int64 ``(N, 6)`` holds, per shard in virtual-shard order (symbol after symbol, each
+symbol's shards in order; row ``s`` is virtual shard ``s``): ``symbol``, ``shard`` (the symbol's own
+shard number), ``rows``, ``first_ts`` and ``last_ts`` (its first and last bar, ns since the epoch),
+``stored_bytes`` (the size of its ``features`` object) and ``chunk_rows`` (its inner chunks' rows: the
+symbol's, ``layout.symbol_chunk_rows``). ``shard_digests`` uint64 ``(N, 2)`` holds each
+shard's digest (``layout.shard_digest``: blake2b, 16 bytes, of its decoded rows) as two little-endian
+words. Both are written once per build or append, whatever the number of symbols, so ``ls``,
+``info`` and ``verify`` read them instead of every symbol's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["DIGEST_ARRAY", "SHARD_ARRAY", "SHARD_FIELDS", "ShardIndex", "ShardRecord", "digest_words"]
+
+SHARD_ARRAY = "shards"
+DIGEST_ARRAY = "shard_digests"
+SHARD_FIELDS = ("symbol", "shard", "rows", "first_ts", "last_ts", "stored_bytes", "chunk_rows")
+
+
+def digest_words(digest: str) -> tuple[int, int]:
+    """A 16-byte hex digest as the two little-endian uint64 words ``shard_digests`` stores."""
+    lo, hi = np.frombuffer(bytes.fromhex(digest), dtype="<u8").tolist()
+    return int(lo), int(hi)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardRecord:
+    """What writing one shard leaves for the root index: its place, rows, bar times, size and digest."""
+
+    symbol: int
+    shard: int  # the symbol's own shard number
+    rows: int
+    first_ts: int
+    last_ts: int
+    stored_bytes: int
+    chunk_rows: int
+    digest: str  # hex, ``layout.shard_digest``
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardIndex:
+    """Every shard's row of ``shards`` and its digest words, in virtual-shard order."""
+
+    table: np.ndarray  # (N, 7) int64, columns SHARD_FIELDS
+    digests: np.ndarray  # (N, 2) uint64
+
+    @classmethod
+    def empty(cls) -> ShardIndex:
+        return cls(table=np.zeros((0, len(SHARD_FIELDS)), np.int64), digests=np.zeros((0, 2), np.uint64))
+
+    def column(self, name: str) -> np.ndarray:
+        """One column of the table by its name in ``SHARD_FIELDS``."""
+        return self.table[:, SHARD_FIELDS.index(name)]
+
+    def digest(self, row: int) -> str:
+        """The hex digest of row ``row``."""
+        return str(self.digests[row].astype("<u8").tobytes().hex())
+
+    def symbol_chunk_rows(self, n_symbols: int) -> np.ndarray:
+        """Each symbol's inner-chunk rows (from its first shard's row)."""
+        out = np.zeros(n_symbols, np.int64)
+        first = self.table[self.table[:, 1] == 0]
+        out[first[:, 0]] = first[:, SHARD_FIELDS.index("chunk_rows")]
+        return out
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of every ``features`` shard object."""
+        return int(self.column("stored_bytes").sum())
+
+    def updated(self, records: Iterable[ShardRecord], bars_per_symbol: np.ndarray, shard_rows: int) -> ShardIndex:
+        """The index of a cache of ``bars_per_symbol`` after ``records`` were written: those shards'
+        rows from the records, every other shard's kept (a build starts from ``empty()``, an append
+        from its cache's index). ValueError if a shard has neither."""
+        counts = -(-np.asarray(bars_per_symbol, dtype=np.int64) // shard_rows)
+        first = np.concatenate([[0], np.cumsum(counts)])
+        n = int(first[-1])
+        symbol = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        shard = np.arange(n, dtype=np.int64) - first[symbol]
+        table = np.zeros((n, len(SHARD_FIELDS)), np.int64)
+        digests = np.zeros((n, 2), np.uint64)
+        filled = np.zeros(n, bool)
+        old = self.table
+        if len(old):
+            old_counts = np.bincount(old[:, 0], minlength=len(counts))[: len(counts)]
+            old_first = np.concatenate([[0], np.cumsum(old_counts)])
+            keep = shard < old_counts[symbol]
+            src = old_first[symbol[keep]] + shard[keep]
+            table[keep], digests[keep], filled[keep] = old[src], self.digests[src], True
+        for r in records:
+            row = int(first[r.symbol]) + r.shard
+            table[row] = (r.symbol, r.shard, r.rows, r.first_ts, r.last_ts, r.stored_bytes, r.chunk_rows)
+            digests[row] = digest_words(r.digest)
+            filled[row] = True
+        if not filled.all():
+            k = int(np.flatnonzero(~filled)[0])
+            raise ValueError(f"shard {int(shard[k])} of symbol {int(symbol[k])} was neither written nor kept")
+        table[:, 0], table[:, 1] = symbol, shard
+        return ShardIndex(table=table, digests=digests)

@@ -1,0 +1,100 @@
+"""The ``zarr.json`` documents of a cache, made by zarr once and stamped per symbol.
+
+Every symbol's ``features`` and ``time`` arrays share codecs, chunking, dtypes, fill values and
+attributes; only their length differs. zarr makes each document once, in memory, for a sentinel
+length (``SymbolDocuments``), and each symbol's document is that template with its length in
+place of the sentinel: the bytes zarr itself writes for that array (``tests/test_encode.py``
+compares them with ``zarr.create_array``'s), without zarr's existence checks and read-backs
+against the store, so a writer stores thousands of them concurrently, one PUT each.
+The root's few nodes (the manifest's group, the root index arrays) are made whole by zarr in
+memory and copied (``zarr_objects``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.storage import MemoryStore
+
+from .layout import TIME_ATTRS, compressors, group_path
+from .zarr_adapter import ArrayV3Metadata
+
+__all__ = ["SymbolDocuments", "symbol_documents", "zarr_objects"]
+
+_SENTINEL = 987654321987  # the template's length; appears nowhere else in a document
+
+
+def zarr_objects(make: Callable[[zarr.Group], Any]) -> dict[str, bytes]:
+    """The objects (key -> bytes) zarr writes for what ``make`` creates in an empty root group, made in
+    memory: zarr's own documents and chunks, to copy into a store with one PUT each."""
+    objects: dict[str, Any] = {}
+    make(zarr.open_group(MemoryStore(objects), mode="w", zarr_format=3))
+    return {key: buf.to_bytes() for key, buf in objects.items()}
+
+
+def _stamp(document: bytes) -> Callable[[int], bytes]:
+    """``document``'s bytes with a length in place of the sentinel."""
+    head, sep, tail = document.partition(str(_SENTINEL).encode())
+    if not sep or str(_SENTINEL).encode() in tail:
+        raise AssertionError("the sentinel length must appear once in a template document")
+    return lambda n: b"%b%d%b" % (head, int(n), tail)
+
+
+class SymbolDocuments:
+    """The ``zarr.json`` of a symbol's group, ``features`` and ``time``, for any length, as zarr writes them."""
+
+    def __init__(self, n_features: int, shard_rows: int, chunk_rows: int, codec: str) -> None:
+        f = max(n_features, 1)
+
+        def make(root: zarr.Group) -> None:
+            g = root.create_group("s")
+            g.create_array(
+                "features",
+                shape=(_SENTINEL, n_features),
+                dtype="float32",
+                chunks=(chunk_rows, f),
+                shards=(shard_rows, f),
+                compressors=compressors(codec),
+                fill_value=np.nan,
+                dimension_names=("time", "feature"),
+            )
+            g.create_array(
+                "time",
+                shape=(_SENTINEL,),
+                dtype="int64",
+                chunks=(shard_rows,),
+                compressors=compressors("zstd"),
+                fill_value=0,
+                dimension_names=("time",),
+                attributes=dict(TIME_ATTRS),
+            )
+
+        made = zarr_objects(make)
+        self.group: bytes = made["s/zarr.json"]
+        self.features = _stamp(made["s/features/zarr.json"])
+        self.time = _stamp(made["s/time/zarr.json"])
+        self._features_meta = ArrayV3Metadata.from_dict(json.loads(made["s/features/zarr.json"]))
+        self.n_features = n_features
+
+    def features_metadata(self, n: int) -> ArrayV3Metadata:
+        """The parsed metadata of a ``features`` array of ``n`` rows (what a decoder needs), without a read."""
+        return self._features_meta.update_shape((int(n), self.n_features))
+
+    def symbol(self, i: int, n: int, *, group: bool = True) -> dict[str, bytes]:
+        """Symbol ``i``'s documents for ``n`` bars, by store key (its group's only with ``group``)."""
+        path = group_path(i)
+        out = {f"{path}/features/zarr.json": self.features(n), f"{path}/time/zarr.json": self.time(n)}
+        if group:
+            out[f"{path}/zarr.json"] = self.group
+        return out
+
+
+@functools.lru_cache(maxsize=64)
+def symbol_documents(n_features: int, shard_rows: int, chunk_rows: int, codec: str) -> SymbolDocuments:
+    """The documents of a layout, made once per process."""
+    return SymbolDocuments(n_features, shard_rows, chunk_rows, codec)

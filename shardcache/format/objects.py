@@ -1,0 +1,136 @@
+"""A cache's objects by key, written and read with one request each, many at once.
+
+One code path for every store: a local cache's objects are plain files, a new one written in
+place, an existing one written to a temporary name and renamed over it (a reader sees the old
+object or the new one, and a hard link into another cache is replaced, never written through:
+see ``shardcache.build.append``); any other URL goes through zarr's ``Store`` API
+(``store.set``, ``store.get``), concurrently on zarr's event loop. Nothing is checked or read back before a
+write: the writer knows what it writes. A whole object is read with an open-ended byte range
+(``OffsetByteRequest(0)``), which s3fs sends as one GET where a plain read first asks the
+object's size with a HEAD.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from zarr.abc.store import OffsetByteRequest, Store
+from zarr.buffer import default_buffer_prototype
+from zarr.storage import FsspecStore, LocalStore
+
+from .layout import gather
+from .paths import check_storage_options, is_url, local_path
+from .zarr_adapter import sync
+
+__all__ = ["STRAY", "Objects"]
+
+# what a killed local write leaves: ``<name>.<32 hex digits>.partial`` (zarr's LocalStore names its own the same way)
+STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+
+def _create(path: str, data: bytes) -> bool:
+    """Write ``data`` to a new file ``path``; False (nothing written) if something is there already."""
+    for first in (True, False):
+        try:
+            with open(path, "xb") as fh:
+                fh.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
+            if not first:
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+    return False
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """``data`` as the file ``path``. A new file is written in place (a kill leaves a part only where no
+    object was, and every such key is written again before a cache is complete: a build's tasks and its
+    finish run again on resume); an existing one is replaced by a rename, never written through, so a
+    hard link into another cache keeps its bytes and a reader sees the old object or the new one."""
+    if _create(path, data):
+        return
+    tmp = f"{path}.{uuid.uuid4().hex}.partial"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def _read_file(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+class Objects:
+    """The objects of the cache at ``url``: ``put``/``put_many`` and ``get_many`` by key. Picklable
+    (an object store's client is made again in each process)."""
+
+    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
+        check_storage_options(storage_options)
+        self.url = os.fspath(url)
+        self.storage_options = storage_options
+        self.root = None if is_url(self.url) else local_path(self.url)
+        self._store: Store | None = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_store": None}
+
+    @property
+    def store(self) -> Store:
+        """The zarr store of the cache (a ``LocalStore`` for a local path)."""
+        if self._store is None or self._pid != os.getpid():  # fsspec's async clients do not survive a fork
+            if self.root is not None:
+                self._store = LocalStore(self.root)
+            else:
+                self._store = FsspecStore.from_url(self.url, storage_options=self.storage_options)
+            self._pid = os.getpid()
+        return self._store
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` as the object ``key`` (a whole object: never partly written)."""
+        if self.root is not None:
+            _write_file(os.path.join(self.root, key), data)
+        else:
+            sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+
+    def put_many(self, objects: Mapping[str, bytes], limit: int = 64) -> None:
+        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time."""
+        if self.root is not None:
+            for key, data in objects.items():
+                self.put(key, data)
+            return
+        store, buffer = self.store, default_buffer_prototype().buffer
+        gather([store.set(key, buffer.from_bytes(data)) for key, data in objects.items()], limit)
+
+    def delete(self, key: str) -> None:
+        """Remove the object ``key`` if there is one."""
+        if self.root is not None:
+            try:
+                os.unlink(os.path.join(self.root, key))
+            except FileNotFoundError:
+                pass
+        else:
+            sync(self.store.delete(key))
+
+    def get_many(self, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
+        """The whole objects ``keys`` (None for an absent one): one request each, ``limit`` at a time."""
+        keys = list(keys)
+        if self.root is not None:
+            return {key: _read_file(os.path.join(self.root, key)) for key in keys}
+        store, proto, out = self.store, default_buffer_prototype(), {}
+
+        async def one(key: str) -> None:
+            buf = await store.get(key, prototype=proto, byte_range=OffsetByteRequest(0))
+            out[key] = None if buf is None else buf.to_bytes()
+
+        gather([one(key) for key in keys], limit)
+        return out
