@@ -23,7 +23,7 @@ import zarr
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
-from .layout import ATTR, chunk_key, describe_damage, gather, open_group, symbol_bases
+from .layout import ATTR, chunk_key, describe_damage, gather, node_array, node_group, open_group, symbol_bases
 from .manifest import Manifest
 from .paths import is_url, local_path, probe
 from .zarr_adapter import async_group, sync

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from typing import Any
+from typing import Any, cast
 
 import numcodecs
 import numpy as np
@@ -91,7 +91,7 @@ def chunk_codec(codec: str) -> Any | None:
     first = [c.to_dict() for c in compressors(codec)[:-1]]
     if not first:
         return None
-    name, cfg = str(first[0]["name"]), dict(first[0].get("configuration", {}))
+    name, cfg = str(first[0]["name"]), dict(cast("dict[str, Any]", first[0].get("configuration", {})))
     if name == "blosc":
         cfg["shuffle"] = ("noshuffle", "shuffle", "bitshuffle").index(cfg["shuffle"])
     return numcodecs.get_codec({"id": name.removeprefix("numcodecs."), **cfg})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fsspec
 import numpy as np
@@ -256,5 +256,6 @@ def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     cache = open_cache(cache)
     tree: xarray.DataTree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
     for i, path in enumerate(cache.groups):
-        tree[path] = _labelled(tree[path].to_dataset(inherit=False), cache, i, split=False, names=False)
+        node = cast("xarray.DataTree", tree[path])  # a symbol's path names a node, never a variable
+        tree[path] = _labelled(node.to_dataset(inherit=False), cache, i, split=False, names=False)
     return tree
