@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from ..errors import OptionTypeError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
-from .options import Batch, check_split, open_for_reading, window_spec
+from .options import Batch, LocalCopy, check_split, open_for_reading, window_spec
 from .reader import ReadSpec
 
 __all__ = ["WindowDataset"]
@@ -37,7 +37,8 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
 
     Takes the window settings of ``WindowStream`` (keyword-only after ``seq_len``, the same
-    split rule). Keeps the last few decoded shard blocks, so nearby indices cost no zarr call.
+    split rule) and its ``cache_dir``/``cache_limit``. Keeps the last few decoded shard blocks, so
+    nearby indices cost no zarr call.
     """
 
     def __init__(
@@ -51,9 +52,13 @@ class WindowDataset(Dataset):  # type: ignore[type-arg]
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
-        self.cache = open_for_reading(cache, storage_options)
+        local = LocalCopy.of(cache, cache_dir, cache_limit)
+        # a temporary local copy lives as long as this dataset (removed when it is collected, or at exit)
+        self.cache, self._temporary = local.apply(open_for_reading(cache, storage_options))
         self.split = check_split(self.cache, split)
         self._read = ReadSpec.of(self.cache, self.spec, self.split, torch.device("cpu"), meta=False)
         self._ranges = self._read.ranges

@@ -102,6 +102,7 @@ from .options import (
     MAX_COUNT,
     Batch,
     LoaderSettings,
+    LocalCopy,
     MetaBatch,
     PlanSettings,
     cache_digest,
@@ -139,8 +140,11 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
     threads (default: one per core this process may run on, shared by the DataLoader workers,
     at most 8: see ``default_decoders``); ``memory_budget`` (bytes, ``"512MiB"``, ``"auto"``:
     see ``parse_budget``; shared by the DataLoader workers) caps the decoded blocks instead;
-    ``device`` is where blocks live and batches are gathered. See the module docstring for
-    passes, epochs, ranks and resume.
+    ``device`` is where blocks live and batches are gathered. ``cache_dir`` keeps a node-local copy
+    of each shard object read (shared by every DataLoader worker and rank of the node that names the
+    folder), at most ``cache_limit`` bytes (``"50GB"``; None: no limit), oldest evicted first; a
+    remote cache without ``cache_dir`` uses a temporary folder of ``cache_limit`` (default 1 GiB),
+    removed by ``close()``. See the module docstring for passes, epochs, ranks and resume.
     """
 
     def __init__(
@@ -164,13 +168,16 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
         device: str | torch.device | None = None,
         meta: bool = False,
         storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the cache
         self.order = PlanSettings.of(batch_size=batch_size, shuffle=shuffle, seed=seed, mix=mix, drop_last=drop_last)
         self.settings = LoaderSettings.of(
             prefetch=prefetch, decoders=decoders, memory_budget=memory_budget, device=device
         )
-        self.cache = open_for_reading(cache, storage_options)
+        local = LocalCopy.of(cache, cache_dir, cache_limit)
+        self.cache, self._temporary = local.apply(open_for_reading(cache, storage_options))
         self.split = check_split(self.cache, split)
         self.read_spec = ReadSpec.of(self.cache, self.spec, self.split, self.device, meta)
         where = self.cache.url if self.split in (None, "all") else f"split {self.split!r} of {self.cache.url}"
@@ -420,8 +427,11 @@ class WindowStream(IterableDataset):  # type: ignore[type-arg]
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every reader thread and DataLoader worker of this stream; later iteration fails."""
+        """Stop every reader thread and DataLoader worker of this stream, and remove its temporary
+        local copy; later iteration fails."""
         self.resources.close()
+        if self._temporary is not None:
+            self._temporary.close()
 
     def __enter__(self) -> Self:
         return self
