@@ -135,6 +135,8 @@ def test_a_temporary_folder_is_removed_by_close_in_its_own_process_only(tmp_path
     assert os.path.isdir(local.directory)  # a forked worker's close leaves it
     local.close()
     assert not os.path.exists(local.directory)
+    assert local.get("s/b@1", lambda: _payload(2, 10)).tobytes() == _payload(2, 10).tobytes()  # a late reader
+    assert not os.path.exists(local.directory)  # reads on, without making the folder again
 
 
 KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}

@@ -24,6 +24,8 @@ once into ``DIR`` and every later read of it from there, in any DataLoader worke
   ``close()`` or at exit; the processes it was handed to (DataLoader workers) only use it.
 
 The ledger's own files (a few KB a thousand shards) and the lock files are not counted in ``limit``.
+A ``fork()`` waits for a ledger transaction of this process under way (a few milliseconds), so a
+forked DataLoader worker never inherits SQLite's locks held by another thread.
 Every process that shares a folder should give it the same limit (each enforces its own on what it
 adds). Needs a local filesystem with working ``flock`` and SQLite locking (not NFS).
 """
@@ -47,6 +49,10 @@ import numpy as np
 __all__ = ["LEDGER", "LOCKS", "LocalCache"]
 
 LEDGER = "ledger.sqlite3"
+# held around every use of SQLite in this process, and by fork() (os.register_at_fork): a forked child
+# (a DataLoader worker) never starts with another thread inside SQLite, whose own locks it could not take
+_SQLITE = threading.Lock()
+os.register_at_fork(before=_SQLITE.acquire, after_in_parent=_SQLITE.release, after_in_child=_SQLITE.release)
 LOCKS = 256  # lock files: two misses of different objects wait for each other 1 time in 256
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, size INTEGER NOT NULL, ready INTEGER, pid INTEGER)",
@@ -123,6 +129,8 @@ class LocalCache:
         path = self.path(name)
         if os.path.isfile(path):
             return path
+        if self.temporary and not os.path.isdir(self.directory):  # removed by its owner: read, do not remake it
+            return download()
         with self._locked(name):
             if os.path.isfile(path):  # fetched by another process or thread while this one waited
                 return path
@@ -166,7 +174,8 @@ class LocalCache:
         self._transaction(lambda db: db.execute("UPDATE files SET ready = 1 WHERE name = ?", (name,)))
 
     def _db(self) -> sqlite3.Connection:
-        """This thread's connection to the ledger (a new one in a forked or spawned process)."""
+        """This thread's connection to the ledger (a new one in a forked or spawned process); the caller
+        holds ``_SQLITE``."""
         conn = getattr(self._tls, "conn", None)
         if conn is None or self._tls.pid != os.getpid():
             # one process at a time: a journal mode is changed under an exclusive lock, and SQLite answers
@@ -175,21 +184,37 @@ class LocalCache:
                 conn = sqlite3.connect(os.path.join(self.directory, LEDGER), timeout=120, isolation_level=None)
                 conn.execute("PRAGMA journal_mode=WAL")  # readers never wait; one writer at a time
                 conn.execute("PRAGMA synchronous=OFF")  # a commit survives its process (not the machine): enough
-                self._tls.conn, self._tls.pid = conn, os.getpid()
-                self._transaction(lambda db: [db.execute(statement) for statement in _SCHEMA])
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute("COMMIT")
+            self._tls.conn, self._tls.pid = conn, os.getpid()
         return conn
 
     def _transaction(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """``body(db)`` inside one write transaction of the ledger (other writers wait for it)."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            out = body(db)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-        return out
+        with _SQLITE:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = body(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return out
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No file is admitted to or evicted from the folder while inside (every writer of the node waits
+        for the ledger): what the folder holds then is one moment's, e.g. to measure it."""
+        with _SQLITE:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            finally:
+                db.execute("ROLLBACK")
 
     def _admit(self, name: str, size: int) -> bool:
         """Count ``size`` bytes for ``name`` (a row being written, by this process), first deleting the
@@ -237,4 +262,5 @@ class LocalCache:
 
     def stored_bytes(self) -> int:
         """Bytes the ledger counts (every file kept, and any being written)."""
-        return int(self._db().execute("SELECT bytes FROM total WHERE id = 0").fetchone()[0])
+        with _SQLITE:
+            return int(self._db().execute("SELECT bytes FROM total WHERE id = 0").fetchone()[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,16 +27,12 @@ def _walk(folder: str | Path) -> int:
 
 def shard_bytes(folder: str | Path) -> int:
     """Bytes of the shard files in a local cache's folder (the ledger and lock files left out), as one
-    moment saw them: the walk holds the ledger's write lock, so no file is admitted or evicted during it
-    (a walk without it adds up files of different moments: one seen before its eviction, one after)."""
+    moment saw them: the walk holds the ledger (``LocalCache.paused``), so no file is admitted or evicted
+    during it (a walk without it adds up files of different moments: one seen before its eviction, one after)."""
     if not os.path.exists(os.path.join(folder, LEDGER)):
         return _walk(folder)
-    db = LocalCache(folder)._db()
-    db.execute("BEGIN IMMEDIATE")
-    try:
+    with LocalCache(folder).paused():
         return _walk(folder)
-    finally:
-        db.execute("ROLLBACK")
 
 
 @contextlib.contextmanager
@@ -46,6 +43,7 @@ def peak_bytes(folder: str | Path) -> Iterator[list[int]]:
     def sample() -> None:
         while not stop.is_set():
             peak[0] = max(peak[0], shard_bytes(folder))
+            time.sleep(0.001)  # the ledger free a moment: writers, and a fork (it waits for it), get their turn
 
     sampler = threading.Thread(target=sample, name="peak-bytes")
     sampler.start()
