@@ -300,8 +300,9 @@ class ShardDecoder:
         rows = min(self.shard_rows, self.n_rows - shard * self.shard_rows)  # the rows this shard holds
         c0, c1 = a // self.chunk_rows, -(-b // self.chunk_rows)
         whole = None
-        # most of the chunks it holds (a small symbol's shard: all), or no ranges: one request
-        if 2 * (c1 - c0) > -(-rows // self.chunk_rows) or not (self.index_at_end and self.ranges) or self.local:
+        held = -(-rows // self.chunk_rows)
+        # most of the chunks it holds (a small symbol's shard: all), no ranges, or a local copy: one request
+        if 2 * (c1 - c0) > held or not (self.index_at_end and self.ranges) or self.local is not None:
             whole = self._whole(key, rows)
             if whole is None:
                 raise MissingShard(key)
