@@ -5,7 +5,8 @@
 ``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory;
 ``WindowDataset`` is the map-style twin for evaluation;
-``info``, ``shards``, ``open_symbol`` and ``to_xarray`` show a cache to people (``shardcache.inspect.views``).
+``info``, ``shards``, ``open_symbol``, ``open_symbols`` and ``to_xarray`` show a cache to people
+(``shardcache.inspect.views``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "info",
     "open_cache",
     "open_symbol",
+    "open_symbols",
     "shards",
     "to_xarray",
 ]
@@ -58,7 +60,7 @@ def __getattr__(name: str) -> Any:
         from .build.builder import build_cache
 
         return build_cache
-    if name in ("info", "open_symbol", "shards", "to_xarray"):
+    if name in ("info", "open_symbol", "open_symbols", "shards", "to_xarray"):
         from .inspect import views
 
         return getattr(views, name)

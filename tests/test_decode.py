@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 import zarr
@@ -82,3 +84,53 @@ def test_refuses_a_layout_it_does_not_read(tmp_path):
     plain = zarr.create_array(str(tmp_path / "p.zarr"), shape=(10, 2), dtype="float32", chunks=(5, 2), zarr_format=3)
     with pytest.raises(ValueError, match="layout"):
         ShardDecoder(plain)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_decoder_made_from_the_layout_reads_what_zarr_reads(tmp_path, codec):
+    """What the manifest records (rows, features, shard and chunk rows, codec) is all a decoder needs."""
+    data = np.random.default_rng(1).standard_normal((1300, 4), dtype=np.float32)
+    arr = _array(tmp_path / "a.zarr", data, 512, 64, codec)
+    dec = ShardDecoder.from_layout(
+        arr.store_path.store, arr.store_path.path, n_rows=1300, n_features=4, shard_rows=512, chunk_rows=64, codec=codec
+    )
+    for lo, hi in [(0, 1300), (500, 530), (1024, 1300), (1299, 1300), (0, 0)]:
+        assert dec.read(lo, hi).tobytes() == arr[lo:hi].tobytes()
+    assert dec.key(2) == ShardDecoder(arr).key(2)
+    with pytest.raises(ValueError, match="layout"):
+        ShardDecoder.from_layout(
+            arr.store_path.store, "", n_rows=1, n_features=4, shard_rows=512, chunk_rows=64, codec="gzip"
+        )
+
+
+def test_a_shard_holding_few_chunks_is_one_ranged_request(monkeypatch):
+    """A small symbol's shard (300 rows: 5 of its 8 chunk slots) is read whole for 200 of its rows, as
+    one request with a byte range (a GET without one costs s3fs a HEAD first); a big shard's few
+    chunks are still its index and one range."""
+    from zarr.abc.store import OffsetByteRequest
+    from zarr.storage import FsspecStore
+
+    data = np.arange(1324 * 3, dtype=np.float32).reshape(1324, 3)
+    arr = _array(f"memory://{uuid.uuid4().hex}/a.zarr", data, 512, 64, "blosc-lz4")
+    dec = ShardDecoder.from_layout(
+        arr.store_path.store,
+        arr.store_path.path,
+        n_rows=1324,
+        n_features=3,
+        shard_rows=512,
+        chunk_rows=64,
+        codec="blosc-lz4",
+    )
+    asked = []
+    real = FsspecStore.get
+
+    async def get(self, key, prototype, byte_range=None):
+        asked.append((key.rsplit("/", 3)[-3:], byte_range))
+        return await real(self, key, prototype, byte_range)
+
+    monkeypatch.setattr(FsspecStore, "get", get)
+    assert dec.read(1024, 1224).tobytes() == data[1024:1224].tobytes()  # the last shard: 300 rows
+    assert asked == [(["c", "2", "0"], OffsetByteRequest(0))]
+    asked.clear()
+    assert dec.read(0, 64).tobytes() == data[:64].tobytes()  # one chunk of a full shard
+    assert len(asked) == 2 and asked[0][1] is not None and asked[1][1] is not None

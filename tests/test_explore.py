@@ -1,5 +1,6 @@
 """Exploring a cache: ``explore.shards`` and ``shardcache ls``, ``explore.info`` and ``shardcache info``,
-``explore.open_symbol`` and ``explore.to_xarray`` (one symbol's Dataset, the whole cache's DataTree)."""
+``explore.open_symbol``, ``open_symbols`` and ``explore.to_xarray`` (one symbol's Dataset, a chosen few,
+the whole cache's DataTree)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from helpers.parquet import build_raw, make_bars, write_parquet
 
 from shardcache import CacheError, open_cache
 from shardcache.cli import main
-from shardcache.inspect.views import info, open_symbol, shards, to_xarray
+from shardcache.inspect.views import info, open_symbol, open_symbols, shards, to_xarray
 
 SHARD, CHUNK = 256, 64
 COUNTS = {"ESZ3": 700, "BRK/B": 256, "NQ Z3": 300}  # 3 + 1 + 2 shards
@@ -146,6 +147,27 @@ def test_open_symbol_is_a_labelled_lazy_dataset(cache_path, source):
     assert open_symbol(cache, i).symbol.item() == "NQ Z3"
     with pytest.raises(CacheError, match="no symbol 'CLZ3'"):
         open_symbol(cache, "CLZ3")
+
+
+def test_open_symbols_opens_the_ones_asked_for_and_reads_no_other_group(cache_path, source, tmp_path):
+    pytest.importorskip("xarray")
+    want = {name: open_symbol(cache_path, name) for name in COUNTS}
+    copy = tmp_path / "two.zarr"
+    shutil.copytree(cache_path, copy)
+    gone = open_cache(cache_path).symbols.index("ESZ3")
+    shutil.rmtree(copy / "symbols" / str(gone))  # a group open_symbols must not read
+    got = open_symbols(copy, ["NQ Z3", open_cache(copy).symbols.index("BRK/B"), "NQ Z3"])
+    assert list(got) == ["NQ Z3", "BRK/B"]  # in the order asked, once each
+    for name, ds in got.items():
+        np.testing.assert_array_equal(ds.features.values, source[name].values)
+        assert ds.symbol.item() == name and list(ds.split.values) == list(want[name].split.values)
+        assert ds.features.chunks == want[name].features.chunks
+    with pytest.raises(KeyError, match=f"symbols/{gone}"):  # the tree has every group, the removed one too
+        to_xarray(copy)
+    with pytest.raises(CacheError, match="no symbol 'CLZ3'"):
+        open_symbols(copy, ["NQ Z3", "CLZ3"])
+    with pytest.raises(CacheError, match="a list of symbols"):
+        open_symbols(copy, "NQ Z3")
 
 
 def test_to_xarray_is_the_datatree_with_labels(cache_path, source):

@@ -162,5 +162,5 @@ def test_opening_reads_neither_symbol_groups_nor_json_objects(cache, tmp_path, m
         shutil.rmtree(out / "symbols" / str(i))
     c = open_cache(out)  # symbols 1-3 are gone, yet it opens
     assert c.n_bars == cache.n_bars and c.read_rows(0, 2).shape == (2, 3)
-    with pytest.raises(CacheError, match="symbols/2/features is missing"):
+    with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c/0/0\) is missing"):
         c.read_rows(int(c.bases[2]), int(c.bases[2]) + 5)

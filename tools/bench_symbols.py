@@ -9,7 +9,9 @@ For each layout (``--symbols``, many first), on local disk and on a moto S3 serv
   first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
   each step timed in the process, and the wall time of the whole process (interpreter start included);
 * **epoch**: one whole epoch of that stream through ``loader(0)`` and ``loader(2)`` (two DataLoader
-  workers), seconds inside the process from ``iter`` to the last batch;
+  workers), seconds inside the process from ``iter`` to the last batch; on S3 also two runs of
+  ``loader(2)`` through one named ``cache_dir`` (the node-local shard cache): the first fills it, the
+  second (a new process) reads from it;
 * **info / ls / verify**: the wall time of ``python -m shardcache.cli info|ls|verify CACHE``.
 
 On S3 it also counts every request each of these processes made, from the server's log
@@ -71,7 +73,8 @@ import json, sys, time
 import shardcache
 from shardcache import WindowStream
 cache = shardcache.open_cache(sys.argv[1], json.loads(sys.argv[2]))
-with WindowStream(cache, 60, split=cache.split_names[0], batch_size=256) as stream:
+local = {"cache_dir": sys.argv[4]} if len(sys.argv) > 4 else {}
+with WindowStream(cache, 60, split=cache.split_names[0], batch_size=256, **local) as stream:
     t0 = time.perf_counter()
     n = sum(len(x) for x, _ in stream.loader(int(sys.argv[3])))
     seconds = time.perf_counter() - t0
@@ -84,6 +87,8 @@ STEPS = {
     "open + first batch": "symbol",
     "epoch, loader(0)": "shard",
     "epoch, loader(2)": "shard",
+    "epoch, loader(2), cache_dir, first run": "shard",
+    "epoch, loader(2), cache_dir, next run": "shard",
     "shardcache info": "symbol",
     "shardcache ls": "symbol",
     "shardcache verify": "object",
@@ -141,6 +146,12 @@ def measure(
     for workers in (0, 2):
         _, text = run(f"epoch, loader({workers})", ["-c", EPOCH, out, opts, str(workers)])
         row[f"epoch, loader({workers}) (s)"] = f"{json.loads(text)['seconds']:.2f}"
+    if moto:
+        with tempfile.TemporaryDirectory(prefix="bench-symbols-local-") as folder:
+            for when in ("first run", "next run"):
+                step = f"epoch, loader(2), cache_dir, {when}"
+                _, text = run(step, ["-c", EPOCH, out, opts, "2", folder])
+                row[f"{step} (s)"] = f"{json.loads(text)['seconds']:.2f}"
     flags = [f"--storage-option={k}={v}" for k, v in (options or {}).items()]
     for command in ("info", "ls", "verify"):
         wall, _ = run(f"shardcache {command}", ["-m", "shardcache.cli", command, out, *flags])

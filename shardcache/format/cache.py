@@ -5,13 +5,20 @@ symbol ``i``'s bars are rows ``[base[i], base[i] + n_i)`` with ``base`` aligned 
 shards (``symbol_bases``), so virtual shard ``s`` lies inside one symbol and is its local
 shard ``s - base[i] / shard_rows``. ``locate`` maps virtual rows back to (symbol, row).
 Opening reads the root manifest and the root index (``segments`` and ``shards``: a few objects, not
-one per symbol); per-symbol arrays are opened on first use.
+one per symbol); per-symbol arrays are opened on first use, and the rows of ``features`` are read
+by decoders made from the manifest and the root index alone (``decode.ShardDecoder.from_layout``):
+no request per symbol. A URL's store is read with ``paths.read_options`` (s3fs: one request per
+whole object), and ``with_local`` gives a view of the cache that keeps its shard objects in a
+node-local ``LocalCache``.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import os
+import pickle
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,8 +31,9 @@ from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
 from .layout import ATTR, chunk_key, describe_damage, gather, node_array, node_group, open_group, symbol_bases
+from .local_cache import LocalCache
 from .manifest import Manifest
-from .paths import is_url, local_path, probe
+from .paths import is_url, local_path, probe, read_options
 from .zarr_adapter import async_group, sync
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
@@ -64,6 +72,8 @@ class Cache:
         if problem is not None:
             raise CacheError(f"{self.url}: {problem}")
         self._handles: _Handles | None = None
+        self._root: zarr.Group | None = None  # the root group as opened: remade in another process without a read
+        self.local: LocalCache | None = None  # a node-local copy of the shard objects read (``with_local``)
         self._times: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (symbol, chunk): bar times
         self._times_lock = threading.Lock()  # several readers' gather threads may ask at once
         for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
@@ -175,7 +185,7 @@ class Cache:
     # -- handles -------------------------------------------------------------------------
     def _open(self) -> zarr.Group:
         try:
-            group = open_group(self.url, "r", self.storage_options)
+            group = open_group(self.url, "r", read_options(self.url, self.storage_options))
         except json.JSONDecodeError as exc:
             raise CacheError(
                 f"{self.url}: the cache's metadata (zarr.json) is damaged ({describe_damage(exc)}); rebuild the "
@@ -187,13 +197,16 @@ class Cache:
             if not is_url(self.url):
                 raise
             raise CacheError(f"{self.url}: cannot read the cache ({describe_damage(exc)})") from None
-        self._handles = _Handles(group)
+        self._handles, self._root = _Handles(group), group
         return group
 
     @property
     def handles(self) -> _Handles:
-        if self._handles is None or self._handles.pid != os.getpid():  # a forked DataLoader worker reopens
-            self._open()
+        if self._handles is None or self._handles.pid != os.getpid():  # a DataLoader worker, forked or spawned
+            if self._root is None:
+                self._open()
+            else:  # the root group from the metadata read at opening, over a store (and fsspec client) of its own
+                self._handles = _Handles(pickle.loads(pickle.dumps(self._root)))
             self.check_same()
         assert self._handles is not None
         return self._handles
@@ -206,6 +219,23 @@ class Cache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._times_lock = threading.Lock()
+
+    def with_local(self, local: LocalCache | None) -> Cache:
+        """This cache read through ``local`` (None: straight from its store): a view that shares the
+        manifest, the opened store and the bar-time chunks, with decoders of its own."""
+        view = copy.copy(self)
+        view.local = local
+        h = self._handles
+        view._handles = None if h is None else _Handles(h.group, h.arrays, pid=h.pid)
+        return view
+
+    @property
+    def local_space(self) -> str:
+        """This cache's folder in a ``LocalCache``: a digest of its URL and build (its fingerprint and
+        creation time), so the copies of a rebuilt cache are never taken for this one's."""
+        m = self.manifest
+        ident = json.dumps([self.url, m.build.fingerprint, m.created])
+        return hashlib.blake2b(ident.encode(), digest_size=10).hexdigest()
 
     def group(self, i: int) -> zarr.Group:
         """Symbol ``i``'s group (``symbols/<i>``)."""
@@ -246,23 +276,30 @@ class Cache:
             )
 
     def _decoder(self, i: int) -> ShardDecoder:
-        """Symbol ``i``'s shard decoder, made from its ``features`` metadata alone (one read, on this thread)."""
+        """Symbol ``i``'s shard decoder, made from the manifest (its layout and the symbol's rows) and the root
+        index (its inner chunks' rows): no read."""
         h = self.handles
         dec = h.decoders.get(i)
         if dec is None:
             root = h.group.store_path
             path = f"{root.path}/{self.groups[i]}/features" if root.path else f"{self.groups[i]}/features"
+            layout = self.manifest.layout
             try:
-                dec = ShardDecoder.open(root.store, path)
-            except FileNotFoundError:
-                self.check_same()
-                raise CacheError(f"{self.url}: {self.groups[i]}/features is missing; rebuild the cache") from None
-            except (ValueError, TypeError, KeyError) as exc:  # damaged metadata (not JSON, a bad field)
+                dec = ShardDecoder.from_layout(
+                    root.store,
+                    path,
+                    n_rows=int(self.bars_per_symbol[i]),
+                    n_features=self.n_features,
+                    shard_rows=int(layout.shard_rows),
+                    chunk_rows=int(self.symbol_chunks[i]),  # a short symbol's inner chunks are smaller
+                    codec=layout.codec,
+                    local=self.local,
+                    space=self.local_space if self.local is not None else "",
+                )
+            except (ValueError, TypeError) as exc:  # an edited manifest's layout
                 raise CacheError(
-                    f"{self.url}: {self.groups[i]}/features cannot be opened "
-                    f"({describe_damage(exc)}); rebuild the cache"
+                    f"{self.url}: the manifest's layout cannot be read ({describe_damage(exc)}); rebuild the cache"
                 ) from None
-            self._check_rows(i, "features", (dec.n_rows, dec.n_features))
             h.decoders[i] = dec
         return dec
 
@@ -424,7 +461,7 @@ class Cache:
         (C-contiguous float32 ``(stop - start, n_features)``) when given.
 
         Read by ``decode.ShardDecoder`` (one request per shard, crc32c checked per inner
-        chunk) and never made up: a shard object that is missing, fails its checksums or
+        chunk; through ``local`` when set) and never made up: a shard object that is missing, fails its checksums or
         cannot be decoded, and a cache swapped by a rebuild during the read, raise
         ``CacheError`` naming the shard.
         """

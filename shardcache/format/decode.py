@@ -6,8 +6,16 @@ several times slower than fetching the shard object and decoding its chunks dire
 ``build-cache`` writes (Zarr v3 ``sharding_indexed``, row-wise inner chunks of whole rows,
 ``bytes`` + one of blosc/zstd/lz4/none + ``crc32c``; index ``bytes`` + ``crc32c``): per
 shard, one request for the whole object, or for the index and then one byte range when
-only a few inner chunks are needed (a block's overhang into the next shard); every chunk's
-crc32c is checked, then it is decoded straight into the caller's array. Objects come
+only a few of the inner chunks the shard holds are needed (a block's overhang into the next
+shard); every chunk's crc32c is checked, then it is decoded straight into the caller's array.
+
+A decoder is made from the cache's manifest (``from_layout``: the layout is the same for every
+symbol, its rows are the manifest's), so reading a symbol costs no metadata request; ``open``
+makes one from an array's ``zarr.json`` instead. A whole object is asked for as the range
+``bytes=0-`` (s3fs sends a HEAD first for a GET without a range), and from an fsspec caching
+filesystem (``simplecache::``, ``filecache::``) always whole: those serve byte ranges from their
+local copy with a seek that a suffix range makes negative. With a ``LocalCache`` every object is
+read whole once into the node-local folder and ranges from the copy. Objects come
 from the array's own zarr store, so local paths and fsspec URLs behave alike; from a zarr
 ``LocalStore`` they are read with a plain file read on the calling thread rather than a hop
 through zarr's event loop and its file thread (thread switches that a busy machine turns into
@@ -22,17 +30,21 @@ import copy
 import json
 import os
 import threading
-from typing import Any, Self
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Self
 
 import google_crc32c
 import numcodecs
 import numpy as np
 import zarr
-from zarr.abc.store import RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.buffer import default_buffer_prototype
-from zarr.storage import LocalStore
+from zarr.storage import FsspecStore, LocalStore
 
 from .zarr_adapter import ArrayV3Metadata, sync
+
+if TYPE_CHECKING:
+    from .local_cache import LocalCache
 
 __all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk"]
 
@@ -40,6 +52,8 @@ _EMPTY = 2**64 - 1
 _KEEP = 32 << 20  # a thread keeps its read buffer up to this size
 _scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
+_CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
+_WHOLE = OffsetByteRequest(0)  # a whole object, asked for as a range: one request from s3fs
 
 
 class MissingShard(LookupError):
@@ -95,7 +109,24 @@ def _layout(metadata: ArrayV3Metadata) -> dict[str, Any]:
         "n_features": int(f),
         "codec": _DECODERS[inner[1]]() if len(inner) == 3 else None,
         "index_at_end": cfg["index_location"] == "end",
+        "chunk_key": metadata.encode_chunk_key,
     }
+
+
+def _default_key(chunk: tuple[int, ...]) -> str:
+    """Zarr v3's default chunk key encoding (``c/3/0``): what ``build-cache`` writes."""
+    return "c/" + "/".join(map(str, chunk))
+
+
+def _ranges_work(store: Store) -> bool:
+    """Whether ``store`` serves suffix ranges: not an fsspec whole-file caching filesystem
+    (``simplecache::``, ``filecache::``), whose ``_cat_file`` seeks to a negative offset for them
+    (fsspec pull request #2101)."""
+    if not isinstance(store, FsspecStore):
+        return True
+    from fsspec.implementations.cached import WholeFileCacheFileSystem
+
+    return not isinstance(store.fs, WholeFileCacheFileSystem)
 
 
 def _buffer(n: int) -> np.ndarray:
@@ -132,13 +163,16 @@ def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | Non
 
 
 class ShardDecoder:
-    """Reads rows ``[start, stop)`` of a sharded float32 ``(n, F)`` array into a numpy array."""
+    """Reads rows ``[start, stop)`` of a sharded float32 ``(n, F)`` array into a numpy array.
+
+    ``local`` (a ``LocalCache``) keeps a node-local copy of each shard object read, under
+    ``space/<key>@<rows>`` (``space``: the cache's folder in it)."""
 
     def __init__(self, array: zarr.Array[Any]) -> None:
         metadata = array.metadata
         if metadata.zarr_format != 3:
             raise ValueError("not the layout build-cache writes (a Zarr v2 array)")
-        self._bind(array.store_path.store, array.store_path.path, metadata)
+        self._bind(array.store_path.store, array.store_path.path, int(metadata.shape[0]), **_layout(metadata))
 
     @classmethod
     def open(cls, store: Store, path: str) -> ShardDecoder:
@@ -163,29 +197,79 @@ class ShardDecoder:
         """The decoder of the array at ``path`` in ``store`` whose metadata is known already (a writer's
         template, ``metadata.SymbolDocuments``): no read."""
         dec = cls.__new__(cls)
-        dec._bind(store, path, metadata)
+        dec._bind(store, path, int(metadata.shape[0]), **_layout(metadata))
         return dec
 
     def like(self, path: str, n_rows: int) -> Self:
         """The decoder of another array of this store and layout, ``n_rows`` long, at ``path`` (another
         symbol's ``features``): made without parsing metadata again."""
         dec = copy.copy(self)
-        dec.prefix, dec.n_rows = path, int(n_rows)  # ``meta`` keeps the layout; only its shape is this one's
+        dec.prefix, dec.n_rows = path, int(n_rows)
         return dec
 
-    def _bind(self, store: Store, path: str, metadata: ArrayV3Metadata) -> None:
-        lay = _layout(metadata)
-        self.shard_rows, self.chunk_rows, self.n_features = lay["shard_rows"], lay["chunk_rows"], lay["n_features"]
-        self.codec, self.index_at_end = lay["codec"], lay["index_at_end"]
-        self.n_rows = int(metadata.shape[0])
+    @classmethod
+    def from_layout(
+        cls,
+        store: Store,
+        path: str,
+        *,
+        n_rows: int,
+        n_features: int,
+        shard_rows: int,
+        chunk_rows: int,
+        codec: str,
+        local: LocalCache | None = None,
+        space: str = "",
+    ) -> ShardDecoder:
+        """The decoder of the ``(n_rows, n_features)`` array at ``path`` that ``build-cache`` wrote with
+        ``shard_rows``, ``chunk_rows`` and ``codec`` (one of ``layout.CODECS``): what the manifest records,
+        so nothing is read to make it. ValueError for an unknown codec or shard rows that are not whole
+        chunks."""
+        if codec not in _CODECS or shard_rows % chunk_rows or min(shard_rows, chunk_rows) < 1:
+            raise ValueError(f"not the layout build-cache writes (codec {codec!r}, shards {shard_rows}/{chunk_rows})")
+        make = _CODECS[codec]
+        dec = cls.__new__(cls)
+        dec._bind(
+            store,
+            path,
+            n_rows,
+            shard_rows=shard_rows,
+            chunk_rows=chunk_rows,
+            n_features=n_features,
+            codec=None if make is None else make(),
+            index_at_end=True,
+            chunk_key=_default_key,
+        )
+        dec.local, dec.space = local, space
+        return dec
+
+    def _bind(
+        self,
+        store: Store,
+        path: str,
+        n_rows: int,
+        *,
+        shard_rows: int,
+        chunk_rows: int,
+        n_features: int,
+        codec: Any,
+        index_at_end: bool,
+        chunk_key: Callable[[tuple[int, ...]], str],
+    ) -> None:
+        self.shard_rows, self.chunk_rows, self.n_features = shard_rows, chunk_rows, n_features
+        self.codec, self.index_at_end, self._chunk_key = codec, index_at_end, chunk_key
+        self.n_rows = n_rows
         self.chunks = self.shard_rows // self.chunk_rows
         self.index_bytes = 16 * self.chunks + 4
-        self.store, self.prefix, self.meta = store, path, metadata
+        self.store, self.prefix = store, path
         self.root = str(self.store.root) if isinstance(self.store, LocalStore) else None
+        self.ranges = _ranges_work(store)
+        self.local: LocalCache | None = None
+        self.space = ""
 
     def key(self, shard: int) -> str:
         """Store key of shard ``shard``, e.g. ``features/c/3/0``."""
-        key = self.meta.encode_chunk_key((shard, 0))
+        key = self._chunk_key((shard, 0))
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def read(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -212,17 +296,35 @@ class ShardDecoder:
         """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if the object is absent."""
         if self.root is not None:
             return _read_file(os.path.join(self.root, key), byte_range)
-        buf = sync(self.store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range))
+        request = _WHOLE if byte_range is None else byte_range
+        buf = sync(self.store.get(key, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.as_numpy_array()
+
+    def _whole(self, key: str, rows: int) -> np.ndarray | None:
+        """The whole object ``key`` (a shard of ``rows`` rows), through the local cache when there is one."""
+        if self.local is None:
+            return self._get(key)
+        name = f"{self.space}/{key}@{rows}"
+        for _ in range(3):  # a kept copy evicted between the lookup and the read is looked up again
+            got = self.local.get(name, lambda: self._get(key))
+            if not isinstance(got, str):
+                return got
+            data = _read_file(got, None)
+            if data is not None:
+                return data
+        return self._get(key)
 
     def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray) -> None:
         """Rows ``[a, b)`` of shard ``shard`` (shard-relative) into ``out``."""
         key = self.key(shard)
+        rows = min(self.shard_rows, self.n_rows - shard * self.shard_rows)  # the rows this shard holds
         c0, c1 = a // self.chunk_rows, -(-b // self.chunk_rows)
         whole: np.ndarray | None = None
         raw: np.ndarray | None
-        if 2 * (c1 - c0) > self.chunks or not self.index_at_end:  # most of it: one request
-            whole = self._get(key)
+        held = -(-rows // self.chunk_rows)
+        # most of the chunks it holds (a small symbol's shard: all), no ranges, or a local copy: one request
+        if 2 * (c1 - c0) > held or not (self.index_at_end and self.ranges) or self.local is not None:
+            whole = self._whole(key, rows)
             if whole is None:
                 raise MissingShard(key)
             raw = whole[-self.index_bytes :] if self.index_at_end else whole[: self.index_bytes]

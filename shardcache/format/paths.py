@@ -1,10 +1,13 @@
 """Local paths and URLs: one rule for the format, the build and its sources.
 
 A plain path and a ``file://`` URL are local (read with ``os``); any other ``scheme://`` is
-read through fsspec, with ``storage_options`` (a mapping of that filesystem's arguments).
+read through fsspec, with ``storage_options`` (a mapping of that filesystem's arguments). fsspec's
+chained URLs (``simplecache::s3://bucket/c.zarr``) are URLs too: each layer takes the options
+under its protocol's name (``{"s3": {...}, "simplecache": {...}}``), the outermost layer also the
+options given at the top level.
 ``probe`` asks a URL's store once, quickly, whether it answers, so an unknown scheme, an
 unreachable endpoint, missing credentials or a missing bucket end in one line instead of a
-client's retries and traceback.
+client's retries and traceback. ``read_options`` are the options a cache is read with.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from ..errors import OptionTypeError, one_line
 
-__all__ = ["check_storage_options", "is_local", "is_url", "local_path", "probe"]
+__all__ = ["check_storage_options", "is_local", "is_url", "layers", "local_path", "probe", "read_options"]
 
 # schemes whose first path part is a bucket (or container) that must exist; other schemes are
 # only checked to be known (``memory://`` lives in this process, ``http://`` has no bucket)
@@ -22,6 +25,12 @@ _BUCKETS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
 # the probe's own client settings: one attempt and a short connect timeout (s3fs + botocore)
 _S3_QUICK = {"connect_timeout": 3, "read_timeout": 10, "retries": {"total_max_attempts": 1}}
 _QUICK = {"s3": _S3_QUICK, "s3a": _S3_QUICK}
+# a read of a whole object with no range costs s3fs a HEAD first (to split objects above 50 MiB into
+# concurrent ranges) unless max_concurrency is 1; shard and metadata objects are far smaller
+_READ_DEFAULTS = {"s3": {"max_concurrency": 1}, "s3a": {"max_concurrency": 1}}
+# zarr asks the outermost layer of a chain for asynchronous=True; the caching layers ask their target
+# whether it is, so the target is made asynchronous too (else zarr warns, and nothing else changes)
+_ASYNC_TARGETS = ("s3", "s3a", "gs", "gcs", "http", "https", "abfs", "az")
 
 
 def is_url(path: str) -> bool:
@@ -37,6 +46,31 @@ def is_local(path: str) -> bool:
 def local_path(path: str) -> str:
     """The filesystem path of a plain path or a ``file://`` URL."""
     return path.removeprefix("file://")
+
+
+def layers(url: str) -> list[str]:
+    """The protocols of ``url``'s fsspec layers, outermost first: ``["simplecache", "s3"]``."""
+    return [part.split("://", 1)[0].lower() if "://" in part else part.lower() for part in url.split("::")]
+
+
+def read_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``storage_options`` for reading the cache at ``url``: the caller's, with each read default
+    (s3fs: ``max_concurrency=1``, one request per whole object; the data layer of a chained URL:
+    ``asynchronous=True``, as zarr makes a plain URL's) added to a layer that does not set it. What
+    the caller sets always wins."""
+    if not is_url(url):
+        return None if storage_options is None else dict(storage_options)
+    out = dict(storage_options or {})
+    protocols = layers(url)
+    for k, protocol in enumerate(protocols):
+        defaults = dict(_READ_DEFAULTS.get(protocol, {}))
+        if len(protocols) == 1:
+            return {**defaults, **out}
+        if k == len(protocols) - 1 and protocol in _ASYNC_TARGETS:
+            defaults["asynchronous"] = True
+        if defaults:
+            out[protocol] = {**defaults, **dict(out.get(protocol) or {})}
+    return out
 
 
 def check_storage_options(storage_options: object) -> None:
@@ -57,16 +91,18 @@ def probe(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
         return None
     import fsspec
 
-    scheme = url.split("://", 1)[0].lower()
-    try:
-        cls = fsspec.get_filesystem_class(scheme)
-    except ValueError:
-        return f"unknown URL scheme '{scheme}://' (no fsspec filesystem has it)"
-    except ImportError as exc:
-        return f"{scheme}:// URLs need a package that is not installed ({one_line(exc)})"
+    for scheme in layers(url):  # a chained URL: every layer's protocol is known; its data layer is probed
+        try:
+            cls = fsspec.get_filesystem_class(scheme)
+        except ValueError:
+            return f"unknown URL scheme '{scheme}://' (no fsspec filesystem has it)"
+        except ImportError as exc:
+            return f"{scheme}:// URLs need a package that is not installed ({one_line(exc)})"
     if scheme not in _BUCKETS:
         return None
-    options = dict(storage_options or {})
+    chain = url.split("::")
+    options = dict(storage_options or {}) if len(chain) == 1 else dict((storage_options or {}).get(scheme) or {})
+    url = chain[-1]
     quick = _QUICK.get(scheme)
     if quick is not None:
         options["config_kwargs"] = {**options.get("config_kwargs", {}), **quick}

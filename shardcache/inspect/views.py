@@ -1,17 +1,20 @@
 """Views of a cache for people: its summary (``info``), its shard table (``shards``, ``shardcache ls``)
-and its symbols as xarray objects (``to_xarray``, ``open_symbol``).
+and its symbols as xarray objects (``to_xarray``, ``open_symbol``, ``open_symbols``).
 
 Functions of a ``Cache`` rather than its methods, so that the format never imports its views.
 The xarray views are thin layers over what plain xarray opens from a cache
 (``xr.open_datatree(CACHE, engine="zarr")``, ``xr.open_zarr(CACHE, group=path)``): they add the
 manifest's labels (symbol, feature names, split per bar, train-split feature mean and std) and one
-dask chunk per shard. ``open_symbol`` opens one symbol's group only, in time proportional to it
-whatever the number of symbols.
+dask chunk per shard. ``open_symbols`` opens a chosen few of thousands of symbols in time proportional
+to them: the cache, its root and its store once, then each symbol's group (``open_datatree`` opens
+every group, and xarray builds the tree in time quadratic in the children of one node).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,7 +27,9 @@ from ..format.cache import Cache, open_cache
 if TYPE_CHECKING:
     import xarray
 
-__all__ = ["ShardInfo", "info", "open_symbol", "shards", "to_xarray"]
+__all__ = ["ShardInfo", "info", "open_symbol", "open_symbols", "shards", "to_xarray"]
+
+_OPENING = 8  # symbols opened at once from an object store (each is a few metadata and index reads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,27 +187,26 @@ def _xarray() -> Any:
 
 
 def _open_kwargs(cache: Cache) -> dict[str, Any]:
-    """Arguments for xarray's zarr backend: one dask chunk per shard, this cache's storage options.
+    """Arguments for xarray's zarr backend: one dask chunk per shard, and the cache's own store (the
+    root opened once by ``open_cache``, read with its storage options), so that xarray reads neither
+    the root nor the manifest again.
 
     ``consolidated=False`` unless the cache has consolidated metadata, so that xarray neither
     warns nor looks for it first.
     """
-    import zarr
-
-    kwargs: dict[str, Any] = {"chunks": {"time": cache.shard_rows}, "zarr_format": 3}
-    root = zarr.open_group(
-        cache.url, mode="r", zarr_format=3, storage_options=cache.storage_options if "://" in cache.url else None
-    )
-    kwargs["consolidated"] = root.metadata.consolidated_metadata is not None
-    if cache.storage_options and "://" in cache.url:
-        kwargs["storage_options"] = cache.storage_options
-    return kwargs
+    root = cache.handles.group
+    return {
+        "chunks": {"time": cache.shard_rows},
+        "zarr_format": 3,
+        "consolidated": root.metadata.consolidated_metadata is not None,
+        "store": root.store_path.store,
+    }
 
 
 def _labelled(ds: xarray.Dataset, cache: Cache, i: int, split: bool, names: bool = True) -> xarray.Dataset:
     """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``,
     with ``names`` the ``feature`` names (a tree inherits them from its root) and, with ``split``, the
-    split name of every bar (from the root segment index)."""
+    split name of every bar (from the root segment index, read at opening)."""
     coords: dict[str, Any] = {"symbol": cache.symbols[i]}
     if names:
         coords["feature"] = ("feature", np.asarray(cache.feature_names, dtype=str))
@@ -239,11 +243,33 @@ def open_symbol(cache: Cache | str | os.PathLike[str], symbol: str | int) -> xar
     (``ds.features * ds.feature_std + ds.feature_mean`` gives source units). ``symbol`` is its
     name or its index in ``cache.symbols``. A missing shard reads as NaN: check with ``shardcache ls``.
     """
+    return next(iter(open_symbols(cache, [symbol]).values()))
+
+
+def open_symbols(cache: Cache | str | os.PathLike[str], symbols: Sequence[str | int]) -> dict[str, xarray.Dataset]:
+    """Several symbols as lazy ``xarray.Dataset`` objects (each as ``open_symbol`` makes it), by name, in
+    the order asked: the cache and its store are opened once, then only these symbols' groups are read
+    (their metadata and ``time`` index; from an object store several at once), so the time is
+    proportional to the symbols asked for, not to the cache's. ``symbols`` are names or indices in
+    ``cache.symbols``; an unknown one is refused before anything is read."""
     xr = _xarray()
     cache = open_cache(cache)
-    i = _symbol_id(cache, symbol)
-    ds = xr.open_zarr(cache.url, group=cache.groups[i], **_open_kwargs(cache))
-    return _labelled(ds, cache, i, split=True)
+    if isinstance(symbols, str | bytes):
+        raise CacheError(f"open_symbols takes a list of symbols, not the string {symbols!r} (see open_symbol)")
+    ids = list(dict.fromkeys(_symbol_id(cache, s) for s in symbols))
+    kwargs = _open_kwargs(cache)
+
+    def one(i: int) -> xarray.Dataset:
+        prefix = cache.handles.group.store_path.path
+        group = f"{prefix}/{cache.groups[i]}" if prefix else cache.groups[i]
+        return _labelled(xr.open_zarr(group=group, **kwargs), cache, i, split=True)
+
+    if "://" in cache.url and len(ids) > 1:
+        with ThreadPoolExecutor(_OPENING, thread_name_prefix="shardcache-open") as pool:
+            opened = list(pool.map(one, ids))
+    else:
+        opened = [one(i) for i in ids]
+    return {cache.symbols[i]: ds for i, ds in zip(ids, opened)}
 
 
 def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
@@ -251,10 +277,13 @@ def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     one node per symbol (``tree[cache.groups[i]]``), each labelled with its ``symbol``
     and the feature statistics (``open_symbol`` adds the split per bar); every node inherits the
     root's ``feature`` names. The root's attributes hold the manifest. Opening reads every symbol's
-    metadata and ``time`` index: for a few of many symbols, ``open_symbol`` each is faster."""
+    metadata and ``time`` index, and xarray builds the tree in time quadratic in the symbols: with
+    thousands, ``open_symbols`` opens the ones wanted."""
     xr = _xarray()
     cache = open_cache(cache)
-    tree: xarray.DataTree = xr.open_datatree(cache.url, engine="zarr", **_open_kwargs(cache))
+    kwargs = _open_kwargs(cache)
+    prefix = cache.handles.group.store_path.path
+    tree: xarray.DataTree = xr.open_datatree(kwargs.pop("store"), engine="zarr", group=prefix or None, **kwargs)
     for i, path in enumerate(cache.groups):
         node = cast("xarray.DataTree", tree[path])  # a symbol's path names a node, never a variable
         tree[path] = _labelled(node.to_dataset(inherit=False), cache, i, split=False, names=False)

@@ -15,6 +15,7 @@ a window's cache and its index among that cache's windows.
 from __future__ import annotations
 
 import operator
+import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from torch.utils.data import Dataset
 from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
-from .options import Batch, window_spec
+from .options import Batch, LocalCopy, window_spec
 from .reader import ReadSpec
 from .sources import CacheInput, Sources
 
@@ -42,9 +43,9 @@ class WindowDataset(Dataset[Batch]):
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
 
     Takes the caches and window settings of ``WindowStream`` (keyword-only after ``seq_len``, the
-    same split rule); over several caches the index runs through cache 0's windows, then cache
-    1's (``offsets``, ``locate``). Keeps the last few decoded shard blocks, so nearby indices cost
-    no zarr call.
+    same split rule) and its ``cache_dir``/``cache_limit``; over several caches the index runs through
+    cache 0's windows, then cache 1's (``offsets``, ``locate``). Keeps the last few decoded shard
+    blocks, so nearby indices cost no zarr call.
     """
 
     def __init__(
@@ -59,9 +60,14 @@ class WindowDataset(Dataset[Batch]):
         features: Sequence[str] | None = None,
         target: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
-        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times)
+        local = LocalCopy.of(Sources.given(caches), cache_dir, cache_limit)
+        # a temporary local copy (``sources.temporary``) lives as long as this dataset: removed when it is
+        # collected, or at exit
+        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times, local=local)
         self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=False)
         self._ranges = self._read.ranges
         self._n = self._ranges.total()

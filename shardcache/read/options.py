@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
+from ..format.local_cache import LocalCache
+from ..format.paths import is_url
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 
 __all__ = [
@@ -31,8 +33,10 @@ __all__ = [
     "CUDA_WORKERS",
     "MAX_COUNT",
     "MAX_DECODERS",
+    "TEMPORARY_LIMIT",
     "Batch",
     "LoaderSettings",
+    "LocalCopy",
     "MetaBatch",
     "PlanSettings",
     "cache_digest",
@@ -44,6 +48,7 @@ __all__ = [
     "no_windows_error",
     "open_for_reading",
     "parse_budget",
+    "parse_size",
     "rank_world",
     "window_spec",
 ]
@@ -52,6 +57,7 @@ AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's availab
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
 MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
 _SURE_TO_FIT = 256 << 20  # a batch of at most this many bytes is not checked against free memory
+TEMPORARY_LIMIT = 1 << 30  # bytes of a remote cache's temporary local copy when cache_limit is not given
 MAX_COUNT = 2**62  # counts, epochs and seeds stay below this: the pass state and the plan hold them in int64
 
 
@@ -118,6 +124,7 @@ _UNITS = {
     "tib": 2**40,
 }
 _BUDGET_FORMS = "give bytes (an int such as 2_000_000_000), a size such as '512MiB' or '2GB', or 'auto'"
+_SIZE_FORMS = "give bytes (an int such as 50_000_000_000) or a size such as '50GB' or '512MiB'"
 
 
 def parse_budget(value: Any, device: torch.device) -> int | None:
@@ -126,44 +133,90 @@ def parse_budget(value: Any, device: torch.device) -> int | None:
     memory, or of the GPU's free memory with a CUDA device); None leaves it unset."""
     if value is None:
         return None
-    if isinstance(value, str):
-        if value.strip().lower() == "auto":
-            if device.type == "cuda":
-                return int(torch.cuda.mem_get_info(device)[0] * AUTO_CUDA_FRACTION)
-            import psutil
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0] * AUTO_CUDA_FRACTION)
+        import psutil
 
-            return int(psutil.virtual_memory().available * AUTO_CPU_FRACTION)
+        return int(psutil.virtual_memory().available * AUTO_CPU_FRACTION)
+    return parse_size(value, "memory_budget", _BUDGET_FORMS)
+
+
+def parse_size(value: Any, option: str, forms: str = _SIZE_FORMS) -> int:
+    """A positive number of bytes given to ``option``: a whole number (an int, a float such as ``1e9``, a
+    numpy scalar or a 0-d tensor) or a size such as ``"512MiB"``/``"50GB"``; ``forms`` says what is taken."""
+    if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
-            raise OptionError("memory_budget", value, _BUDGET_FORMS)
+            raise OptionError(option, value, forms)
         nbytes = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     else:
-        nbytes = _whole_bytes(value)
+        nbytes = _whole_bytes(value, option, forms)
     if nbytes <= 0:
-        raise OptionError("memory_budget", value, f"must be a positive number of bytes; {_BUDGET_FORMS}")
+        raise OptionError(option, value, f"must be a positive number of bytes; {forms}")
     return nbytes
 
 
-def _whole_bytes(value: Any) -> int:
+def _whole_bytes(value: Any, option: str, forms: str) -> int:
     """``value`` as a whole number of bytes: a Python or numpy number, or a 0-d tensor, whose value is integral."""
     number = value
     if isinstance(value, torch.Tensor | np.ndarray):
         if value.ndim != 0:
-            raise OptionTypeError(
-                f"memory_budget={value!r}: a tensor or array must be 0-d (one number); {_BUDGET_FORMS}"
-            )
+            raise OptionTypeError(f"{option}={value!r}: a tensor or array must be 0-d (one number); {forms}")
         number = value.item()
     if isinstance(number, bool | np.bool_):
-        raise OptionTypeError(f"memory_budget={value!r}: a bool is not a number of bytes; {_BUDGET_FORMS}")
+        raise OptionTypeError(f"{option}={value!r}: a bool is not a number of bytes; {forms}")
     if isinstance(number, int | np.integer):
         return int(number)
     if isinstance(number, float | np.floating):
         if not math.isfinite(number) or not float(number).is_integer():
-            raise OptionError(
-                "memory_budget", value, f"{float(number)!r} is not a whole number of bytes; {_BUDGET_FORMS}"
-            )
+            raise OptionError(option, value, f"{float(number)!r} is not a whole number of bytes; {forms}")
         return int(number)
-    raise OptionTypeError(f"memory_budget={value!r}: {type(value).__name__} is not a number of bytes; {_BUDGET_FORMS}")
+    raise OptionTypeError(f"{option}={value!r}: {type(value).__name__} is not a number of bytes; {forms}")
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """Where a stream keeps node-local copies of the shard objects it reads (``cache_dir``, with at most
+    ``cache_limit`` bytes), checked before the cache is opened; ``apply`` reads a cache through it."""
+
+    directory: str | None
+    limit: int | None
+
+    @classmethod
+    def of(cls, caches: Sequence[Cache | str | os.PathLike[str]], cache_dir: Any, cache_limit: Any) -> LocalCopy:
+        """The options checked: ``cache_dir`` a folder path (or None), ``cache_limit`` a positive size
+        (or None), and no limit for a local cache without ``cache_dir`` (it would bound nothing)."""
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise OptionTypeError(f"cache_dir={cache_dir!r}: must be a folder path (a str or os.PathLike)")
+        directory = None if cache_dir is None else os.fspath(cache_dir)
+        if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
+            raise OptionError("cache_dir", directory, "is a file, not a folder")
+        limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
+        urls = [c.url if isinstance(c, Cache) else os.fspath(c) for c in caches]
+        if limit is not None and directory is None and not any(is_url(url) for url in urls):
+            raise OptionError(
+                "cache_limit",
+                cache_limit,
+                "bounds a node-local copy of a remote cache's shards; this cache is local: give {cache_dir} too",
+                {"cache_dir": None},
+            )
+        return cls(directory, limit)
+
+    def apply(self, caches: Sequence[Cache]) -> tuple[list[Cache], LocalCache | None]:
+        """``caches`` read through this local copy (one folder for them all, a subfolder each), and the
+        temporary ``LocalCache`` made for them (the caller removes it): ``cache_dir`` when given; else,
+        for the caches behind a URL, a temporary folder of ``cache_limit`` (default ``TEMPORARY_LIMIT``)
+        bytes, so DataLoader workers fetch each shard object once between them; else (a local cache, or
+        one the caller already reads through a local copy) the cache as it is."""
+        if self.directory is not None:
+            shared = LocalCache(self.directory, self.limit)
+            return [c.with_local(shared) for c in caches], None
+        remote = [c.local is None and is_url(c.url) for c in caches]
+        if not any(remote):
+            return list(caches), None
+        temporary = LocalCache.temporary_dir(TEMPORARY_LIMIT if self.limit is None else self.limit)
+        return [c.with_local(temporary) if r else c for c, r in zip(caches, remote)], temporary
 
 
 def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:

@@ -25,9 +25,10 @@ import numpy as np
 
 from ..errors import CacheError, OptionError, OptionTypeError, ShardcacheError
 from ..format.cache import Cache
+from ..format.local_cache import LocalCache
 from ..format.splits import parse_split
 from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
-from .options import check_split, no_windows_error, open_for_reading
+from .options import LocalCopy, check_split, no_windows_error, open_for_reading
 
 __all__ = ["CacheInput", "Sources", "SplitTimes"]
 
@@ -106,7 +107,15 @@ class Sources:
     ``bar_times`` and ``region_stop`` take rows of the shared row space.
     """
 
-    def __init__(self, caches: Sequence[Cache], *, split: str | None, split_times: SplitTimes | None) -> None:
+    def __init__(
+        self,
+        caches: Sequence[Cache],
+        *,
+        split: str | None,
+        split_times: SplitTimes | None,
+        temporary: LocalCache | None = None,
+    ) -> None:
+        self.temporary = temporary  # a temporary node-local copy of remote caches' shards, removed by its owner
         self.caches = tuple(caches)
         self.urls = [c.url for c in self.caches]
         _check_features(self.caches, self.urls)
@@ -142,15 +151,24 @@ class Sources:
         *,
         split: str | None,
         split_times: Any = None,
+        local: LocalCopy | None = None,
     ) -> Sources:
         """The caches given to a stream (settings first, then the stores): one path, URL or ``Cache``,
-        or a sequence of them; ``storage_options`` one mapping (for every path or URL) or one per cache."""
+        or a sequence of them; ``storage_options`` one mapping (for every path or URL) or one per cache;
+        read through ``local`` (``cache_dir``, ``cache_limit``) when given."""
         times = SplitTimes.of(split_times)
         items = cls.given(caches)
         if isinstance(caches, Cache | str | os.PathLike):  # one cache, as it always was
-            return cls([open_for_reading(caches, storage_options)], split=split, split_times=times)  # type: ignore[arg-type]
-        options = _per_cache(storage_options, items)
-        return cls([open_for_reading(c, o) for c, o in zip(items, options)], split=split, split_times=times)
+            opened = [open_for_reading(caches, storage_options)]  # type: ignore[arg-type]
+        else:
+            opened = [open_for_reading(c, o) for c, o in zip(items, _per_cache(storage_options, items))]
+        opened, temporary = (opened, None) if local is None else local.apply(opened)
+        try:
+            return cls(opened, split=split, split_times=times, temporary=temporary)
+        except BaseException:
+            if temporary is not None:
+                temporary.close()
+            raise
 
     # -- the split ---------------------------------------------------------------------------
     def _choose(self, split: str | None) -> str | None:

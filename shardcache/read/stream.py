@@ -112,6 +112,7 @@ from .options import (
     MAX_COUNT,
     Batch,
     LoaderSettings,
+    LocalCopy,
     MetaBatch,
     PlanSettings,
     cache_digest,
@@ -151,8 +152,11 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
     threads (default: one per core this process may run on, shared by the DataLoader workers,
     at most 8: see ``default_decoders``); ``memory_budget`` (bytes, ``"512MiB"``, ``"auto"``:
     see ``parse_budget``; shared by the DataLoader workers) caps the decoded blocks instead;
-    ``device`` is where blocks live and batches are gathered. See the module docstring for
-    passes, epochs, ranks and resume.
+    ``device`` is where blocks live and batches are gathered. ``cache_dir`` keeps a node-local copy
+    of each shard object read (shared by every DataLoader worker and rank of the node that names the
+    folder), at most ``cache_limit`` bytes (``"50GB"``; None: no limit), oldest evicted first; a
+    remote cache without ``cache_dir`` uses a temporary folder of ``cache_limit`` (default 1 GiB),
+    removed by ``close()``. See the module docstring for passes, epochs, ranks and resume.
     """
 
     def __init__(
@@ -179,15 +183,18 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         device: str | torch.device | None = None,
         meta: bool = False,
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
         self.order = PlanSettings.of(batch_size=batch_size, shuffle=shuffle, seed=seed, mix=mix, drop_last=drop_last)
         self.settings = LoaderSettings.of(
             prefetch=prefetch, decoders=decoders, memory_budget=memory_budget, device=device
         )
-        n = len(Sources.given(caches))
-        self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=n)
-        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times)
+        given = Sources.given(caches)
+        self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=len(given))
+        local = LocalCopy.of(given, cache_dir, cache_limit)
+        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times, local=local)
         self.read_spec = ReadSpec.of(self.sources, self.spec, self.device, meta)
         self.planner = Planner(
             ranges=self.read_spec.ranges,
@@ -448,8 +455,11 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every reader thread and DataLoader worker of this stream; later iteration fails."""
+        """Stop every reader thread and DataLoader worker of this stream, and remove its temporary
+        local copy; later iteration fails."""
         self.resources.close()
+        if self.sources.temporary is not None:
+            self.sources.temporary.close()
 
     def __enter__(self) -> Self:
         return self

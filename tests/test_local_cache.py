@@ -1,0 +1,194 @@
+"""The node-local shard cache (``shardcache.format.local_cache``) on real processes and files: each object
+fetched once by one of several processes that want it at once, the shard files under the byte limit at
+every moment while processes fill it, a killed fetch that blocks nobody, and a stream reading through it
+(``cache_dir``, ``cache_limit``) serving exactly the batches it serves without it."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers.local import peak_bytes, shard_bytes
+
+from shardcache.errors import OptionError, OptionTypeError
+from shardcache.format.local_cache import LocalCache
+from shardcache.format.paths import read_options
+from shardcache.read.dataset import WindowDataset
+from shardcache.read.stream import WindowStream
+
+_CTX = mp.get_context("fork")
+
+
+def _payload(k: int, size: int) -> np.ndarray:
+    return np.full(size, k % 251, dtype=np.uint8)
+
+
+def _fetch_all(directory: str, limit: int | None, names: list[int], size: int, log: str, delay: float) -> None:
+    """A process reading ``names`` through the cache, with 2 threads; each download appends a line to ``log``."""
+    local = LocalCache(directory, limit)
+
+    def download(k: int) -> np.ndarray:
+        with open(log, "a") as fh:
+            fh.write(f"{k}\n")
+        time.sleep(delay)
+        return _payload(k, size)
+
+    def work(order: list[int]) -> None:
+        for k in order:
+            got = local.get(f"space/obj/c/{k}/0@1", lambda k=k: download(k))
+            data = np.fromfile(got, dtype=np.uint8) if isinstance(got, str) else got
+            assert data.tobytes() == _payload(k, size).tobytes()
+
+    threads = [threading.Thread(target=work, args=(names[i::2],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_each_object_is_fetched_once_by_the_processes_that_want_it_at_once(tmp_path):
+    names, log = list(range(24)), str(tmp_path / "downloads")
+    procs = [
+        _CTX.Process(
+            target=_fetch_all, args=(str(tmp_path / "c"), None, names[::-1] if p % 2 else names, 1000, log, 0.02)
+        )
+        for p in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    downloads = Path(log).read_text().split()
+    assert sorted(map(int, downloads)) == names  # 4 processes x 2 threads wanted each; one fetched it
+    assert LocalCache(tmp_path / "c").stored_bytes() == shard_bytes(tmp_path / "c") == 24 * 1000
+
+
+def test_the_shard_files_stay_under_the_limit_while_processes_fill_it(tmp_path):
+    folder, limit, size = tmp_path / "c", 10_500, 1000
+    with peak_bytes(folder) as peak:
+        procs = [
+            _CTX.Process(
+                target=_fetch_all, args=(str(folder), limit, list(range(p * 10, p * 10 + 40)), size, os.devnull, 0)
+            )
+            for p in range(3)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    assert 0 < peak[0] <= limit
+    kept = shard_bytes(folder)
+    assert kept == LocalCache(folder, limit).stored_bytes() <= limit
+    assert kept == 10 * size  # evicted only what it had to
+    assert not list(folder.rglob("*.part"))
+
+
+def test_an_object_above_the_limit_is_read_but_not_kept(tmp_path):
+    local = LocalCache(tmp_path / "c", 100)
+    got = local.get("s/a@1", lambda: _payload(1, 500))
+    assert isinstance(got, np.ndarray) and got.nbytes == 500
+    assert shard_bytes(tmp_path / "c") == 0 and local.stored_bytes() == 0
+    assert local.get("s/missing@1", lambda: None) is None  # an absent object stays absent
+
+
+def _hang_while_fetching(directory: str, started: mp.Event) -> None:
+    def download() -> np.ndarray:
+        started.set()
+        time.sleep(60)
+        return _payload(0, 10)
+
+    local = LocalCache(directory, 50)
+    local._admit("s/dead@1", 40)  # what a writer killed between its admission and its rename leaves
+    local.get("s/x@1", download)
+
+
+def test_a_killed_fetch_blocks_no_one_and_its_room_is_taken_back(tmp_path):
+    folder = str(tmp_path / "c")
+    started = _CTX.Event()
+    child = _CTX.Process(target=_hang_while_fetching, args=(folder, started))
+    child.start()
+    assert started.wait(30)
+    local = LocalCache(folder, 50)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    got = local.get("s/x@1", lambda: _payload(7, 10))  # the dead fetch's lock is gone: this one fetches
+    assert got.tobytes() == _payload(7, 10).tobytes()
+    local.get("s/y@1", lambda: _payload(8, 30))  # room made by evicting the dead writer's 40 bytes
+    assert local.stored_bytes() == 40 == shard_bytes(folder)
+
+
+def test_a_temporary_folder_is_removed_by_close_in_its_own_process_only(tmp_path):
+    local = LocalCache.temporary_dir(1000)
+    local.get("s/a@1", lambda: _payload(1, 10))
+    child = _CTX.Process(target=lambda: local.close())
+    child.start()
+    child.join(30)
+    assert os.path.isdir(local.directory)  # a forked worker's close leaves it
+    local.close()
+    assert not os.path.exists(local.directory)
+    assert local.get("s/b@1", lambda: _payload(2, 10)).tobytes() == _payload(2, 10).tobytes()  # a late reader
+    assert not os.path.exists(local.directory)  # reads on, without making the folder again
+
+
+KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stream_through_a_bounded_local_copy_serves_the_same_batches(stream_cache, tmp_path, workers):
+    with WindowStream(stream_cache, meta=True, **KW) as plain:
+        want = list(plain)
+    folder = tmp_path / "copy"
+    limit = 3 * 512 * 5 * 4  # three of the cache's shards, decoded size
+    stored = sum(f.stat().st_size for f in Path(stream_cache.url).glob("symbols/*/features/c/*/0"))
+    assert stored > 2 * limit  # the split does not fit: the copy evicts as it goes
+    with (
+        peak_bytes(folder) as peak,
+        WindowStream(stream_cache, meta=True, cache_dir=folder, cache_limit=limit, **KW) as s,
+    ):
+        got = list(s.loader(workers))
+    assert len(got) == len(want) and all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+    assert 0 < peak[0] <= limit and shard_bytes(folder) <= limit
+    copied = WindowDataset(stream_cache, 10, horizon=2, split="all", cache_dir=folder, cache_limit=limit)
+    direct = WindowDataset(stream_cache, 10, horizon=2, split="all")
+    for i in (0, 1000, len(direct) - 1):
+        assert torch.equal(copied[i].x, direct[i].x) and torch.equal(copied[i].y, direct[i].y)
+
+
+def test_local_copy_options_are_checked_before_the_cache_is_read(tmp_path, stream_cache):
+    missing = tmp_path / "nothing-here.zarr"
+    with pytest.raises(OptionError, match=r"cache_limit='lots': give bytes"):
+        WindowStream(missing, 10, cache_limit="lots")
+    with pytest.raises(OptionError, match=r"cache_limit=0: must be a positive number of bytes"):
+        WindowStream(missing, 10, cache_limit=0)
+    with pytest.raises(OptionTypeError, match=r"cache_dir=3: must be a folder path"):
+        WindowStream(missing, 10, cache_dir=3)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OptionError, match=r"cache_dir='.*file': is a file, not a folder"):
+        WindowStream(missing, 10, cache_dir=tmp_path / "file")
+    with pytest.raises(OptionError, match=r"cache_limit='1GB': bounds a node-local copy .* give cache_dir too"):
+        WindowStream(stream_cache, 10, split="all", cache_limit="1GB")
+    with WindowStream(stream_cache, 10, split="all") as local:
+        assert local.cache.local is None  # a local cache is read in place
+    with WindowStream(stream_cache, 10, split="all", cache_dir=tmp_path / "d", cache_limit="1MiB") as copied:
+        assert copied.cache.local.limit == 1 << 20 and stream_cache.local is None  # a view: the given cache unchanged
+
+
+def test_read_options_add_one_request_per_object_and_the_callers_options_win():
+    assert read_options("s3://b/c.zarr", None) == {"max_concurrency": 1}
+    assert read_options("s3://b/c.zarr", {"max_concurrency": 8, "anon": True}) == {"max_concurrency": 8, "anon": True}
+    chained = read_options("simplecache::s3://b/c.zarr", {"simplecache": {"cache_storage": "/x"}, "s3": {"anon": True}})
+    assert chained == {
+        "simplecache": {"cache_storage": "/x"},
+        "s3": {"max_concurrency": 1, "asynchronous": True, "anon": True},
+    }
+    assert read_options("gs://b/c.zarr", {"token": "anon"}) == {"token": "anon"}
+    assert read_options("/data/c.zarr", None) is None
