@@ -89,6 +89,7 @@ Resources
 from __future__ import annotations
 
 import functools
+import os
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
