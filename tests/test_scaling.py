@@ -14,12 +14,14 @@ import torch
 import torch.multiprocessing as mp
 from helpers import brute_starts, ddp_rank, stored_rows
 from helpers.cli import run_cli
+from helpers.tasks import Described, peek
 
 from shardcache import ShardcacheError, WindowStream, open_cache
 from shardcache.build.builder import build_cache
 from shardcache.build.cluster import check_cluster
 from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.build.sources import expand_inputs
+from shardcache.build.tasks import run_tasks
 from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import Cache
 from shardcache.format.layout import open_group
@@ -111,6 +113,26 @@ def test_cluster_refuses_what_workers_cannot_reach(sample, cluster, tmp_path):
         build_cache(sample, f"memory://{uuid.uuid4().hex}/c.zarr", scheduler=cluster.scheduler_address, progress=False)
     with Client(cluster) as client, pytest.raises(ShardcacheError, match="not visible on worker"):
         check_cluster(client, str(tmp_path / "only-here"), [str(tmp_path)])
+
+
+def test_a_stage_description_reaches_local_tasks_once():
+    """dask's threads: every task gets the one description, which dask never walks (it would read its
+    5,000 entries once per task, as it walks every dataclass in a task's arguments)."""
+    described = Described(symbols=[f"S{i}" for i in range(5_000)], n=5_000)
+    got = run_tasks(peek, range(40), shared=described, desc="peek", workers=2, show=False)
+    assert got == [(i, 5_000) for i in range(40)] and described.reads == 0
+
+
+def test_a_stage_description_reaches_a_cluster_once(cluster):
+    """dask.distributed: the description is sent once (one pickle per worker at most), not with each task."""
+    from distributed import Client
+
+    described = Described(symbols=[f"S{i}" for i in range(5_000)], n=5_000)
+    Described.pickled = 0
+    with Client(cluster) as client:
+        got = run_tasks(peek, range(40), shared=described, desc="peek", client=client, show=False)
+    assert got == [(i, 5_000) for i in range(40)]
+    assert 1 <= Described.pickled <= len(cluster.workers) and described.reads == 0
 
 
 # -- object storage ------------------------------------------------------------------------

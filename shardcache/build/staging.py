@@ -118,18 +118,19 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
 class Marked:
     """A task that saves its result as a marker once it returns (picklable for dask workers).
 
-    ``then(job)`` runs after the marker is written: it may delete inputs that only an
-    unfinished task still needs.
+    Called as ``(i, job)`` or, with a stage's ``shared`` argument, ``((i, job), shared)``:
+    ``fn(job)`` or ``fn(shared, job)``. ``then(job)`` runs after the marker is written: it may
+    delete inputs that only an unfinished task still needs.
     """
 
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
     root: str
     prefix: str
     then: Callable[[Any], None] | None = None
 
-    def __call__(self, item: tuple[int, Any]) -> Any:
+    def __call__(self, item: tuple[int, Any], *shared: Any) -> Any:
         i, job = item
-        result = self.fn(job)
+        result = self.fn(*shared, job)
         _write_marker(_marker(self.root, self.prefix, i), result)
         if self.then is not None:
             self.then(job)
@@ -202,20 +203,25 @@ class Staging:
 
     def run(
         self,
-        fn: Callable[[Any], Any],
+        fn: Callable[..., Any],
         jobs: Sequence[Any],
         prefix: str,
         *,
+        shared: Any = None,
         then: Callable[[Any], None] | None = None,
+        weights: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """``[fn(job) for job in jobs]`` as dask tasks, skipping tasks finished before a resume."""
+        """``[fn(job) for job in jobs]`` as dask tasks (``fn(shared, job)`` with ``shared``, which
+        reaches the tasks once: see ``tasks.run_tasks``), skipping tasks finished before a resume.
+        ``weights`` count each job for the progress bar."""
         kind = _returns(fn)
         results = [self.load(prefix, i, kind) for i in range(len(jobs))]
         todo = [(i, job) for i, (job, r) in enumerate(zip(jobs, results)) if r is None]
         if len(todo) < len(jobs):
             log.info("%s: %d of %d already done", kwargs.get("desc", prefix), len(jobs) - len(todo), len(jobs))
-        done = run_tasks(Marked(fn, self.root, prefix, then), todo, **kwargs)
+        counts = None if weights is None else [weights[i] for i, _ in todo]
+        done = run_tasks(Marked(fn, self.root, prefix, then), todo, shared=shared, weights=counts, **kwargs)
         for (i, _), r in zip(todo, done):
             results[i] = r
         return results
