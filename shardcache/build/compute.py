@@ -1,8 +1,12 @@
 """Per-shard work of a build or an append: a shard's features, train-split statistics, the write.
 
+A task takes a batch of consecutive shards (``shard_batches``): one shard's worth of rows at most,
+or one whole shard, so a task of many small symbols costs one marker, not one per shard, and a big
+symbol's shards still run in parallel. Every shard is still written whole by one task.
+
 Rows come from the sorted cluster files the merge stage spilled (``ShardWork.clusters``, in row
-order, named by ``cluster_path``). A feature that looks at the previous bar (``log_return``, ``gap``) reads one extra
-leading row: from the clusters, or, for the first new bar of an appended symbol, from the
+order: a merge job's clusters follow each other in its files, named by ``cluster_path``). A feature
+that looks at the previous bar (``log_return``, ``gap``) reads one extra leading row: from the clusters, or, for the first new bar of an appended symbol, from the
 raw last bar the manifest keeps per symbol (``ShardWork.tails``), so appended bars get the
 same features as a build that saw every bar at once. Rows of a shard that an append keeps
 (``ShardWork.first_new``) are read back from the cache as stored and written again with the new
@@ -11,7 +15,9 @@ rows: one writer per shard, every write a whole shard.
 
 from __future__ import annotations
 
+import collections
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,14 +27,25 @@ from pyarrow import ipc
 from ..errors import ShardcacheError
 from ..format.writer import CacheWriter
 from .features import compute_features
+from .tasks import pack
 
-__all__ = ["ShardWork", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
+__all__ = [
+    "ShardWork",
+    "Spills",
+    "cluster_path",
+    "merge_moments",
+    "read_arrow",
+    "shard_batches",
+    "shard_stats",
+    "write_shard",
+    "write_shards",
+]
 
 
-def cluster_path(staging: str, sym: int, c: int) -> str:
-    """The merge stage's spill file of cluster ``c`` of merge job (symbol) ``sym``; a build keeps
-    the two numbers per cluster, not thousands of path strings."""
-    return os.path.join(staging, "clusters", f"{sym:06d}-{c:06d}.arrow")
+def cluster_path(staging: str, job: int, part: int) -> str:
+    """The merge stage's spill file ``part`` of merge job ``job``; a build keeps two numbers and a
+    row per cluster, not thousands of path strings."""
+    return os.path.join(staging, "clusters", f"{job:06d}-{part:04d}.arrow")
 
 
 @dataclass(kw_only=True)
@@ -36,7 +53,7 @@ class ShardWork:
     """Where each row to compute comes from, and how to normalize and write it."""
 
     staging: str  # the folder holding the cluster files
-    clusters: np.ndarray  # (n, 2) int64: merge job and cluster number of each cluster file, in row order
+    clusters: np.ndarray  # (n, 3) int64: merge job, file part and first row in that file of each cluster, in row order
     first_row: np.ndarray  # row of each cluster's first bar
     counts: np.ndarray  # bars per cluster
     segments: np.ndarray  # the whole segment table, in row order
@@ -52,27 +69,42 @@ class ShardWork:
     first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 
-def write_arrow(path: str, table: pa.Table) -> None:
-    """Spill ``table`` as an Arrow IPC file."""
-    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
 def read_arrow(path: str) -> pa.Table:
     """A spilled Arrow IPC file, memory-mapped."""
     return ipc.open_file(pa.memory_map(path, "r")).read_all()
 
 
-def _cluster(work: ShardWork, ci: int) -> str:
-    sym, c = work.clusters[ci].tolist()
-    return cluster_path(work.staging, sym, c)
+class Spills:
+    """The spill files one task reads, each opened (memory-mapped) once while it is among the last
+    ``keep`` read: a batch of small symbols takes many slices of a few files, a big symbol's merge
+    reads hundreds of files once each (and must not hold them all open)."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._tables: collections.OrderedDict[str, pa.Table] = collections.OrderedDict()
+
+    def rows(self, path: str, offset: int, n: int) -> pa.Table:
+        """Rows ``[offset, offset + n)`` of the spill file ``path``."""
+        table = self._tables.pop(path, None)
+        if table is None:
+            table = read_arrow(path)
+            if len(self._tables) >= self.keep:
+                self._tables.popitem(last=False)
+        self._tables[path] = table
+        return table.slice(offset, n)
 
 
-def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
+def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> pa.Table:
+    """Rows ``[offset, offset + n)`` of cluster ``ci``."""
+    job, part, first = work.clusters[ci].tolist()
+    return spills.rows(cluster_path(work.staging, job, part), first + offset, n)
+
+
+def _lead(work: ShardWork, spills: Spills, row: int) -> dict[str, np.ndarray] | None:
     """The raw bar at ``row`` as one-row columns, if it is stored in a cluster or kept as a tail."""
     ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
     if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
-        table = read_arrow(_cluster(work, ci)).slice(row - int(work.first_row[ci]), 1)
+        table = _cluster(work, spills, ci, row - int(work.first_row[ci]), 1)
         return {c: table[c].to_numpy() for c in ["ts", *work.read_columns]}
     tail = work.tails.get(row)
     if tail is None:
@@ -83,16 +115,18 @@ def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
     }
 
 
-def rows_features(work: ShardWork, a: int, b: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rows_features(
+    work: ShardWork, a: int, b: int, shard: int, spills: Spills | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Features (unnormalized), timestamps and split ids of rows ``[a, b)``, all in the clusters."""
-    lead = _lead(work, a - 1) if a > 0 else None
+    spills = spills or Spills()
+    lead = _lead(work, spills, a - 1) if a > 0 else None
     ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
     parts, row = [], a
     while row < b:
         first = int(work.first_row[ci])
-        table = read_arrow(_cluster(work, ci))
-        take = min(b, first + table.num_rows) - row
-        parts.append(table.slice(row - first, take))
+        take = min(b, first + int(work.counts[ci])) - row
+        parts.append(_cluster(work, spills, ci, row - first, take))
         row += take
         ci += 1
     table = pa.concat_tables(parts)
@@ -129,10 +163,25 @@ def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray
     )
 
 
-def shard_stats(job: tuple[ShardWork, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-feature (count, mean, M2) of one shard's train-split rows."""
-    work, shard = job
-    feats, _, split = rows_features(work, *work.writer.shard_bounds(shard), shard)
+def shard_batches(writer: CacheWriter, shards: Sequence[int]) -> list[list[int]]:
+    """``shards`` (in row order) in tasks: consecutive shards while their rows add up to at most one
+    shard's worth, so a full shard is a task of its own and thousands of small symbols' shards share
+    a few. Decided by the rows alone: a resume finds the same batches."""
+    rows = [b - a for a, b in map(writer.shard_bounds, shards)]
+    return [list(shards[lo:hi]) for lo, hi in pack(rows, writer.shard_rows)]
+
+
+def shard_stats(work: ShardWork, shards: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-feature (count, mean, M2) of each shard's train-split rows: one row per shard of ``shards``
+    (the driver merges them shard by shard, as it would one task's each)."""
+    spills = Spills()
+    parts = [_moments(work, shard, spills) for shard in shards]
+    n, mean, m2 = (np.stack(x) for x in zip(*parts))
+    return n, mean, m2
+
+
+def _moments(work: ShardWork, shard: int, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    feats, _, split = rows_features(work, *work.writer.shard_bounds(shard), shard, spills)
     if work.train_split is not None:
         feats = feats[split == work.train_split]
     x = feats.astype(np.float64)
@@ -158,12 +207,17 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
     return mean, std, int(n[0]) if len(n) else 0
 
 
-def write_shard(job: tuple[ShardWork, int]) -> str:
+def write_shards(work: ShardWork, shards: list[int]) -> list[str]:
+    """Compute, normalize and write each shard of ``shards`` whole; their digests."""
+    spills = Spills()
+    return [write_shard(work, shard, spills) for shard in shards]
+
+
+def write_shard(work: ShardWork, shard: int, spills: Spills) -> str:
     """Compute, normalize and write one whole shard (with the rows an append keeps); its digest."""
-    work, shard = job
     a, b = work.writer.shard_bounds(shard)
     c = work.first_new.get(shard, a)
-    feats, ts, _ = rows_features(work, c, b, shard)
+    feats, ts, _ = rows_features(work, c, b, shard, spills)
     if work.mean is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             feats = ((feats - work.mean) / work.std).astype(np.float32)

@@ -6,14 +6,15 @@ outputs)::
 
     OUT.staging/
       state.json     what the build is: inputs (path, size, mtime), options, format version
-      runs/          stage 1 spills, clusters/  stage 2 spills
-      done/          one marker per finished task: its result as data, never code
-                     (scan-000003.npz, merge-....npz, stats-....npz, write-....json, created.json)
+      runs/          stage 1 spills (one per input piece), clusters/  stage 2 spills (one per merge batch)
+      done/          one marker per finished task (a file, a batch of symbols or of shards): its result
+                     as data, never code (scan-000003.npz, merge-....npz, stats-....npz, write-....json,
+                     created.json)
       cache.zarr/    the cache being written (local outputs only)
 
 ``state.json``, the markers and every zarr object are written to a temporary name and
-renamed, and a task's marker is written after its outputs (a merge deletes its input runs
-only after its marker), so a build killed at any moment (SIGKILL included) leaves only
+renamed, and a task's marker is written after its outputs (the scan's runs are deleted only
+after every merge marker), so a build killed at any moment (SIGKILL included) leaves only
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
 the same, array for array, as an uninterrupted build. Markers are data, never code

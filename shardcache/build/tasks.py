@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import dask
 from dask.callbacks import Callback
 
-__all__ = ["Progress", "dask_setup", "release_memory", "run_tasks", "tune_allocator"]
+__all__ = ["Progress", "dask_setup", "pack", "release_memory", "run_tasks", "tune_allocator"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
@@ -84,6 +84,23 @@ def release_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def pack(sizes: Sequence[int] | Any, limit: int) -> list[tuple[int, int]]:
+    """Consecutive items in tasks ``[lo, hi)``: as many as add up to at most ``limit``, an item
+    bigger than ``limit`` alone. A stage of thousands of small items (symbols, shards) runs as a
+    few tasks, each paying its marker and scheduling once, while big items keep a task each."""
+    groups: list[tuple[int, int]] = []
+    lo, held = 0, 0
+    for i, size in enumerate(int(x) for x in sizes):
+        if i > lo and held + size > limit:
+            groups.append((lo, i))
+            lo, held = i, 0
+        held += size
+    n = len(sizes)
+    if n > lo:
+        groups.append((lo, n))
+    return groups
 
 
 class Progress:

@@ -72,7 +72,7 @@ def _key(key: str):
 
 # where an append is killed: (object, function, killed after the call (else before), for which calls)
 APPEND_KILLS = {
-    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
+    "write: a batch of tail shards rewritten, not recorded": (append_mod, "write_shards", True, _always),
     "grow: an array's metadata unshared, not rewritten": (
         append_mod.CacheWriter,
         "_release",
