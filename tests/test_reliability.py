@@ -24,7 +24,7 @@ from helpers.kills import kill_after as _after
 from helpers.kills import kill_before as _before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache.build import builder, compute, merge, scan, staging
+from shardcache.build import builder, merge, scan, staging
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, make_sample_parquet, write_dbn
 from shardcache.cli import build_cache_main, main
@@ -72,16 +72,18 @@ KILL_POINTS = {
     ),
 }
 # the batch boundaries of ``many`` (60 symbols of 120 bars, one shard each: 8 symbols or shards a batch,
-# so batch 1 is symbols and shards 8-15): a batch half done, and a batch done but not recorded
+# so batch 1 is symbols and shards 8-15): a batch half spilled or written, and a batch done but not
+# recorded (a stats batch writes nothing but its marker: no half-done state to leave)
 MANY_SYMBOLS, MANY_BARS = 60, 120
 BATCH_KILL_POINTS = {
     "merge: batch 1's first symbol clustered, the rest not": lambda: _after(
         merge, "_merge_one", lambda a: a[0].index == 1 and a[1] == 0
     ),
     "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
-    "stats: batch 1's first shard done, the rest not": lambda: _after(compute, "_moments", lambda a: a[1] == 8),
     "stats: batch 1 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[1][0] == 8),
-    "write: batch 1's first shard written, the rest not": lambda: _after(compute, "write_shard", lambda a: a[1] == 8),
+    "write: batch 1's first shard written, the rest not": lambda: _after(
+        CacheWriter, "write_shard", lambda a: a[1] == 8
+    ),
     "write: batch 1 written, not recorded": lambda: _after(builder, "write_shards", lambda a: a[1][0] == 8),
 }
 

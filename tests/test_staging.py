@@ -116,7 +116,7 @@ def _equal(a, b) -> bool:
 
 RESULTS = {  # a task's result as the build writes it, and the type it is read back as
     "scan": (_scan_result(), staging._returns(scan._scan)),
-    "merge": ([_merged(), _merged()], staging._returns(merge._merge)),
+    "merge": (merge.MergedBatch.of(3, [_merged(), _merged()]), staging._returns(merge._merge)),
     "stats": ((np.ones((2, 4)), np.zeros((2, 4)), np.arange(8.0).reshape(2, 4)), staging._returns(shard_stats)),
     "write": (["9f2c0d", "77aa01"], staging._returns(write_shards)),
     "created": (True, bool),
@@ -138,7 +138,10 @@ def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
     """Jobs, results, the shard work and an append's placement and finish have named fields only (no
     positional records, no 7-tuples); the ones a resume reads back (a scan's, a merge's, an append's
     finish) decode as their own types."""
-    records = [scan.ScanJob, scan._Scan, scan.Scanned, scan.Inputs, merge.MergeJob, Merged, merge._Run, ShardWork]
+    records = [
+        *(scan.ScanJob, scan._Scan, scan.Scanned, scan.Inputs),
+        *(merge.MergeJob, Merged, merge.MergedBatch, merge._Run, ShardWork),
+    ]
     for record in [*records, append._Placement, append._Finish]:
         with pytest.raises(TypeError, match="positional argument"):
             record(*range(len(dataclasses.fields(record))))
@@ -293,10 +296,10 @@ def test_flipped_bytes_in_a_marker_then_resume_gives_the_clean_cache(kind, files
 def test_a_marker_read_as_another_type_is_not_finished(interrupted, tmp_path):
     _, root = _copy_state(interrupted, tmp_path)
     stage = staging.Staging(str(root), "unused", {}, -1)
-    merged = RESULTS["merge"][1]
-    assert all(isinstance(m, Merged) for m in stage.load("merge", 0, merged))
+    batch = RESULTS["merge"][1]
+    assert all(isinstance(m, Merged) for m in stage.load("merge", 0, batch).merged())
     assert stage.load("merge", 0, Merged) is None and stage.load("merge", 0, str) is None
-    assert stage.load("write", 0, merged) is None
+    assert stage.load("write", 0, batch) is None
     assert stage.load("created", None, bool) is True and stage.load("linked") is None
 
 

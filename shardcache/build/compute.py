@@ -32,12 +32,12 @@ from .tasks import pack
 __all__ = [
     "ShardWork",
     "Spills",
+    "batch_rows",
     "cluster_path",
     "merge_moments",
     "read_arrow",
     "shard_batches",
     "shard_stats",
-    "write_shard",
     "write_shards",
 ]
 
@@ -100,12 +100,11 @@ def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> p
     return spills.rows(cluster_path(work.staging, job, part), first + offset, n)
 
 
-def _lead(work: ShardWork, spills: Spills, row: int) -> dict[str, np.ndarray] | None:
-    """The raw bar at ``row`` as one-row columns, if it is stored in a cluster or kept as a tail."""
+def _lead(work: ShardWork, spills: Spills, row: int) -> pa.Table | dict[str, np.ndarray] | None:
+    """The raw bar at ``row``: a one-row slice of its cluster, or a kept tail as one-row columns; None if neither."""
     ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
     if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
-        table = _cluster(work, spills, ci, row - int(work.first_row[ci]), 1)
-        return {c: table[c].to_numpy() for c in ["ts", *work.read_columns]}
+        return _cluster(work, spills, ci, row - int(work.first_row[ci]), 1)
     tail = work.tails.get(row)
     if tail is None:
         return None
@@ -115,50 +114,105 @@ def _lead(work: ShardWork, spills: Spills, row: int) -> dict[str, np.ndarray] | 
     }
 
 
-def rows_features(
-    work: ShardWork, a: int, b: int, shard: int, spills: Spills | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features (unnormalized), timestamps and split ids of rows ``[a, b)``, all in the clusters."""
-    spills = spills or Spills()
-    lead = _lead(work, spills, a - 1) if a > 0 else None
-    ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
-    parts, row = [], a
-    while row < b:
-        first = int(work.first_row[ci])
-        take = min(b, first + int(work.counts[ci])) - row
-        parts.append(_cluster(work, spills, ci, row - first, take))
-        row += take
-        ci += 1
-    table = pa.concat_tables(parts)
-    ts = table["ts"].to_numpy().astype(np.int64, copy=False)
-    cols = {c: table[c].to_numpy() for c in work.read_columns}
-    n_lead = 0 if lead is None else 1
-    if lead is not None:
-        ts = np.concatenate([lead["ts"].astype(np.int64), ts])
-        cols = {c: np.concatenate([lead[c], v]) for c, v in cols.items()}
-    rows = np.arange(a - n_lead, b, dtype=np.int64)
-    seg = np.searchsorted(work.segments[:, 1], rows, side="right") - 1
-    starts = np.zeros(len(rows), dtype=bool)
-    starts[0] = True
+def _columns(
+    work: ShardWork, pieces: list[pa.Table | dict[str, np.ndarray]]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Timestamps and source columns of ``pieces`` one after the other: consecutive tables of one schema
+    are concatenated by Arrow and converted once (a batch of small symbols is one conversion, not one a symbol)."""
+    ts_parts: list[np.ndarray] = []
+    col_parts: dict[str, list[np.ndarray]] = {c: [] for c in work.read_columns}
+    i = 0
+    while i < len(pieces):
+        piece = pieces[i]
+        if isinstance(piece, dict):
+            ts_parts.append(piece["ts"])
+            for c in work.read_columns:
+                col_parts[c].append(piece[c])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(pieces) and isinstance(pieces[j], pa.Table) and pieces[j].schema.equals(piece.schema):
+            j += 1
+        table = pa.concat_tables(pieces[i:j])
+        ts_parts.append(table["ts"].to_numpy().astype(np.int64, copy=False))
+        for c in work.read_columns:
+            col_parts[c].append(table[c].to_numpy())
+        i = j
+    return np.concatenate(ts_parts), {c: np.concatenate(v) for c, v in col_parts.items()}
+
+
+@dataclass(kw_only=True)
+class _Rows:
+    """Several shards' rows computed together: shard ``shards[k]``'s features (unnormalized),
+    timestamps and segment ids are rows ``at[k]:at[k + 1]``."""
+
+    shards: list[int]
+    at: np.ndarray
+    feats: np.ndarray
+    ts: np.ndarray
+    seg: np.ndarray
+
+    def of(self, k: int) -> slice:
+        return slice(int(self.at[k]), int(self.at[k + 1]))
+
+
+def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spills) -> _Rows:
+    """Features, timestamps and segment ids of rows ``[a, b)`` of each ``(shard, a, b)`` of ``spans`` (all in
+    the clusters), computed in one pass over the batch: each span as it would be alone (with its leading
+    row, a segment start at its first row), so the values are those of a shard computed by itself."""
+    pieces: list[pa.Table | dict[str, np.ndarray]] = []
+    rows, firsts, leads, n = [], [], [], 0
+    for _, a, b in spans:
+        lead = _lead(work, spills, a - 1) if a > 0 else None
+        if lead is not None:
+            pieces.append(lead)
+            leads.append(n)
+        firsts.append(n)
+        rows.append(np.arange(a - (lead is not None), b, dtype=np.int64))
+        n += len(rows[-1])
+        ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
+        row = a
+        while row < b:
+            first = int(work.first_row[ci])
+            take = min(b, first + int(work.counts[ci])) - row
+            pieces.append(_cluster(work, spills, ci, row - first, take))
+            row += take
+            ci += 1
+    ts, cols = _columns(work, pieces)
+    at_rows = np.concatenate(rows)
+    seg = np.searchsorted(work.segments[:, 1], at_rows, side="right") - 1
+    starts = np.zeros(n, dtype=bool)
     starts[1:] = seg[1:] != seg[:-1]
+    starts[firsts] = True
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
         feats = compute_features(work.names, cols, ts, starts)
-    feats, ts, seg = feats[n_lead:], ts[n_lead:], seg[n_lead:]
-    _check_finite(work, shard, feats, ts, seg, "is not finite")
-    return feats, ts, work.segment_split[seg]
+    keep = np.ones(n, dtype=bool)
+    keep[leads] = False
+    out = _Rows(
+        shards=[s for s, _, _ in spans],
+        at=np.concatenate([[0], np.cumsum([b - a for _, a, b in spans])]),
+        feats=feats[keep],
+        ts=ts[keep],
+        seg=seg[keep],
+    )
+    _check_finite(work, out, out.feats, "is not finite")
+    return out
 
 
-def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray, what: str) -> None:
+def _check_finite(work: ShardWork, rows: _Rows, feats: np.ndarray, what: str) -> None:
     """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
-    or from a derived feature of extreme inputs."""
+    or from a derived feature of extreme inputs. Names the first shard (in row order) that holds one."""
     bad = ~np.isfinite(feats)
     if not bad.any():
         return
-    rows, cols = np.nonzero(bad)
-    sym = work.symbols[int(work.segments[seg[rows[0]], 0])] if work.symbols else "?"
+    k = int(np.searchsorted(rows.at, int(np.argmax(bad.any(axis=1))), side="right")) - 1
+    at = rows.of(k)
+    cells, cols = np.nonzero(bad[at])
+    first = at.start + int(cells[0])
+    sym = work.symbols[int(work.segments[rows.seg[first], 0])] if work.symbols else "?"
     raise ShardcacheError(
-        f"feature {work.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
-        f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
+        f"feature {work.names[cols[0]]!r} {what} at {len(cells)} bar(s) of shard {rows.shards[k]}, first {sym} at "
+        f"{np.datetime64(int(rows.ts[first]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
         "derived feature of extreme inputs; fix those bars or pick other --features"
     )
 
@@ -174,14 +228,15 @@ def shard_batches(writer: CacheWriter, shards: Sequence[int]) -> list[list[int]]
 def shard_stats(work: ShardWork, shards: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-feature (count, mean, M2) of each shard's train-split rows: one row per shard of ``shards``
     (the driver merges them shard by shard, as it would one task's each)."""
-    spills = Spills()
-    parts = [_moments(work, shard, spills) for shard in shards]
+    rows = batch_rows(work, [(s, *work.writer.shard_bounds(s)) for s in shards], Spills())
+    split = work.segment_split[rows.seg]
+    parts = [_moments(work, rows.feats[rows.of(k)], split[rows.of(k)]) for k in range(len(shards))]
     n, mean, m2 = (np.stack(x) for x in zip(*parts))
     return n, mean, m2
 
 
-def _moments(work: ShardWork, shard: int, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    feats, _, split = rows_features(work, *work.writer.shard_bounds(shard), shard, spills)
+def _moments(work: ShardWork, feats: np.ndarray, split: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, mean, M2) of one shard's train-split rows."""
     if work.train_split is not None:
         feats = feats[split == work.train_split]
     x = feats.astype(np.float64)
@@ -208,22 +263,24 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
 
 
 def write_shards(work: ShardWork, shards: list[int]) -> list[str]:
-    """Compute, normalize and write each shard of ``shards`` whole; their digests."""
-    spills = Spills()
-    return [write_shard(work, shard, spills) for shard in shards]
-
-
-def write_shard(work: ShardWork, shard: int, spills: Spills) -> str:
-    """Compute, normalize and write one whole shard (with the rows an append keeps); its digest."""
-    a, b = work.writer.shard_bounds(shard)
-    c = work.first_new.get(shard, a)
-    feats, ts, _ = rows_features(work, c, b, shard, spills)
+    """Compute and normalize the rows of ``shards`` together, then write each shard whole (with the rows
+    an append keeps), one after the other; their digests."""
+    spans = []
+    for shard in shards:
+        a, b = work.writer.shard_bounds(shard)
+        spans.append((shard, work.first_new.get(shard, a), b))
+    rows = batch_rows(work, spans, Spills())
+    feats = rows.feats
     if work.mean is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             feats = ((feats - work.mean) / work.std).astype(np.float32)
-        seg = np.searchsorted(work.segments[:, 1], c + np.arange(len(ts)), side="right") - 1
-        _check_finite(work, shard, feats, ts, seg, "overflows float32 after z-scoring")
-    if c > a:
-        old_feats, old_ts = work.writer.read(a, c)
-        feats, ts = np.concatenate([old_feats, feats]), np.concatenate([old_ts, ts])
-    return work.writer.write_shard(shard, feats, ts)
+        _check_finite(work, rows, feats, "overflows float32 after z-scoring")
+    digests = []
+    for k, (shard, c, _) in enumerate(spans):
+        block, ts = feats[rows.of(k)], rows.ts[rows.of(k)]
+        a = work.writer.shard_bounds(shard)[0]
+        if c > a:
+            old_feats, old_ts = work.writer.read(a, c)
+            block, ts = np.concatenate([old_feats, block]), np.concatenate([old_ts, ts])
+        digests.append(work.writer.write_shard(shard, block, ts))
+    return digests

@@ -26,7 +26,7 @@ from .compute import Spills, cluster_path
 from .scan import Scanned, Stage, run_path
 from .tasks import pack
 
-__all__ = ["MergeJob", "Merged", "merge_symbols", "place_clusters"]
+__all__ = ["MergeJob", "Merged", "MergedBatch", "merge_symbols", "place_clusters"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +76,65 @@ class Merged:
     first_ts: int = 0  # the first bar's timestamp: an append plans its gap check from it, reading no spill
 
 
+@dataclass(kw_only=True)
+class MergedBatch:
+    """A merge job's symbols after the merge, column by column: its task's result and marker, a few arrays
+    however many symbols it holds (``Merged`` one by one from ``merged``)."""
+
+    job: int
+    symbols: list[str]
+    n: np.ndarray  # bars per symbol
+    duplicates: np.ndarray
+    first_ts: np.ndarray
+    clusters: np.ndarray  # clusters per symbol; their rows and places follow each other below
+    cluster_rows: np.ndarray
+    cluster_at: np.ndarray
+    segments: np.ndarray  # segments per symbol; their starts and splits follow each other below
+    seg_starts: np.ndarray
+    seg_split: np.ndarray
+    tails: list[dict[str, Any]]
+    rolls: list[list[list[int]]]
+
+    @classmethod
+    def of(cls, job: int, merged: list[Merged]) -> MergedBatch:
+        return cls(
+            job=job,
+            symbols=[m.symbol for m in merged],
+            n=np.asarray([m.n for m in merged], dtype=np.int64),
+            duplicates=np.asarray([m.duplicates for m in merged], dtype=np.int64),
+            first_ts=np.asarray([m.first_ts for m in merged], dtype=np.int64),
+            clusters=np.asarray([len(m.cluster_rows) for m in merged], dtype=np.int64),
+            cluster_rows=np.concatenate([m.cluster_rows for m in merged]).astype(np.int64),
+            cluster_at=np.concatenate([m.cluster_at for m in merged]).astype(np.int64).reshape(-1, 2),
+            segments=np.asarray([len(m.seg_starts) for m in merged], dtype=np.int64),
+            seg_starts=np.concatenate([m.seg_starts for m in merged]).astype(np.int64),
+            seg_split=np.concatenate([m.seg_split for m in merged]).astype(np.int8),
+            tails=[m.tail for m in merged],
+            rolls=[m.rolls for m in merged],
+        )
+
+    def merged(self) -> list[Merged]:
+        """The batch's symbols one by one."""
+        c = np.concatenate([[0], np.cumsum(self.clusters)])
+        g = np.concatenate([[0], np.cumsum(self.segments)])
+        return [
+            Merged(
+                symbol=symbol,
+                job=self.job,
+                cluster_rows=self.cluster_rows[c[j] : c[j + 1]],
+                cluster_at=self.cluster_at[c[j] : c[j + 1]],
+                n=int(self.n[j]),
+                seg_starts=self.seg_starts[g[j] : g[j + 1]],
+                seg_split=self.seg_split[g[j] : g[j + 1]],
+                duplicates=int(self.duplicates[j]),
+                tail=self.tails[j],
+                rolls=self.rolls[j],
+                first_ts=int(self.first_ts[j]),
+            )
+            for j, symbol in enumerate(self.symbols)
+        ]
+
+
 class _ClusterFiles:
     """A merge job's cluster spill files: each cluster appended to the open part, a new part when its
     columns differ (a symbol read from float32 columns beside one read from float64)."""
@@ -121,11 +180,11 @@ def _clusters(runs: list[_Run]) -> list[list[_Run]]:
     return clusters
 
 
-def _merge(job: MergeJob) -> list[Merged]:
+def _merge(job: MergeJob) -> MergedBatch:
     """Merge every symbol of ``job``, its clusters spilled into the job's files."""
     spills = Spills()
     with contextlib.closing(_ClusterFiles(job.staging, job.index)) as files:
-        return [_merge_one(job, j, spills, files) for j in range(len(job.symbols))]
+        return MergedBatch.of(job.index, [_merge_one(job, j, spills, files) for j in range(len(job.symbols))])
 
 
 def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> Merged:
@@ -255,4 +314,4 @@ def merge_symbols(
     ]
     done = stage(_merge, jobs, "merge", weights=[hi - lo for lo, hi in groups], desc="sort symbols", unit="symbol")
     _drop_runs(sorted({run_path(staging, r) for r in runs}))
-    return [m for batch in done for m in batch]
+    return [m for batch in done for m in batch.merged()]
