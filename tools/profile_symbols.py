@@ -270,39 +270,33 @@ def report(title: str, seconds: float, stats: pstats.Stats, top: int, per: dict[
         print()
 
 
-def time_build(src: str, out: str) -> None:
-    """Each stage's wall time in a real build (dask's threads, no profiler): the seconds, not the calls."""
+def _built(stages: StageProfiles, src: str, out: str, how: str) -> float:
+    """Build ``src`` into ``out`` with ``stages`` installed, print each stage's seconds; the build's."""
     from shardcache.build.builder import build_cache
 
-    stages = StageProfiles(profile=False)
     with stages.installed():
         t0 = time.perf_counter()
         build_cache(src, out, progress=False, overwrite=True)
         wall = time.perf_counter() - t0
-    print(f"### build: {wall:.1f} s (wall time, dask's threads, no profiler)\n")
+    print(f"### build: {wall:.1f} s ({how})\n")
     print("| stage | s | share |")
     print("|---|---:|---:|")
     for name, s in sorted(stages.seconds.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {s:.2f} | {100 * s / wall:.0f}% |")
     rest = wall - sum(stages.seconds.values())
     print(f"| the rest (options, inputs, manifest) | {rest:.2f} | {100 * rest / wall:.0f}% |\n")
+    return wall
+
+
+def time_build(src: str, out: str) -> None:
+    """Each stage's wall time in a real build (dask's threads, no profiler): the seconds, not the calls."""
+    _built(StageProfiles(profile=False), src, out, "wall time, dask's threads, no profiler")
 
 
 def profile_build(src: str, out: str, top: int, per: dict[str, int]) -> None:
-    from shardcache.build.builder import build_cache
-
     stages = StageProfiles()
-    with sync_dask(), stages.installed(), new_threads() as others:
-        t0 = time.perf_counter()
-        build_cache(src, out, progress=False, overwrite=True)
-        wall = time.perf_counter() - t0
-    print(f"### build: {wall:.1f} s (dask inline, under the profiler)\n")
-    print("| stage | s | share |")
-    print("|---|---:|---:|")
-    for name, s in sorted(stages.seconds.items(), key=lambda kv: -kv[1]):
-        print(f"| {name} | {s:.2f} | {100 * s / wall:.0f}% |")
-    rest = wall - sum(stages.seconds.values())
-    print(f"| the rest (options, inputs, manifest) | {rest:.2f} | {100 * rest / wall:.0f}% |\n")
+    with sync_dask(), new_threads() as others:
+        wall = _built(stages, src, out, "dask inline, under the profiler")
     for name, s in sorted(stages.seconds.items(), key=lambda kv: -kv[1]):
         if s >= 0.05 * wall:
             report(f"build stage {name}", s, _stats(list(stages.profiles[name])), top, per)
