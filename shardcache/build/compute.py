@@ -131,7 +131,7 @@ def _columns(
             i += 1
             continue
         j = i + 1
-        while j < len(pieces) and isinstance(pieces[j], pa.Table) and pieces[j].schema.equals(piece.schema):
+        while j < len(pieces) and _same_schema(pieces[j], piece.schema):
             j += 1
         table = pa.concat_tables(pieces[i:j])
         ts_parts.append(table["ts"].to_numpy().astype(np.int64, copy=False))
@@ -139,6 +139,10 @@ def _columns(
             col_parts[c].append(table[c].to_numpy())
         i = j
     return np.concatenate(ts_parts), {c: np.concatenate(v) for c, v in col_parts.items()}
+
+
+def _same_schema(piece: pa.Table | dict[str, np.ndarray], schema: pa.Schema) -> bool:
+    return isinstance(piece, pa.Table) and piece.schema.equals(schema)
 
 
 @dataclass(kw_only=True)

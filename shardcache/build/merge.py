@@ -298,7 +298,7 @@ def merge_symbols(
     bounds = np.searchsorted(runs["sym"], np.arange(len(scanned.symbols) + 1))
     rows = np.concatenate([[0], np.cumsum(runs["n"])])[bounds]
     at = np.asarray(cuts, dtype=np.int64)
-    groups = pack(np.diff(rows), batch_rows)
+    groups = pack(np.diff(rows).tolist(), batch_rows)
     jobs = [
         MergeJob(
             index=k,

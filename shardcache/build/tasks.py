@@ -86,13 +86,13 @@ def release_memory() -> None:
         libc.malloc_trim(0)
 
 
-def pack(sizes: Sequence[int] | Any, limit: int) -> list[tuple[int, int]]:
+def pack(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """Consecutive items in tasks ``[lo, hi)``: as many as add up to at most ``limit``, an item
     bigger than ``limit`` alone. A stage of thousands of small items (symbols, shards) runs as a
     few tasks, each paying its marker and scheduling once, while big items keep a task each."""
     groups: list[tuple[int, int]] = []
     lo, held = 0, 0
-    for i, size in enumerate(int(x) for x in sizes):
+    for i, size in enumerate(sizes):
         if i > lo and held + size > limit:
             groups.append((lo, i))
             lo, held = i, 0
