@@ -41,6 +41,7 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_readers_see_only_complete_caches_during_build_and_overwrite": "builds while a reader polls",
         "test_sigkill_anywhere_then_resume_gives_the_same_cache": "a SIGKILL loop",
         "test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache": "a SIGKILL loop",
+        "test_sigkill_inside_a_batch_then_resume_gives_the_same_cache": "a SIGKILL loop",
     },
     "test_append.py": {
         "test_sigkilled_append_leaves_the_cache_as_it_was_and_resumes": "a SIGKILL loop",

@@ -309,19 +309,19 @@ def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, mon
     want = tmp_path / "want.zarr"
     shutil.copytree(out, want)
     append_cache(files[10:], want, progress=False)
-    real, calls = append_mod.write_shard, []
+    real, calls = append_mod.write_shards, []
 
-    def full(job):
-        calls.append(job[1])
+    def full(work, shards):
+        calls.append(shards)
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "features/c/x/0")
-        return real(job)
+        return real(work, shards)
 
-    monkeypatch.setattr(append_mod, "write_shard", full)
+    monkeypatch.setattr(append_mod, "write_shards", full)
     with pytest.raises(ShardcacheError, match="No space left on device; the finished part is kept in .*--resume"):
         append_cache(files[10:], out, workers=1, progress=False)
     assert compare_caches(old, out) == [] and verify_cache(out).ok  # untouched: the append was staged
-    monkeypatch.setattr(append_mod, "write_shard", real)
+    monkeypatch.setattr(append_mod, "write_shards", real)
     resumed = append_cache(files[10:], out, resume=True, progress=False)
     assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
     assert not Path(f"{out}.staging").exists()

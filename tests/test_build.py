@@ -8,16 +8,20 @@ from pathlib import Path
 
 import databento_dbn as dbn
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zarr
 from helpers import stored_rows
 from helpers.cli import run_cli
 
 from shardcache import ShardcacheError, open_cache
+from shardcache.build import compute, merge
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.errors import OptionError
 from shardcache.format.splits import parse_split
+from shardcache.inspect.verify import compare_caches
 from shardcache.read.plan import n_windows, valid_ranges
 
 OHLCV = ["open", "high", "low", "close", "volume"]
@@ -216,6 +220,58 @@ def test_workers_and_codecs_give_identical_arrays(small_sample, tmp_path):
     b = build_cache(small_sample, tmp_path / "b.zarr", workers=2, codec="lz4", progress=False)
     np.testing.assert_array_equal(stored_rows(a)[0], stored_rows(b)[0])
     np.testing.assert_array_equal(stored_rows(a)[2], stored_rows(b)[2])  # segments in each symbol's rows
+
+
+def _ohlcv_parquet(path: Path, lengths: dict[str, int], dtype: type, start: int, seed: int) -> Path:
+    """OHLCV bars of ``lengths`` symbols (a gap of 3 h in each), ``dtype`` values, from bar ``start`` on."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list] = {k: [] for k in ("symbol", "ts", "open", "high", "low", "close", "volume")}
+    for k, (symbol, n) in enumerate(lengths.items()):
+        step = np.full(n, MIN)
+        step[n // 2] = 180 * MIN
+        close = 100 * np.exp(np.cumsum(rng.standard_normal(n) * 1e-3))
+        open_ = close * (1 + rng.standard_normal(n) * 1e-4)
+        cols["symbol"] += [symbol] * n
+        cols["ts"] += list(1_700_000_000 * 10**9 + (start * 2 * n + 7 * k) * MIN + np.cumsum(step))
+        for name, values in (("open", open_), ("close", close), ("volume", rng.integers(1, 999, n))):
+            cols[name] += list(values)
+        cols["high"] += list(np.maximum(open_, close) * 1.001)
+        cols["low"] += list(np.minimum(open_, close) * 0.999)
+    table = {"symbol": pa.array(cols["symbol"]), "ts": pa.array(np.asarray(cols["ts"])).cast(pa.timestamp("ns"))}
+    table.update({k: pa.array(np.asarray(cols[k]).astype(dtype)) for k in ("open", "high", "low", "close", "volume")})
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every object of a local cache but its root metadata (the manifest holds the build's times)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.parent != root}
+
+
+def test_tasks_of_many_symbols_change_no_stored_byte(tmp_path, monkeypatch):
+    """Symbols and shards batched into tasks (consecutive ones up to a shard's rows; a batch of float64
+    symbols beside float32 ones, a big symbol's last shard beside small symbols' shards, which reads a
+    leading bar) store the same bytes as one task per symbol and per shard, with the default features,
+    z-scored over a train split."""
+    big = {"A0": 5_000, "A1": 100, "A2": 200, "A3": 3_000, "A4": 50, "A5": 70}
+    small = {"B0": 30, "B1": 10, "B2": 20, "B3": 30, "B4": 4_100, "B5": 90}
+    files = [
+        _ohlcv_parquet(tmp_path / f"{name}.parquet", lengths, dtype, start, seed)
+        for name, lengths, dtype, start, seed in (
+            ("a", big, np.float64, 0, 1),
+            ("b", small, np.float32, 0, 2),
+            ("c", big, np.float64, 1, 3),
+            ("d", small, np.float32, 1, 4),
+        )
+    ]
+    opts = {"shard_rows": 2048, "chunk_rows": 256, "split": "train=0.8,val=0.1,test=0.1", "progress": False}
+    batched = build_cache(files, tmp_path / "batched.zarr", **opts)
+    alone = lambda sizes, limit: [(i, i + 1) for i in range(len(sizes))]
+    monkeypatch.setattr(merge, "pack", alone)
+    monkeypatch.setattr(compute, "pack", alone)
+    one_each = build_cache(files, tmp_path / "one-each.zarr", **opts)
+    assert compare_caches(batched, one_each) == []
+    assert _files(tmp_path / "batched.zarr") == _files(tmp_path / "one-each.zarr")
 
 
 # -- the CLI and bad input ---------------------------------------------------------------------

@@ -26,7 +26,7 @@ from helpers.kills import kill_before as _before
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
 from shardcache.build import builder, merge, scan, staging
 from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample, write_dbn
+from shardcache.build.sample import make_sample, make_sample_parquet, write_dbn
 from shardcache.cli import build_cache_main, main
 from shardcache.format.writer import CacheWriter
 from shardcache.inspect.verify import compare_caches, verify_cache
@@ -50,21 +50,18 @@ def clean(files, tmp_path_factory) -> Path:
     return out
 
 
-def _drop_one_then_die(job) -> None:
-    if job.sym == 1:
-        os.remove(job.runs[0].path)
-        _die()
-    _DROP(job)
+def _drop_one_then_die(paths) -> None:
+    os.remove(paths[0])
+    _die()
 
 
-_DROP = merge._drop_runs
 KILL_POINTS = {
     "scan: file 3 spilled, not recorded": lambda: _after(scan, "_scan", lambda a: a[0].index == 3),
-    "merge: symbol 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].sym == 1),
-    "merge: symbol 1 recorded, runs half deleted": lambda: setattr(merge, "_drop_runs", _drop_one_then_die),
+    "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
+    "merge: every batch recorded, runs half deleted": lambda: setattr(merge, "_drop_runs", _drop_one_then_die),
     "plan: cache created, not recorded": lambda: _before(staging.Staging, "save", lambda a: a[1] == "created"),
-    "stats: shard 3 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[0][1] == 3),
-    "write: shard 4 written, not recorded": lambda: _after(builder, "write_shard", lambda a: a[0][1] == 4),
+    "stats: the batch of shard 3 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: 3 in a[1]),
+    "write: the batch of shard 4 written, not recorded": lambda: _after(builder, "write_shards", lambda a: 4 in a[1]),
     "finish: segments written, manifest not": lambda: _before(CacheWriter, "finish", lambda a: True),
     "publish: complete, not renamed": lambda: _before(staging.Staging, "publish", lambda a: True),
     "cleanup: renamed, state.json deleted": lambda: _after(
@@ -74,10 +71,25 @@ KILL_POINTS = {
         staging.shutil, "rmtree", lambda a: str(a[0]).endswith(".staging")
     ),
 }
+# the batch boundaries of ``many`` (60 symbols of 120 bars, one shard each: 8 symbols or shards a batch,
+# so batch 1 is symbols and shards 8-15): a batch half spilled or written, and a batch done but not
+# recorded (a stats batch writes nothing but its marker: no half-done state to leave)
+MANY_SYMBOLS, MANY_BARS = 60, 120
+BATCH_KILL_POINTS = {
+    "merge: batch 1's first symbol clustered, the rest not": lambda: _after(
+        merge, "_merge_one", lambda a: a[0].index == 1 and a[1] == 0
+    ),
+    "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
+    "stats: batch 1 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[1][0] == 8),
+    "write: batch 1's first shard written, the rest not": lambda: _after(
+        CacheWriter, "write_shard", lambda a: a[1] == 8
+    ),
+    "write: batch 1 written, not recorded": lambda: _after(builder, "write_shards", lambda a: a[1][0] == 8),
+}
 
 
 def _killed_build(point: str, files: list[Path], out: Path, opts: dict) -> None:
-    KILL_POINTS[point]()
+    {**KILL_POINTS, **BATCH_KILL_POINTS}[point]()
     build_cache(files, out, **opts)
 
 
@@ -96,6 +108,31 @@ def test_sigkill_anywhere_then_resume_gives_the_same_cache(point, files, clean, 
     assert verify_cache(out).ok
 
 
+@pytest.fixture(scope="module")
+def many(tmp_path_factory) -> tuple[list[Path], Path]:
+    """Many small symbols in 3 Parquet files, and their cache built without a kill."""
+    root = tmp_path_factory.mktemp("many")
+    names = [f"S{i:03d}" for i in range(MANY_SYMBOLS)]
+    files = make_sample_parquet(
+        root / "in", n_bars=MANY_SYMBOLS * MANY_BARS, n_features=4, symbols=names, rows_per_file=2400
+    )
+    build_cache(files, root / "clean.zarr", **OPTS)
+    return files, root / "clean.zarr"
+
+
+@pytest.mark.parametrize("point", list(BATCH_KILL_POINTS))
+def test_sigkill_inside_a_batch_then_resume_gives_the_same_cache(point, many, tmp_path):
+    files, clean = many
+    out = tmp_path / "c.zarr"
+    assert _in_child(_killed_build, point, files, out, OPTS) == -signal.SIGKILL
+    assert not out.exists()
+    done = {p.name for p in (Path(f"{out}.staging") / "done").iterdir()}
+    stage = point.split(":")[0]
+    assert not any(name.startswith(f"{stage}-000001") for name in done)  # batch 1 is run again
+    cache = build_cache(files, out, resume=True, **OPTS)
+    assert compare_caches(clean, cache) == [] and verify_cache(out).ok
+
+
 def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> None:
     KILL_POINTS[point]()
     build_cache(files, out, overwrite=True, **opts)
@@ -104,7 +141,7 @@ def _killed_overwrite(point: str, files: list[Path], out: Path, opts: dict) -> N
 @pytest.mark.parametrize(
     "point",
     [
-        "write: shard 4 written, not recorded",
+        "write: the batch of shard 4 written, not recorded",
         "publish: complete, not renamed",
         "cleanup: renamed, staging folder deleted",
     ],
@@ -121,7 +158,10 @@ def test_sigkill_during_overwrite_leaves_the_old_or_the_new_cache(point, files, 
 
 def test_resume_refuses_other_inputs_or_options(files, tmp_path):
     out = tmp_path / "c.zarr"
-    assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, OPTS) == -signal.SIGKILL
+    assert (
+        _in_child(_killed_build, "write: the batch of shard 4 written, not recorded", files, out, OPTS)
+        == -signal.SIGKILL
+    )
     with pytest.raises(ShardcacheError, match=r"other inputs or options \(normalize='zscore' -> 'none'\)"):
         build_cache(files, out, resume=True, **{**OPTS, "normalize": "none"})
     with pytest.raises(ShardcacheError, match=r"input .*20230102.ohlcv-1m.dbn.zst removed"):
@@ -139,7 +179,10 @@ def test_resume_refuses_other_inputs_or_options(files, tmp_path):
 def test_cli_resume(files, clean, tmp_path, capsys):
     out = tmp_path / "c.zarr"
     opts = {**OPTS, "split": "none"}
-    assert _in_child(_killed_build, "write: shard 4 written, not recorded", files, out, opts) == -signal.SIGKILL
+    assert (
+        _in_child(_killed_build, "write: the batch of shard 4 written, not recorded", files, out, opts)
+        == -signal.SIGKILL
+    )
     argv = [*map(str, files), "--out", str(out), "--shard-rows", "1024", "--chunk-rows", "128", "-q"]
     code, err, _ = _cli(capsys, *argv)
     assert code == 2 and len(err) == 1 and "pass --resume to continue it or --overwrite to start again" in err[0]

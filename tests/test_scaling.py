@@ -14,12 +14,14 @@ import torch
 import torch.multiprocessing as mp
 from helpers import brute_starts, ddp_rank, stored_rows
 from helpers.cli import run_cli
+from helpers.tasks import Described, peek
 
 from shardcache import ShardcacheError, WindowStream, open_cache
 from shardcache.build.builder import build_cache
 from shardcache.build.cluster import check_cluster
 from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.build.sources import expand_inputs
+from shardcache.build.tasks import run_tasks
 from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import Cache
 from shardcache.format.layout import open_group
@@ -85,7 +87,9 @@ def test_cluster_build_equals_local_build(sample, reference, cluster, tmp_path):
         after = client.run(lambda dask_worker: dask_worker.state.executed_count)
     assert_same_cache(open_cache(out), reference)
     ran = {w: after[w] - before[w] for w in after}
-    n_tasks = 21 + 4 + 2 * reference.n_shards  # scan per file, merge per symbol, stats and write per shard
+    # scan per file, merge per symbol, stats and write per shard: no two of these symbols (~9,800 bars) or
+    # shards fit in one batch of 4,096 rows
+    n_tasks = 21 + 4 + 2 * reference.n_shards
     assert sum(ran.values()) == n_tasks and all(ran.values()), ran  # every worker took part
 
 
@@ -111,6 +115,44 @@ def test_cluster_refuses_what_workers_cannot_reach(sample, cluster, tmp_path):
         build_cache(sample, f"memory://{uuid.uuid4().hex}/c.zarr", scheduler=cluster.scheduler_address, progress=False)
     with Client(cluster) as client, pytest.raises(ShardcacheError, match="not visible on worker"):
         check_cluster(client, str(tmp_path / "only-here"), [str(tmp_path)])
+
+
+def test_many_small_symbols_on_a_cluster_equal_the_local_build_in_a_few_tasks(cluster, tmp_path):
+    """300 symbols of 40 bars: the same cache as a local build, from a task per input file and a few per
+    stage (batches of symbols or shards holding at most a shard's rows), not one per symbol or shard."""
+    from distributed import Client
+
+    names = [f"S{i:03d}" for i in range(300)]
+    files = make_sample_parquet(tmp_path / "in", n_bars=12_000, n_features=3, symbols=names, rows_per_file=4_000)
+    reference = build_cache(files, tmp_path / "ref.zarr", progress=False, **OPTS)
+    with Client(cluster) as client:
+        before = client.run(lambda dask_worker: dask_worker.state.executed_count)
+        cache = build_cache(files, tmp_path / "c.zarr", scheduler=client, progress=False, **OPTS)
+        after = client.run(lambda dask_worker: dask_worker.state.executed_count)
+    assert_same_cache(cache, reference)
+    assert reference.n_shards == 300
+    # 3 files; 12,000 bars in batches of at most 4,096 rows: 3 merge, 3 stats and 3 write tasks
+    assert sum(after[w] - before[w] for w in after) == 3 + 3 * 3
+
+
+def test_a_stage_description_reaches_local_tasks_once():
+    """dask's threads: every task gets the one description, which dask never walks (it would read its
+    5,000 entries once per task, as it walks every dataclass in a task's arguments)."""
+    described = Described(symbols=[f"S{i}" for i in range(5_000)], n=5_000)
+    got = run_tasks(peek, range(40), shared=described, desc="peek", workers=2, show=False)
+    assert got == [(i, 5_000) for i in range(40)] and described.reads == 0
+
+
+def test_a_stage_description_reaches_a_cluster_once(cluster):
+    """dask.distributed: the description is sent once (one pickle per worker at most), not with each task."""
+    from distributed import Client
+
+    described = Described(symbols=[f"S{i}" for i in range(5_000)], n=5_000)
+    Described.pickled = 0
+    with Client(cluster) as client:
+        got = run_tasks(peek, range(40), shared=described, desc="peek", client=client, show=False)
+    assert got == [(i, 5_000) for i in range(40)]
+    assert 1 <= Described.pickled <= len(cluster.workers) and described.reads == 0
 
 
 # -- object storage ------------------------------------------------------------------------

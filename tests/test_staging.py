@@ -27,10 +27,10 @@ import pytest
 
 from shardcache.build import append, merge, scan, staging
 from shardcache.build.builder import build_cache
-from shardcache.build.compute import ShardWork, read_arrow, shard_stats, write_arrow, write_shard
+from shardcache.build.compute import ShardWork, Spills, shard_stats, write_shards
 from shardcache.build.markers import Unreadable, decode, encode
 from shardcache.build.merge import Merged
-from shardcache.build.sample import make_sample
+from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.cli import build_cache_main
 from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
@@ -94,8 +94,9 @@ def _scan_result() -> scan._Scan:
 def _merged() -> Merged:
     return Merged(
         symbol="ESM4",
-        sym=3,
+        job=3,
         cluster_rows=np.array([5, 7]),
+        cluster_at=np.array([[0, 0], [0, 5]]),
         n=12,
         seg_starts=np.array([0, 9]),
         seg_split=np.array([0, 1], np.int8),
@@ -116,20 +117,32 @@ def _equal(a, b) -> bool:
 
 RESULTS = {  # a task's result as the build writes it, and the type it is read back as
     "scan": (_scan_result(), staging._returns(scan._scan)),
-    "merge": (_merged(), staging._returns(merge._merge)),
-    "stats": ((np.ones(4), np.zeros(4), np.arange(4.0)), staging._returns(shard_stats)),
+    "merge": (merge.MergedBatch.of(3, [_merged(), _merged()]), staging._returns(merge._merge)),
+    "stats": ((np.ones((2, 4)), np.zeros((2, 4)), np.arange(8.0).reshape(2, 4)), staging._returns(shard_stats)),
     "write": (
-        ShardRecord(
-            symbol=2,
-            shard=1,
-            rows=300,
-            first_ts=10**18,
-            last_ts=10**18 + 299,
-            stored_bytes=4321,
-            chunk_rows=512,
-            digest="9f2c",
-        ),
-        staging._returns(write_shard),
+        [
+            ShardRecord(
+                symbol=2,
+                shard=1,
+                rows=300,
+                first_ts=10**18,
+                last_ts=10**18 + 299,
+                stored_bytes=4321,
+                chunk_rows=512,
+                digest="9f2c",
+            ),
+            ShardRecord(
+                symbol=3,
+                shard=0,
+                rows=12,
+                first_ts=10**18,
+                last_ts=10**18 + 11,
+                stored_bytes=99,
+                chunk_rows=512,
+                digest="77aa01",
+            ),
+        ],
+        staging._returns(write_shards),
     ),
     "created": (True, bool),
 }
@@ -150,7 +163,10 @@ def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
     """Jobs, results, the shard work and an append's placement and finish have named fields only (no
     positional records, no 7-tuples); the ones a resume reads back (a scan's, a merge's, an append's
     finish) decode as their own types."""
-    records = [scan.ScanJob, scan._Scan, scan.Scanned, scan.Inputs, merge.MergeJob, Merged, merge._Run, ShardWork]
+    records = [
+        *(scan.ScanJob, scan._Scan, scan.Scanned, scan.Inputs),
+        *(merge.MergeJob, Merged, merge.MergedBatch, merge._Run, ShardWork),
+    ]
     for record in [*records, append._Placement, append._Finish]:
         with pytest.raises(TypeError, match="positional argument"):
             record(*range(len(dataclasses.fields(record))))
@@ -263,7 +279,7 @@ def test_a_planted_pickle_under_every_marker_name_never_runs(files, clean, inter
         for suffix in (".pkl", ".json", ".npz"):
             (done / f"{base}{suffix}").write_bytes(evil)
     stage = staging.Staging(str(root), str(out), {}, -1)
-    kinds = {"scan": RESULTS["scan"][1], "merge": Merged, "stats": RESULTS["stats"][1], "write": ShardRecord}
+    kinds = {prefix: kind for prefix, (_, kind) in RESULTS.items()}
     for base in bases:
         prefix, _, i = base.partition("-")
         assert stage.load(prefix, int(i) if i else None, kinds.get(prefix, bool)) is None
@@ -306,9 +322,40 @@ def test_flipped_bytes_in_a_marker_then_resume_gives_the_clean_cache(kind, files
 def test_a_marker_read_as_another_type_is_not_finished(interrupted, tmp_path):
     _, root = _copy_state(interrupted, tmp_path)
     stage = staging.Staging(str(root), "unused", {}, -1)
-    assert isinstance(stage.load("merge", 0, Merged), Merged)
-    assert stage.load("merge", 0, str) is None and stage.load("write", 0, Merged) is None
+    batch = RESULTS["merge"][1]
+    assert all(isinstance(m, Merged) for m in stage.load("merge", 0, batch).merged())
+    assert stage.load("merge", 0, Merged) is None and stage.load("merge", 0, str) is None
+    assert stage.load("write", 0, batch) is None
     assert stage.load("created", None, bool) is True and stage.load("linked") is None
+
+
+# -- batches: what a build records does not grow with its symbols -------------------------------
+def _staged_counts(files: list[Path], out: Path, monkeypatch) -> dict[str, int]:
+    """Markers by kind, cluster files and run files of a build stopped just before it published."""
+    runs: list[str] = []
+    real_drop = merge._drop_runs
+    monkeypatch.setattr(merge, "_drop_runs", lambda paths: (runs.extend(paths), real_drop(paths)))
+    monkeypatch.setattr(staging.Staging, "publish", lambda self: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(files, out, **OPTS)
+    root = Path(f"{out}.staging")
+    counts = collections.Counter(p.name.split("-")[0].split(".")[0] for p in (root / "done").iterdir())
+    return {**counts, "cluster files": len(list((root / "clusters").iterdir())), "run files": len(runs)}
+
+
+def test_small_symbols_share_tasks_markers_and_spill_files(tmp_path, monkeypatch):
+    """The same 10,000 bars as 200 symbols of 50 or 20 symbols of 500 (shards of 1,024 rows): the same few
+    merge, stats and write tasks (one marker each, a batch of symbols or shards holding at most a shard's
+    rows), one cluster file per merge batch and one run file per input piece: nothing per symbol."""
+    got = {}
+    for n in (200, 20):
+        names = [f"S{i:03d}" for i in range(n)]
+        files = make_sample_parquet(
+            tmp_path / f"in-{n}", n_bars=10_000, n_features=3, symbols=names, rows_per_file=5_000
+        )
+        got[n] = _staged_counts(files, tmp_path / f"{n}.zarr", monkeypatch)
+    want = {"scan": 2, "merge": 10, "stats": 10, "write": 10, "created": 1, "cluster files": 10, "run files": 2}
+    assert got[200] == got[20] == want
 
 
 # -- prepare: the decision table ---------------------------------------------------------------
@@ -460,15 +507,11 @@ def test_spill_files_with_a_pickled_arrow_extension_type_run_no_code(tmp_path):
         pa.float64(),
         metadata={b"ARROW:extension:name": b"arrow.py_extension_type", b"ARROW:extension:metadata": _payload(sentinel)},
     )
-    path = tmp_path / "000000-000000.arrow"
-    write_arrow(
-        str(path),
-        pa.table(
-            {"ts": pa.array([1, 2]), "close": pa.array([1.5, 2.5])},
-            schema=pa.schema([pa.field("ts", pa.int64()), field]),
-        ),
-    )
-    table = read_arrow(str(path))
+    path = tmp_path / "000000-0000.arrow"
+    schema = pa.schema([pa.field("ts", pa.int64()), field])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_table(pa.table({"ts": pa.array([1, 2]), "close": pa.array([1.5, 2.5])}, schema=schema))
+    table = Spills().rows(str(path), 0, 2)
     assert table["close"].to_pylist() == [1.5, 2.5] and not sentinel.exists()
 
 

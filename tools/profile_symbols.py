@@ -19,6 +19,7 @@ Usage::
 
     python tools/profile_symbols.py [--symbols 2000] [--bars 600000] [--features 16]
         [--steps build,epoch,verify,ls,info,datatree] [--top 12]
+    python tools/profile_symbols.py --wall [--symbols 2000]   # the build's stages, wall time, no profiler
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ WATCH = {
     "json.loads": ("json/__init__.py", "loads"),
     "open() (files)": ("~", "<built-in method io.open>"),
     "os.replace / rename": ("~", "<built-in method posix.replace>"),
-    "Arrow spill write_arrow": ("build/compute.py", "write_arrow"),
+    "Arrow spill of a scanned piece": ("build/scan.py", "_spill"),
+    "Arrow spill of a merged cluster": ("build/merge.py", "add"),
     "Arrow spill read_arrow": ("build/compute.py", "read_arrow"),
     "staging marker _write_marker": ("build/staging.py", "_write_marker"),
     "staging marker _read_marker": ("build/staging.py", "_read_marker"),
@@ -77,6 +79,7 @@ STAGES = [
     ("shardcache.build.builder", "_place", "place (every symbol's documents)"),
     ("shardcache.format.writer.CacheWriter", "finish", "finish (root index, manifest)"),
     ("shardcache.format.writer.CacheWriter", "write_history", "history"),
+    ("shardcache.format.writer.CacheWriter", "sweep", "sweep (stray temporary files)"),
     ("shardcache.build.staging.Staging", "publish", "publish"),
     ("shardcache.build.staging.Staging", "remove", "remove staging"),
     ("shardcache.build.builder", "open_cache", "open_cache"),
@@ -95,11 +98,13 @@ def _resolve(path: str) -> Any:
 
 
 class StageProfiles:
-    """One ``cProfile.Profile`` and wall time per build stage, by wrapping each stage's function."""
+    """One ``cProfile.Profile`` and wall time per build stage, by wrapping each stage's function
+    (wall time only when not ``profile``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, profile: bool = True) -> None:
         self.profiles: dict[str, tuple[cProfile.Profile, cProfile.Profile]] = {}  # this thread, zarr's loop
         self.seconds: dict[str, float] = {}
+        self.profile = profile
         self._active = False
 
     def wrap(self, fn: Callable[..., Any], label: str | None) -> Callable[..., Any]:
@@ -110,6 +115,12 @@ class StageProfiles:
             )  # Staging.run(self, fn, jobs, prefix)
             if self._active:
                 return fn(*args, **kwargs)
+            if not self.profile:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
             main, loop = self.profiles.setdefault(name, (cProfile.Profile(), cProfile.Profile()))
             self._active = True
             t0 = time.perf_counter()
@@ -260,21 +271,33 @@ def report(title: str, seconds: float, stats: pstats.Stats, top: int, per: dict[
         print()
 
 
-def profile_build(src: str, out: str, top: int, per: dict[str, int]) -> None:
+def _built(stages: StageProfiles, src: str, out: str, how: str) -> float:
+    """Build ``src`` into ``out`` with ``stages`` installed, print each stage's seconds; the build's."""
     from shardcache.build.builder import build_cache
 
-    stages = StageProfiles()
-    with sync_dask(), stages.installed(), new_threads() as others:
+    with stages.installed():
         t0 = time.perf_counter()
         build_cache(src, out, progress=False, overwrite=True)
         wall = time.perf_counter() - t0
-    print(f"### build: {wall:.1f} s (dask inline, under the profiler)\n")
+    print(f"### build: {wall:.1f} s ({how})\n")
     print("| stage | s | share |")
     print("|---|---:|---:|")
     for name, s in sorted(stages.seconds.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {s:.2f} | {100 * s / wall:.0f}% |")
     rest = wall - sum(stages.seconds.values())
     print(f"| the rest (options, inputs, manifest) | {rest:.2f} | {100 * rest / wall:.0f}% |\n")
+    return wall
+
+
+def time_build(src: str, out: str) -> None:
+    """Each stage's wall time in a real build (dask's threads, no profiler): the seconds, not the calls."""
+    _built(StageProfiles(profile=False), src, out, "wall time, dask's threads, no profiler")
+
+
+def profile_build(src: str, out: str, top: int, per: dict[str, int]) -> None:
+    stages = StageProfiles()
+    with sync_dask(), new_threads() as others:
+        wall = _built(stages, src, out, "dask inline, under the profiler")
     for name, s in sorted(stages.seconds.items(), key=lambda kv: -kv[1]):
         if s >= 0.05 * wall:
             report(f"build stage {name}", s, _stats(list(stages.profiles[name])), top, per)
@@ -327,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     parser.add_argument("--top", type=int, default=12, help="functions shown per step")
     parser.add_argument("--cache", default=None, help="profile this cache's reads (no build)")
+    parser.add_argument(
+        "--wall", action="store_true", help="build: each stage's wall time in a real build (no profiler), then stop"
+    )
     args = parser.parse_args(argv)
     steps = args.steps.split(",")
     if set(steps) - set(STEPS):
@@ -346,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                 os.path.join(work, "in"), n_bars=args.bars, n_features=args.features, symbols=names
             )
         per = {"symbol": args.symbols}
+        if args.wall:
+            time_build(str(files[0]), cache)
+            return 0
         if args.cache is None and "build" in steps:
             profile_build(str(files[0]), cache, args.top, per)
         elif args.cache is None:

@@ -64,7 +64,7 @@ from ..format.paths import is_local, local_path
 from ..format.writer import CacheWriter
 from .builder import build_cache, connect
 from .checks import check_bar_sizes
-from .compute import ShardWork, write_shard
+from .compute import ShardWork, shard_batches, write_shards
 from .merge import Merged, merge_symbols, place_clusters
 from .run import RunOptions, settings
 from .scan import Inputs, Scanned, Stage, open_inputs, scan_inputs
@@ -425,7 +425,9 @@ def _write(
     m = cache.manifest
     _check_after(cache, scanned, inputs.paths)
     instruments = {sym: int(t["instrument"]) for sym, t in m.tails.items() if "instrument" in t}
-    merged = merge_symbols(stage, staging.root, scanned, m.build.max_gap_ns, m.splits.cuts_ns, instruments)
+    merged = merge_symbols(
+        stage, staging.root, scanned, m.build.max_gap_ns, m.splits.cuts_ns, cache.shard_rows, instruments
+    )
     placement = _place(cache, merged)
     if not placement.new_bars:
         raise ShardcacheError(f"{', '.join(inputs.paths[:3])}: no bars to append")
@@ -460,7 +462,10 @@ def _write(
     if m.stats is not None:  # frozen
         work.mean = np.asarray(m.stats.mean).astype(np.float32)
         work.std = np.asarray(m.stats.std).astype(np.float32)
-    records = stage(write_shard, [(work, s) for s in placement.touched], "write", desc="write shards", unit="shard")
+    batches = shard_batches(writer, placement.touched)
+    sizes = [len(b) for b in batches]
+    written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
+    records = [r for batch in written for r in batch]
     staging.written = True
     writer.sweep()
     index = cache.shard_index().updated(records, placement.bars_per_symbol, cache.shard_rows)

@@ -4,16 +4,20 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
 
 1. **scan** (one task per input file, ``shardcache.build.scan``): read bounded pieces, clean values,
    split each piece by symbol, sort it by time and spill it as an Arrow run file in the staging folder.
-2. **merge** (one task per symbol, ``shardcache.build.merge``): group a symbol's runs into clusters of
-   overlapping time ranges, sort each cluster by time, drop duplicate timestamps (the last record in
-   input order wins) and find segment starts (gaps above ``max_gap`` and split boundaries).
+2. **merge** (one task per batch of symbols, ``shardcache.build.merge``): group a symbol's runs into
+   clusters of overlapping time ranges, sort each cluster by time, drop duplicate timestamps (the last
+   record in input order wins) and find segment starts (gaps above ``max_gap`` and split boundaries).
 3. **place** (in the driver, small): lay each symbol's rows out in time order in its own group
    (``format.layout``; shards addressed in the virtual row space of ``symbol_bases``), build the
    segment table. A symbol shorter than a window is kept (it gives no windows at that length).
-4. **stats** (one task per shard, z-score only): per-feature count/mean/M2 over the train
-   split, merged with Chan's formula, so no statistic leaks from val/test.
-5. **write** (one task per shard): compute features, normalize, write the whole shard.
+4. **stats** (one task per batch of shards, z-score only): per-feature count/mean/M2 of each shard
+   over the train split, merged shard by shard with Chan's formula, so no statistic leaks from val/test.
+5. **write** (one task per batch of shards): compute features, normalize, write each shard whole.
    One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.build.compute``.
+
+A batch is one symbol or one shard, or consecutive small ones adding up to at most one shard's rows
+(``tasks.pack``), so a task, a marker and a spill file are paid per shard's worth of bars, not per
+symbol; the stages' shared description (``ShardWork``) reaches the tasks once (``tasks.run_tasks``).
 
 Then the manifest (``shardcache.build.summary``) is written last. ``stats_from=CACHE`` skips stage 4
 and normalizes with CACHE's statistics and split cut times instead: what ``shardcache.build.append``
@@ -52,7 +56,7 @@ from ..format.splits import SplitSpec
 from ..format.writer import CacheWriter
 from .checks import check_bar_sizes, check_splits
 from .cluster import check_cluster
-from .compute import ShardWork, merge_moments, shard_stats, write_shard
+from .compute import ShardWork, merge_moments, shard_batches, shard_stats, write_shards
 from .merge import Merged, merge_symbols, place_clusters
 from .run import RunOptions, settings
 from .scan import SKETCH, Inputs, Scanned, Stage, open_inputs, scan_inputs
@@ -128,17 +132,21 @@ def _build(
     max_gap_ns = options.max_gap_ns(bar_ns or (int(np.median(dts)) if dts else None))
     cuts = _cut_times(spec, frozen, scanned)
     scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
-    merged = merge_symbols(stage, staging.root, scanned, max_gap_ns, cuts)
+    shard_rows, chunk_rows = _chunking(options, len(inputs.names))
+    merged = merge_symbols(stage, staging.root, scanned, max_gap_ns, cuts, shard_rows)
     scanned.runs = scanned.runs[:0]  # merged: what grows with the data goes
     if not sum(m.n for m in merged):
         dropped = ", ".join(f"{k}: {v}" for k, v in scanned.drops.items()) or "none dropped"
         raise ShardcacheError(f"{', '.join(inputs.specs)}: no bars to build ({dropped})")
     split_bars = _split_bars(merged, len(spec.names))
     check_splits(spec, options.stats_split if frozen is None else None, dict(zip(spec.names, split_bars)))
-    work = _place(merged, inputs, spec, options, run.storage_options, staging)
-    stats = _zscore(stage, work, options.normalize, frozen)
+    work = _place(merged, inputs, spec, options, run.storage_options, staging, shard_rows, chunk_rows)
     shards = work.writer.shard_ids
-    records = stage(write_shard, [(work, s) for s in shards], "write", desc="write shards", unit="shard")
+    batches = shard_batches(work.writer, shards)
+    stats = _zscore(stage, work, batches, options.normalize, frozen)
+    sizes = [len(b) for b in batches]
+    written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
+    records = [r for batch in written for r in batch]
     staging.written = True
     work.writer.sweep()
     index = ShardIndex.empty().updated(records, work.writer.bars_per_symbol, work.writer.shard_rows)
@@ -189,17 +197,27 @@ def _cut_times(spec: SplitSpec, frozen: Cache | None, scanned: Scanned) -> Seque
     return []
 
 
-def _zscore(stage: Stage, work: ShardWork, normalize: str, frozen: Cache | None) -> Stats | None:
-    """Set ``work``'s z-score statistics (``stats_from``'s, or the train split's from a stats stage)
-    and return them as the manifest records them; None for ``normalize="none"``."""
+def _chunking(options: BuildOptions, n_features: int) -> tuple[int, int]:
+    """Shard and inner-chunk rows: the options', else ``default_chunking``'s for ``n_features``."""
+    auto_shard, auto_chunk = default_chunking(n_features)
+    shard_rows = options.shard_rows or auto_shard
+    return shard_rows, options.chunk_rows or min(auto_chunk, shard_rows)
+
+
+def _zscore(
+    stage: Stage, work: ShardWork, batches: list[list[int]], normalize: str, frozen: Cache | None
+) -> Stats | None:
+    """Set ``work``'s z-score statistics (``stats_from``'s, or the train split's from a stats stage over
+    the shard ``batches``) and return them as the manifest records them; None for ``normalize="none"``."""
     if normalize != "zscore":
         return None
     if frozen is not None and frozen.manifest.stats is not None:
         kept = frozen.manifest.stats
         mean, std, n_train = np.asarray(kept.mean), np.asarray(kept.std), int(kept.count)
     else:
-        parts = stage(shard_stats, [(work, s) for s in work.writer.shard_ids], "stats", desc="statistics", unit="shard")
-        mean, std, n_train = merge_moments(parts)
+        sizes = [len(b) for b in batches]
+        done = stage(shard_stats, batches, "stats", shared=work, weights=sizes, desc="statistics", unit="shard")
+        mean, std, n_train = merge_moments([(n[i], m[i], m2[i]) for n, m, m2 in done for i in range(len(n))])
     work.mean, work.std = mean.astype(np.float32), std.astype(np.float32)
     return Stats(mean=mean.tolist(), std=std.tolist(), count=n_train)
 
@@ -220,12 +238,11 @@ def _place(
     options: BuildOptions,
     storage_options: dict[str, Any] | None,
     staging: Staging,
+    shard_rows: int,
+    chunk_rows: int,
 ) -> ShardWork:
     """Lay each symbol's rows out in time order from its first virtual row, build the segment
     table and create the empty cache (or, on a resume, reopen the one already created)."""
-    auto_shard, auto_chunk = default_chunking(len(inputs.names))
-    shard_rows = options.shard_rows or auto_shard
-    chunk_rows = options.chunk_rows or min(auto_chunk, shard_rows)
     bases = symbol_bases([m.n for m in merged], shard_rows)
     placed, segs, seg_split = [], [], []
     for sym_id, m in enumerate(merged):

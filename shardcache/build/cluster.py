@@ -1,8 +1,9 @@
 """Builds on a ``dask.distributed`` cluster: what every worker must reach, checked before any task runs.
 
 With ``--scheduler tcp://HOST:PORT`` (or ``DASK_SCHEDULER_ADDRESS``) every build stage runs
-as tasks on the cluster's workers (``client.map``, one task per input file, per symbol or
-per shard) and only the small plan is computed in the driver. Two things must then be
+as tasks on the cluster's workers (``client.map``, one task per input file, per batch of symbols
+or per batch of shards; the stage's shared description is scattered to every worker once) and
+only the small plan is computed in the driver. Two things must then be
 reachable from every worker:
 
 * the **staging folder** (spilled runs and clusters, finished-task markers): ``OUT.staging``
@@ -15,8 +16,8 @@ reachable from every worker:
   to each process and is refused.
 
 Memory per worker: a task holds one bounded input piece (scan), one symbol's cluster of
-overlapping runs, about one input file's worth (merge), or one shard (stats, write), and a
-worker runs ``nthreads`` tasks at once. Start workers with ``--nthreads 1`` (``dask worker
+overlapping runs, about one input file's worth (merge), or one shard (stats, write: a batch of
+small shards is computed one shard at a time), and a worker runs ``nthreads`` tasks at once. Start workers with ``--nthreads 1`` (``dask worker
 --nworkers N --nthreads 1``) so each worker process holds at most one piece or one shard.
 """
 

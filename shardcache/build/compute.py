@@ -1,8 +1,12 @@
 """Per-shard work of a build or an append: a shard's features, train-split statistics, the write.
 
+A task takes a batch of consecutive shards (``shard_batches``): one shard's worth of rows at most,
+or one whole shard, so a task of many small symbols costs one marker, not one per shard, and a big
+symbol's shards still run in parallel. Every shard is still written whole by one task.
+
 Rows come from the sorted cluster files the merge stage spilled (``ShardWork.clusters``, in row
-order, named by ``cluster_path``). A feature that looks at the previous bar (``log_return``, ``gap``) reads one extra
-leading row: from the clusters, or, for the first new bar of an appended symbol, from the
+order: a merge job's clusters follow each other in its files, named by ``cluster_path``). A feature
+that looks at the previous bar (``log_return``, ``gap``) reads one extra leading row: from the clusters, or, for the first new bar of an appended symbol, from the
 raw last bar the manifest keeps per symbol (``ShardWork.tails``), so appended bars get the
 same features as a build that saw every bar at once. Rows of a shard that an append keeps
 (``ShardWork.first_new``) are read back from the cache as stored and written again with the new
@@ -11,7 +15,9 @@ rows: one writer per shard, every write a whole shard.
 
 from __future__ import annotations
 
+import collections
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +29,25 @@ from ..errors import ShardcacheError
 from ..format.index import ShardRecord
 from ..format.writer import CacheWriter
 from .features import compute_features
+from .tasks import pack
 
-__all__ = ["ShardWork", "cluster_path", "merge_moments", "read_arrow", "shard_stats", "write_arrow", "write_shard"]
+__all__ = [
+    "ShardWork",
+    "Spills",
+    "batch_rows",
+    "cluster_path",
+    "merge_moments",
+    "read_arrow",
+    "shard_batches",
+    "shard_stats",
+    "write_shards",
+]
 
 
-def cluster_path(staging: str, sym: int, c: int) -> str:
-    """The merge stage's spill file of cluster ``c`` of merge job (symbol) ``sym``; a build keeps
-    the two numbers per cluster, not thousands of path strings."""
-    return os.path.join(staging, "clusters", f"{sym:06d}-{c:06d}.arrow")
+def cluster_path(staging: str, job: int, part: int) -> str:
+    """The merge stage's spill file ``part`` of merge job ``job``; a build keeps two numbers and a
+    row per cluster, not thousands of path strings."""
+    return os.path.join(staging, "clusters", f"{job:06d}-{part:04d}.arrow")
 
 
 @dataclass(kw_only=True)
@@ -38,7 +55,7 @@ class ShardWork:
     """Where each row to compute comes from, and how to normalize and write it."""
 
     staging: str  # the folder holding the cluster files
-    clusters: np.ndarray  # (n, 2) int64: merge job and cluster number of each cluster file, in row order
+    clusters: np.ndarray  # (n, 3) int64: merge job, file part and first row in that file of each cluster, in row order
     first_row: np.ndarray  # row of each cluster's first bar
     counts: np.ndarray  # bars per cluster
     segments: np.ndarray  # the whole segment table, in row order
@@ -56,28 +73,42 @@ class ShardWork:
     first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 
-def write_arrow(path: str, table: pa.Table) -> None:
-    """Spill ``table`` as an Arrow IPC file."""
-    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-
-
 def read_arrow(path: str) -> pa.Table:
     """A spilled Arrow IPC file, memory-mapped."""
     return ipc.open_file(pa.memory_map(path, "r")).read_all()
 
 
-def _cluster(work: ShardWork, ci: int) -> str:
-    sym, c = work.clusters[ci].tolist()
-    return cluster_path(work.staging, sym, c)
+class Spills:
+    """The spill files one task reads, each opened (memory-mapped) once while it is among the last
+    ``keep`` read: a batch of small symbols takes many slices of a few files, a big symbol's merge
+    reads hundreds of files once each (and must not hold them all open)."""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self._tables: collections.OrderedDict[str, pa.Table] = collections.OrderedDict()
+
+    def rows(self, path: str, offset: int, n: int) -> pa.Table:
+        """Rows ``[offset, offset + n)`` of the spill file ``path``."""
+        table = self._tables.pop(path, None)
+        if table is None:
+            table = read_arrow(path)
+            if len(self._tables) >= self.keep:
+                self._tables.popitem(last=False)
+        self._tables[path] = table
+        return table.slice(offset, n)
 
 
-def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
-    """The raw bar at ``row`` as one-row columns, if it is stored in a cluster or kept as a tail."""
+def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> pa.Table:
+    """Rows ``[offset, offset + n)`` of cluster ``ci``."""
+    job, part, first = work.clusters[ci].tolist()
+    return spills.rows(cluster_path(work.staging, job, part), first + offset, n)
+
+
+def _lead(work: ShardWork, spills: Spills, row: int) -> pa.Table | dict[str, np.ndarray] | None:
+    """The raw bar at ``row``: a one-row slice of its cluster, or a kept tail as one-row columns; None if neither."""
     ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
     if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
-        table = read_arrow(_cluster(work, ci)).slice(row - int(work.first_row[ci]), 1)
-        return {c: table[c].to_numpy() for c in ["ts", *work.read_columns]}
+        return _cluster(work, spills, ci, row - int(work.first_row[ci]), 1)
     tail = work.tails.get(row)
     if tail is None:
         return None
@@ -87,56 +118,133 @@ def _lead(work: ShardWork, row: int) -> dict[str, np.ndarray] | None:
     }
 
 
-def rows_features(work: ShardWork, a: int, b: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Features (unnormalized), timestamps and split ids of rows ``[a, b)``, all in the clusters."""
-    lead = _lead(work, a - 1) if a > 0 else None
-    ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
-    parts, row = [], a
-    while row < b:
-        first = int(work.first_row[ci])
-        table = read_arrow(_cluster(work, ci))
-        take = min(b, first + table.num_rows) - row
-        parts.append(table.slice(row - first, take))
-        row += take
-        ci += 1
-    table = pa.concat_tables(parts)
-    ts = table["ts"].to_numpy().astype(np.int64, copy=False)
-    cols = {c: table[c].to_numpy() for c in work.read_columns}
-    n_lead = 0 if lead is None else 1
-    if lead is not None:
-        ts = np.concatenate([lead["ts"].astype(np.int64), ts])
-        cols = {c: np.concatenate([lead[c], v]) for c, v in cols.items()}
-    rows = np.arange(a - n_lead, b, dtype=np.int64)
-    seg = np.searchsorted(work.segments[:, 1], rows, side="right") - 1
-    starts = np.zeros(len(rows), dtype=bool)
-    starts[0] = True
+def _columns(
+    work: ShardWork, pieces: list[pa.Table | dict[str, np.ndarray]]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Timestamps and source columns of ``pieces`` one after the other: consecutive tables of one schema
+    are concatenated by Arrow and converted once (a batch of small symbols is one conversion, not one a symbol)."""
+    ts_parts: list[np.ndarray] = []
+    col_parts: dict[str, list[np.ndarray]] = {c: [] for c in work.read_columns}
+    i = 0
+    while i < len(pieces):
+        piece = pieces[i]
+        if isinstance(piece, dict):
+            ts_parts.append(piece["ts"])
+            for c in work.read_columns:
+                col_parts[c].append(piece[c])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(pieces) and _same_schema(pieces[j], piece.schema):
+            j += 1
+        table = pa.concat_tables(pieces[i:j])
+        ts_parts.append(table["ts"].to_numpy().astype(np.int64, copy=False))
+        for c in work.read_columns:
+            col_parts[c].append(table[c].to_numpy())
+        i = j
+    return np.concatenate(ts_parts), {c: np.concatenate(v) for c, v in col_parts.items()}
+
+
+def _same_schema(piece: pa.Table | dict[str, np.ndarray], schema: pa.Schema) -> bool:
+    return isinstance(piece, pa.Table) and piece.schema.equals(schema)
+
+
+@dataclass(kw_only=True)
+class _Rows:
+    """Several shards' rows computed together: shard ``shards[k]``'s features (unnormalized),
+    timestamps and segment ids are rows ``at[k]:at[k + 1]``."""
+
+    shards: list[int]
+    at: np.ndarray
+    feats: np.ndarray
+    ts: np.ndarray
+    seg: np.ndarray
+
+    def of(self, k: int) -> slice:
+        return slice(int(self.at[k]), int(self.at[k + 1]))
+
+
+def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spills) -> _Rows:
+    """Features, timestamps and segment ids of rows ``[a, b)`` of each ``(shard, a, b)`` of ``spans`` (all in
+    the clusters), computed in one pass over the batch: each span as it would be alone (with its leading
+    row, a segment start at its first row), so the values are those of a shard computed by itself."""
+    pieces: list[pa.Table | dict[str, np.ndarray]] = []
+    rows, firsts, leads, n = [], [], [], 0
+    for _, a, b in spans:
+        lead = _lead(work, spills, a - 1) if a > 0 else None
+        if lead is not None:
+            pieces.append(lead)
+            leads.append(n)
+        firsts.append(n)
+        rows.append(np.arange(a - (lead is not None), b, dtype=np.int64))
+        n += len(rows[-1])
+        ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
+        row = a
+        while row < b:
+            first = int(work.first_row[ci])
+            take = min(b, first + int(work.counts[ci])) - row
+            pieces.append(_cluster(work, spills, ci, row - first, take))
+            row += take
+            ci += 1
+    ts, cols = _columns(work, pieces)
+    at_rows = np.concatenate(rows)
+    seg = np.searchsorted(work.segments[:, 1], at_rows, side="right") - 1
+    starts = np.zeros(n, dtype=bool)
     starts[1:] = seg[1:] != seg[:-1]
+    starts[firsts] = True
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused below, not warned about
         feats = compute_features(work.names, cols, ts, starts)
-    feats, ts, seg = feats[n_lead:], ts[n_lead:], seg[n_lead:]
-    _check_finite(work, shard, feats, ts, seg, "is not finite")
-    return feats, ts, work.segment_split[seg]
+    keep = np.ones(n, dtype=bool)
+    keep[leads] = False
+    out = _Rows(
+        shards=[s for s, _, _ in spans],
+        at=np.concatenate([[0], np.cumsum([b - a for _, a, b in spans])]),
+        feats=feats[keep],
+        ts=ts[keep],
+        seg=seg[keep],
+    )
+    _check_finite(work, out, out.feats, "is not finite")
+    return out
 
 
-def _check_finite(work: ShardWork, shard: int, feats: np.ndarray, ts: np.ndarray, seg: np.ndarray, what: str) -> None:
+def _check_finite(work: ShardWork, rows: _Rows, feats: np.ndarray, what: str) -> None:
     """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
-    or from a derived feature of extreme inputs."""
+    or from a derived feature of extreme inputs. Names the first shard (in row order) that holds one."""
     bad = ~np.isfinite(feats)
     if not bad.any():
         return
-    rows, cols = np.nonzero(bad)
-    sym = work.symbols[int(work.segments[seg[rows[0]], 0])] if work.symbols else "?"
+    k = int(np.searchsorted(rows.at, int(np.argmax(bad.any(axis=1))), side="right")) - 1
+    at = rows.of(k)
+    cells, cols = np.nonzero(bad[at])
+    first = at.start + int(cells[0])
+    sym = work.symbols[int(work.segments[rows.seg[first], 0])] if work.symbols else "?"
     raise ShardcacheError(
-        f"feature {work.names[cols[0]]!r} {what} at {len(rows)} bar(s) of shard {shard}, first {sym} at "
-        f"{np.datetime64(int(ts[rows[0]]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
+        f"feature {work.names[cols[0]]!r} {what} at {len(cells)} bar(s) of shard {rows.shards[k]}, first {sym} at "
+        f"{np.datetime64(int(rows.ts[first]) // 10**9, 's')}: an input value float32 cannot hold (|x| > 3.4e38) or a "
         "derived feature of extreme inputs; fix those bars or pick other --features"
     )
 
 
-def shard_stats(job: tuple[ShardWork, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-feature (count, mean, M2) of one shard's train-split rows."""
-    work, shard = job
-    feats, _, split = rows_features(work, *work.writer.shard_bounds(shard), shard)
+def shard_batches(writer: CacheWriter, shards: Sequence[int]) -> list[list[int]]:
+    """``shards`` (in row order) in tasks: consecutive shards while their rows add up to at most one
+    shard's worth, so a full shard is a task of its own and thousands of small symbols' shards share
+    a few. Decided by the rows alone: a resume finds the same batches."""
+    rows = [b - a for a, b in map(writer.shard_bounds, shards)]
+    return [list(shards[lo:hi]) for lo, hi in pack(rows, writer.shard_rows)]
+
+
+def shard_stats(work: ShardWork, shards: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-feature (count, mean, M2) of each shard's train-split rows: one row per shard of ``shards``
+    (the driver merges them shard by shard, as it would one task's each)."""
+    rows = batch_rows(work, [(s, *work.writer.shard_bounds(s)) for s in shards], Spills())
+    split = work.segment_split[rows.seg]
+    parts = [_moments(work, rows.feats[rows.of(k)], split[rows.of(k)]) for k in range(len(shards))]
+    n, mean, m2 = (np.stack(x) for x in zip(*parts))
+    return n, mean, m2
+
+
+def _moments(work: ShardWork, feats: np.ndarray, split: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(count, mean, M2) of one shard's train-split rows."""
     if work.train_split is not None:
         feats = feats[split == work.train_split]
     x = feats.astype(np.float64)
@@ -162,18 +270,25 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
     return mean, std, int(n[0]) if len(n) else 0
 
 
-def write_shard(job: tuple[ShardWork, int]) -> ShardRecord:
-    """Compute, normalize and write one whole shard (with the rows an append keeps); its row of the root index."""
-    work, shard = job
-    a, b = work.writer.shard_bounds(shard)
-    c = work.first_new.get(shard, a)
-    feats, ts, _ = rows_features(work, c, b, shard)
+def write_shards(work: ShardWork, shards: list[int]) -> list[ShardRecord]:
+    """Compute and normalize the rows of ``shards`` together, then write each shard whole (with the rows
+    an append keeps), one after the other; their rows of the root index."""
+    spans = []
+    for shard in shards:
+        a, b = work.writer.shard_bounds(shard)
+        spans.append((shard, work.first_new.get(shard, a), b))
+    rows = batch_rows(work, spans, Spills())
+    feats = rows.feats
     if work.mean is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             feats = ((feats - work.mean) / work.std).astype(np.float32)
-        seg = np.searchsorted(work.segments[:, 1], c + np.arange(len(ts)), side="right") - 1
-        _check_finite(work, shard, feats, ts, seg, "overflows float32 after z-scoring")
-    if c > a:
-        old_feats, old_ts = work.writer.read(a, c)
-        feats, ts = np.concatenate([old_feats, feats]), np.concatenate([old_ts, ts])
-    return work.writer.write_shard(shard, feats, ts)
+        _check_finite(work, rows, feats, "overflows float32 after z-scoring")
+    records = []
+    for k, (shard, c, _) in enumerate(spans):
+        block, ts = feats[rows.of(k)], rows.ts[rows.of(k)]
+        a = work.writer.shard_bounds(shard)[0]
+        if c > a:
+            old_feats, old_ts = work.writer.read(a, c)
+            block, ts = np.concatenate([old_feats, block]), np.concatenate([old_ts, ts])
+        records.append(work.writer.write_shard(shard, block, ts))
+    return records

@@ -1,11 +1,18 @@
-"""Stage 2 of a build or an append, the merge (one task per symbol): a symbol's runs grouped into
-clusters of overlapping time ranges (one cluster per daily file in the usual case), each sorted by
-time, duplicate timestamps dropped (the last record in input order wins) and segment starts found
-(gaps above ``max_gap``, split boundaries and, for a continuous DBN symbol, contract rolls).
+"""Stage 2 of a build or an append, the merge: each symbol's runs grouped into clusters of overlapping
+time ranges (one cluster per daily file in the usual case), each sorted by time, duplicate timestamps
+dropped (the last record in input order wins) and segment starts found (gaps above ``max_gap``, split
+boundaries and, for a continuous DBN symbol, contract rolls).
+
+One task per batch of consecutive symbols (``tasks.pack``: their bars add up to at most ``batch_rows``,
+or one bigger symbol alone), so thousands of small symbols cost a few tasks, markers and spill files.
+A batch's clusters follow each other in its spill file (``cluster_path``; another part when the
+columns' types change). The scan's run files are deleted once every batch is recorded (a piece's file
+holds the runs of many symbols).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,18 +20,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from pyarrow import ipc
 
-from .compute import cluster_path, read_arrow, write_arrow
+from .compute import Spills, cluster_path
 from .scan import Scanned, Stage, run_path
+from .tasks import pack
 
-__all__ = ["MergeJob", "Merged", "merge_symbols", "place_clusters"]
+__all__ = ["MergeJob", "Merged", "MergedBatch", "merge_symbols", "place_clusters"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Run:
-    """One run file, as a merge job gets it (built per symbol from the scan's ``RUN`` rows)."""
+    """One run, as a merge task reads it (built per symbol from the scan's ``RUN`` rows)."""
 
     path: str
+    offset: int  # its first row in the spill file
     n: int
     ts_min: int
     ts_max: int
@@ -33,27 +43,30 @@ class _Run:
 
 @dataclass(frozen=True, kw_only=True)
 class MergeJob:
-    """Merge symbol ``symbol`` (merge job ``sym``: its clusters are ``cluster_path(staging, sym, c)``)
-    from its ``runs``, cutting segments at gaps above ``max_gap_ns`` and at the split ``cuts``;
-    ``last_instrument`` is the stored last bar's (an append: a first bar on another one is a roll)."""
+    """Merge the ``symbols`` of merge job ``index`` (its clusters go to ``cluster_path(staging, index,
+    part)``) from their runs: ``RUN`` rows, ``symbols[j]``'s are ``runs[bounds[j]:bounds[j + 1]]``. Segments
+    are cut at gaps above ``max_gap_ns`` and at the split ``cuts``; ``last_instruments[j]`` is the stored
+    last bar's instrument of ``symbols[j]`` (an append: a first bar on another one is a roll), if any."""
 
-    sym: int
-    symbol: str
-    runs: list[_Run]
+    index: int
+    symbols: list[str]
+    runs: np.ndarray
+    bounds: np.ndarray
     staging: str
     max_gap_ns: int
     cuts: np.ndarray
-    last_instrument: int | None = None
+    last_instruments: list[int | None] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
 class Merged:
-    """One symbol after the merge: its sorted cluster files, segment starts and raw last bar (a task's
-    result, saved as a marker)."""
+    """One symbol after the merge: where its sorted clusters are, its segment starts and raw last bar
+    (part of a task's result, saved as a marker)."""
 
     symbol: str
-    sym: int  # the merge job: its cluster files are ``cluster_path(staging, sym, c)``
-    cluster_rows: np.ndarray  # bars per cluster file, in time order
+    job: int  # the merge job: its clusters are in ``cluster_path(staging, job, part)``
+    cluster_rows: np.ndarray  # bars per cluster, in time order
+    cluster_at: np.ndarray  # (clusters, 2) int64: each cluster's file part and first row in that file
     n: int
     seg_starts: np.ndarray
     seg_split: np.ndarray
@@ -61,6 +74,96 @@ class Merged:
     tail: dict[str, Any]  # the last bar's timestamp, source values and instrument: the "previous bar" of a later append
     rolls: list[list[int]] = field(default_factory=list)  # [ts_ns, from instrument, to instrument] at each change
     first_ts: int = 0  # the first bar's timestamp: an append plans its gap check from it, reading no spill
+
+
+@dataclass(kw_only=True)
+class MergedBatch:
+    """A merge job's symbols after the merge, column by column: its task's result and marker, a few arrays
+    however many symbols it holds (``Merged`` one by one from ``merged``)."""
+
+    job: int
+    symbols: list[str]
+    n: np.ndarray  # bars per symbol
+    duplicates: np.ndarray
+    first_ts: np.ndarray
+    clusters: np.ndarray  # clusters per symbol; their rows and places follow each other below
+    cluster_rows: np.ndarray
+    cluster_at: np.ndarray
+    segments: np.ndarray  # segments per symbol; their starts and splits follow each other below
+    seg_starts: np.ndarray
+    seg_split: np.ndarray
+    tails: list[dict[str, Any]]
+    rolls: list[list[list[int]]]
+
+    @classmethod
+    def of(cls, job: int, merged: list[Merged]) -> MergedBatch:
+        return cls(
+            job=job,
+            symbols=[m.symbol for m in merged],
+            n=np.asarray([m.n for m in merged], dtype=np.int64),
+            duplicates=np.asarray([m.duplicates for m in merged], dtype=np.int64),
+            first_ts=np.asarray([m.first_ts for m in merged], dtype=np.int64),
+            clusters=np.asarray([len(m.cluster_rows) for m in merged], dtype=np.int64),
+            cluster_rows=np.concatenate([m.cluster_rows for m in merged]).astype(np.int64),
+            cluster_at=np.concatenate([m.cluster_at for m in merged]).astype(np.int64).reshape(-1, 2),
+            segments=np.asarray([len(m.seg_starts) for m in merged], dtype=np.int64),
+            seg_starts=np.concatenate([m.seg_starts for m in merged]).astype(np.int64),
+            seg_split=np.concatenate([m.seg_split for m in merged]).astype(np.int8),
+            tails=[m.tail for m in merged],
+            rolls=[m.rolls for m in merged],
+        )
+
+    def merged(self) -> list[Merged]:
+        """The batch's symbols one by one."""
+        c = np.concatenate([[0], np.cumsum(self.clusters)])
+        g = np.concatenate([[0], np.cumsum(self.segments)])
+        return [
+            Merged(
+                symbol=symbol,
+                job=self.job,
+                cluster_rows=self.cluster_rows[c[j] : c[j + 1]],
+                cluster_at=self.cluster_at[c[j] : c[j + 1]],
+                n=int(self.n[j]),
+                seg_starts=self.seg_starts[g[j] : g[j + 1]],
+                seg_split=self.seg_split[g[j] : g[j + 1]],
+                duplicates=int(self.duplicates[j]),
+                tail=self.tails[j],
+                rolls=self.rolls[j],
+                first_ts=int(self.first_ts[j]),
+            )
+            for j, symbol in enumerate(self.symbols)
+        ]
+
+
+class _ClusterFiles:
+    """A merge job's cluster spill files: each cluster appended to the open part, a new part when its
+    columns differ (a symbol read from float32 columns beside one read from float64)."""
+
+    def __init__(self, staging: str, job: int) -> None:
+        self.staging, self.job = staging, job
+        self.part, self.rows = -1, 0
+        self._sink: Any = None
+        self._writer: Any = None
+        self._schema: pa.Schema | None = None
+
+    def add(self, table: pa.Table) -> tuple[int, int]:
+        """Append ``table``; the part it went to and its first row there."""
+        table = table.replace_schema_metadata(None)
+        if self._writer is None or not table.schema.equals(self._schema, check_metadata=True):
+            self.close()
+            self.part, self.rows, self._schema = self.part + 1, 0, table.schema
+            self._sink = pa.OSFile(cluster_path(self.staging, self.job, self.part), "wb")
+            self._writer = ipc.new_file(self._sink, table.schema)
+        self._writer.write_table(table)
+        at = (self.part, self.rows)
+        self.rows += table.num_rows
+        return at
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
 
 
 def _clusters(runs: list[_Run]) -> list[list[_Run]]:
@@ -77,12 +180,21 @@ def _clusters(runs: list[_Run]) -> list[list[_Run]]:
     return clusters
 
 
-def _merge(job: MergeJob) -> Merged:
-    last_inst = job.last_instrument
-    out, starts, splits, dups, n, last_ts, last_split, rolls = [], [], [], 0, 0, None, None, []
+def _merge(job: MergeJob) -> MergedBatch:
+    """Merge every symbol of ``job``, its clusters spilled into the job's files."""
+    spills = Spills()
+    with contextlib.closing(_ClusterFiles(job.staging, job.index)) as files:
+        return MergedBatch.of(job.index, [_merge_one(job, j, spills, files) for j in range(len(job.symbols))])
+
+
+def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> Merged:
+    """Merge symbol ``job.symbols[j]``."""
+    last_inst = job.last_instruments[j] if job.last_instruments else None
+    runs = _runs_of(job.runs[int(job.bounds[j]) : int(job.bounds[j + 1])], job.staging)
+    out, at, starts, splits, dups, n, last_ts, last_split, rolls = [], [], [], [], 0, 0, None, None, []
     first_ts = 0
-    for c, members in enumerate(_clusters(job.runs)):
-        parts = [read_arrow(r.path) for r in sorted(members, key=lambda r: r.key)]
+    for members in _clusters(runs):
+        parts = [spills.rows(r.path, r.offset, r.n) for r in sorted(members, key=lambda r: r.key)]
         if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
             parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
         table = pa.concat_tables(parts)
@@ -115,7 +227,7 @@ def _merge(job: MergeJob) -> Merged:
         local = np.flatnonzero(cut)
         starts.append(local + n)
         splits.append(split[local])
-        write_arrow(cluster_path(job.staging, job.sym, c), table)
+        at.append(files.add(table))
         out.append(len(ts))
         n += len(ts)
         last_ts, last_split = int(ts[-1]), split[-1]
@@ -125,9 +237,10 @@ def _merge(job: MergeJob) -> Merged:
         **({} if last_inst is None else {"instrument": last_inst}),
     }
     return Merged(
-        symbol=job.symbol,
-        sym=job.sym,
+        symbol=job.symbols[j],
+        job=job.index,
         cluster_rows=np.asarray(out, dtype=np.int64),
+        cluster_at=np.asarray(at, dtype=np.int64).reshape(-1, 2),
         n=n,
         seg_starts=np.concatenate(starts),
         seg_split=np.concatenate(splits),
@@ -139,23 +252,25 @@ def _merge(job: MergeJob) -> Merged:
 
 
 def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``m``'s cluster files laid out from ``row`` on: ``(sym, c)`` ids, first rows, bar counts."""
+    """``m``'s clusters laid out from ``row`` on: ``(job, part, first row)`` ids (``ShardWork.clusters``),
+    first rows, bar counts."""
     n = len(m.cluster_rows)
-    ids = np.stack([np.full(n, m.sym, dtype=np.int64), np.arange(n, dtype=np.int64)], axis=1)
+    ids = np.concatenate([np.full((n, 1), m.job, dtype=np.int64), m.cluster_at.reshape(n, 2)], axis=1)
     return ids, row + np.cumsum(m.cluster_rows) - m.cluster_rows, m.cluster_rows
 
 
-def _drop_runs(job: MergeJob) -> None:
-    """Delete a symbol's run files once its merge is recorded (a resume may still need them before)."""
-    for r in job.runs:
-        if os.path.exists(r.path):
-            os.remove(r.path)
+def _drop_runs(paths: Sequence[str]) -> None:
+    """Delete the scan's run files once every merge job is recorded (a resume may still need them before)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
     return [
         _Run(
             path=run_path(staging, r),
+            offset=int(r["offset"]),
             n=int(r["n"]),
             ts_min=int(r["ts_min"]),
             ts_max=int(r["ts_max"]),
@@ -171,26 +286,32 @@ def merge_symbols(
     scanned: Scanned,
     max_gap_ns: int,
     cuts: Sequence[int],
+    batch_rows: int,
     instruments: dict[str, int] | None = None,
 ) -> list[Merged]:
-    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names).
+    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names),
+    in tasks of consecutive symbols holding at most ``batch_rows`` bars (or one bigger symbol).
 
     ``instruments`` (an append) gives a symbol's stored last instrument: a first bar on another one is a roll.
     """
-    runs = scanned.runs
-    by_sym = np.argsort(runs["sym"], kind="stable")
-    bounds = np.searchsorted(runs["sym"][by_sym], np.arange(len(scanned.symbols) + 1))
+    runs = scanned.runs[np.argsort(scanned.runs["sym"], kind="stable")]
+    bounds = np.searchsorted(runs["sym"], np.arange(len(scanned.symbols) + 1))
+    rows = np.concatenate([[0], np.cumsum(runs["n"])])[bounds]
     at = np.asarray(cuts, dtype=np.int64)
+    groups = pack(np.diff(rows).tolist(), batch_rows)
     jobs = [
         MergeJob(
-            sym=j,
-            symbol=sym,
-            runs=_runs_of(runs[by_sym[bounds[j] : bounds[j + 1]]], staging),
+            index=k,
+            symbols=scanned.symbols[lo:hi],
+            runs=runs[bounds[lo] : bounds[hi]],
+            bounds=bounds[lo : hi + 1] - bounds[lo],
             staging=staging,
             max_gap_ns=max_gap_ns,
             cuts=at,
-            last_instrument=(instruments or {}).get(sym),
+            last_instruments=[instruments.get(sym) for sym in scanned.symbols[lo:hi]] if instruments else [],
         )
-        for j, sym in enumerate(scanned.symbols)
+        for k, (lo, hi) in enumerate(groups)
     ]
-    return stage(_merge, jobs, "merge", then=_drop_runs, desc="sort symbols", unit="symbol")
+    done = stage(_merge, jobs, "merge", weights=[hi - lo for lo, hi in groups], desc="sort symbols", unit="symbol")
+    _drop_runs(sorted({run_path(staging, r) for r in runs}))
+    return [m for batch in done for m in batch.merged()]

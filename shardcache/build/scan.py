@@ -1,8 +1,10 @@
-"""Stage 1 of a build or an append, the scan: each input file read in bounded pieces, split by symbol,
-sorted by time and spilled as Arrow run files in the staging folder (one task per file).
+"""Stage 1 of a build or an append, the scan: each input file read in bounded pieces, each piece sorted
+by symbol then time and spilled as one Arrow file in the staging folder (one task per file). A run is
+one symbol's rows of one piece: a row range of that piece's file.
 
 Runs travel as rows of one array per file (``RUN``), never as Python objects: a build holds every run
-of every input between the scan and the merge, so their size is what grows with the data.
+of every input between the scan and the merge, so their size is what grows with the data. One file a
+piece, not one a run: a piece of 2,000 symbols is one file write, not 2,000.
 """
 
 from __future__ import annotations
@@ -16,25 +18,28 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyarrow import ipc
 
 from ..errors import ShardcacheError
 from ..format.build_options import BuildOptions
 from .checks import resolve_unmapped
-from .compute import write_arrow
 from .features import required_columns, resolve_features
 from .sources import Source, expand_inputs, open_sources
 
 __all__ = ["RUN", "SKETCH", "Inputs", "ScanJob", "Scanned", "open_inputs", "run_path", "scan_inputs"]
 
 SKETCH = 65  # timestamps kept per run to place fraction splits
-# One row per run file: which input file, piece and per-piece symbol code it came from (its path, see
-# ``run_path``), the global symbol id (filled in by the driver), rows and time range.
+_SPILL_ROWS = 1 << 16  # rows of a piece sorted and written at a time
+# One row per run: which input file and piece it came from (its spill file, see ``run_path``), its
+# per-piece symbol code, the global symbol id (filled in by the driver), its first row in the spill file,
+# rows and time range.
 RUN = np.dtype(
     [
         ("file", "<i4"),
         ("piece", "<i4"),
         ("code", "<i4"),
         ("sym", "<i4"),
+        ("offset", "<i8"),
         ("n", "<i8"),
         ("ts_min", "<i8"),
         ("ts_max", "<i8"),
@@ -98,8 +103,8 @@ class Scanned:
 
 
 def run_path(staging: str, run: np.void | np.ndarray) -> str:
-    """The spill file of one ``RUN`` row."""
-    return os.path.join(staging, "runs", f"{int(run['file']):06d}-{int(run['piece']):05d}-{int(run['code']):05d}.arrow")
+    """The spill file holding one ``RUN`` row's rows (its piece's file)."""
+    return os.path.join(staging, "runs", f"{int(run['file']):06d}-{int(run['piece']):05d}.arrow")
 
 
 def open_inputs(
@@ -132,6 +137,13 @@ def open_inputs(
     )
 
 
+def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
+    """Write ``body``'s rows in ``order`` as one Arrow file, a slice at a time (memory: the piece and a slice)."""
+    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, body.schema) as writer:
+        for lo in range(0, len(order), _SPILL_ROWS):
+            writer.write_table(body.take(pa.array(order[lo : lo + _SPILL_ROWS])))
+
+
 def _scan(job: ScanJob) -> _Scan:
     src, columns = job.source, job.columns
     runs, sketches, reordered, dts, steps = [], [], 0, [], Counter[int]()
@@ -151,14 +163,13 @@ def _scan(job: ScanJob) -> _Scan:
         order = np.lexsort((ts, codes))
         bounds = np.flatnonzero(np.diff(codes[order])) + 1
         body = piece.select(["ts", *(["instrument"] if "instrument" in piece.column_names else []), *columns])
-        for rows in np.split(order, bounds):
+        _spill(run_path(job.staging, np.array((job.index, k, 0, 0, 0, 0, 0, 0), dtype=RUN)), body, order)
+        del body
+        for offset, rows in zip(np.r_[0, bounds].tolist(), np.split(order, bounds)):
             code = int(codes[rows[0]])
             sym = names.setdefault(symbols[code], len(names))
-            part = body.take(pa.array(rows))
             part_ts = ts[rows]
-            run = np.array((job.index, k, code, sym, len(rows), part_ts[0], part_ts[-1]), dtype=RUN)
-            write_arrow(run_path(job.staging, run), part)
-            del part
+            run = np.array((job.index, k, code, sym, offset, len(rows), part_ts[0], part_ts[-1]), dtype=RUN)
             if len(part_ts) > 1:
                 diffs = np.diff(part_ts)
                 dts.append(int(np.median(diffs)))
@@ -169,7 +180,7 @@ def _scan(job: ScanJob) -> _Scan:
             runs.append(run)
             if job.sketch:  # only fraction splits need it (65 timestamps per run)
                 sketches.append(part_ts[np.linspace(0, len(rows) - 1, SKETCH).round().astype(np.int64)])
-        del piece, body
+        del piece
     return _Scan(
         symbols=list(names),
         runs=np.array(runs, dtype=RUN),

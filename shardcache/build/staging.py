@@ -6,14 +6,15 @@ outputs)::
 
     OUT.staging/
       state.json     what the build is: inputs (path, size, mtime), options, format version
-      runs/          stage 1 spills, clusters/  stage 2 spills
-      done/          one marker per finished task: its result as data, never code
-                     (scan-000003.npz, merge-....npz, stats-....npz, write-....json, created.json)
+      runs/          stage 1 spills (one per input piece), clusters/  stage 2 spills (one per merge batch)
+      done/          one marker per finished task (a file, a batch of symbols or of shards): its result
+                     as data, never code (scan-000003.npz, merge-....npz, stats-....npz, write-....json,
+                     created.json)
       cache.zarr/    the cache being written (local outputs only)
 
 ``state.json``, the markers and every zarr object are written to a temporary name and
-renamed, and a task's marker is written after its outputs (a merge deletes its input runs
-only after its marker), so a build killed at any moment (SIGKILL included) leaves only
+renamed, and a task's marker is written after its outputs (the scan's runs are deleted only
+after every merge marker), so a build killed at any moment (SIGKILL included) leaves only
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
 the same, array for array, as an uninterrupted build. Markers are data, never code
@@ -119,18 +120,19 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
 class Marked:
     """A task that saves its result as a marker once it returns (picklable for dask workers).
 
-    ``then(job)`` runs after the marker is written: it may delete inputs that only an
-    unfinished task still needs.
+    Called as ``(i, job)`` or, with a stage's ``shared`` argument, ``((i, job), shared)``:
+    ``fn(job)`` or ``fn(shared, job)``. ``then(job)`` runs after the marker is written: it may
+    delete inputs that only an unfinished task still needs.
     """
 
-    fn: Callable[[Any], Any]
+    fn: Callable[..., Any]
     root: str
     prefix: str
     then: Callable[[Any], None] | None = None
 
-    def __call__(self, item: tuple[int, Any]) -> Any:
+    def __call__(self, item: tuple[int, Any], *shared: Any) -> Any:
         i, job = item
-        result = self.fn(job)
+        result = self.fn(*shared, job)
         _write_marker(_marker(self.root, self.prefix, i), result)
         if self.then is not None:
             self.then(job)
@@ -203,20 +205,25 @@ class Staging:
 
     def run(
         self,
-        fn: Callable[[Any], Any],
+        fn: Callable[..., Any],
         jobs: Sequence[Any],
         prefix: str,
         *,
+        shared: Any = None,
         then: Callable[[Any], None] | None = None,
+        weights: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """``[fn(job) for job in jobs]`` as dask tasks, skipping tasks finished before a resume."""
+        """``[fn(job) for job in jobs]`` as dask tasks (``fn(shared, job)`` with ``shared``, which
+        reaches the tasks once: see ``tasks.run_tasks``), skipping tasks finished before a resume.
+        ``weights`` count each job for the progress bar."""
         kind = _returns(fn)
         results = [self.load(prefix, i, kind) for i in range(len(jobs))]
         todo = [(i, job) for i, (job, r) in enumerate(zip(jobs, results)) if r is None]
         if len(todo) < len(jobs):
             log.info("%s: %d of %d already done", kwargs.get("desc", prefix), len(jobs) - len(todo), len(jobs))
-        done = run_tasks(Marked(fn, self.root, prefix, then), todo, **kwargs)
+        counts = None if weights is None else [weights[i] for i, _ in todo]
+        done = run_tasks(Marked(fn, self.root, prefix, then), todo, shared=shared, weights=counts, **kwargs)
         for (i, _), r in zip(todo, done):
             results[i] = r
         return results

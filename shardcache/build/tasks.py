@@ -25,7 +25,7 @@ from typing import Any, Self, TypeVar
 import dask
 from dask.callbacks import Callback
 
-__all__ = ["Progress", "dask_setup", "release_memory", "run_tasks", "tune_allocator"]
+__all__ = ["Progress", "dask_setup", "pack", "release_memory", "run_tasks", "tune_allocator"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
@@ -86,6 +86,23 @@ def release_memory() -> None:
         libc.malloc_trim(0)
 
 
+def pack(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive items in tasks ``[lo, hi)``: as many as add up to at most ``limit``, an item
+    bigger than ``limit`` alone. A stage of thousands of small items (symbols, shards) runs as a
+    few tasks, each paying its marker and scheduling once, while big items keep a task each."""
+    groups: list[tuple[int, int]] = []
+    lo, held = 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and held + size > limit:
+            groups.append((lo, i))
+            lo, held = i, 0
+        held += size
+    n = len(sizes)
+    if n > lo:
+        groups.append((lo, n))
+    return groups
+
+
 class Progress:
     """A progress bar on a terminal, log lines at each tenth otherwise; silent if not ``show``."""
 
@@ -130,14 +147,16 @@ class Progress:
 
 
 class _Count(Callback):
-    def __init__(self, prefix: str, progress: Progress) -> None:
+    """Progress by finished task: task ``PREFIX<i>`` counts ``counts[i]``."""
+
+    def __init__(self, prefix: str, progress: Progress, counts: list[int]) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # untyped_calls_exclude does not reach super()
-        self.prefix, self.progress = prefix, progress
+        self.prefix, self.progress, self.counts = prefix, progress, counts
 
     def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
         name = key[0] if isinstance(key, tuple) else key
         if isinstance(name, str) and name.startswith(self.prefix):
-            self.progress.update()
+            self.progress.update(self.counts[int(name[len(self.prefix) :])])
 
 
 def run_tasks(
@@ -145,32 +164,45 @@ def run_tasks(
     items: Sequence[Any] | Iterable[Any],
     *,
     desc: str,
+    shared: Any = None,
+    weights: Sequence[int] | None = None,
     workers: int | None = None,
     client: Any = None,
     show: bool = True,
     unit: str = "task",
 ) -> list[T]:
-    """``[fn(item) for item in items]`` as parallel dask tasks, results in input order."""
+    """``[fn(item) for item in items]`` as parallel dask tasks, results in input order.
+
+    ``shared`` (not None), what every task needs (a build's ``ShardWork``), reaches the tasks once
+    and is passed as ``fn(item, shared)``: a graph node dask never looks into locally, one scattered
+    copy on a cluster. Inside an item, dask walks every list, tuple, dict and dataclass for dask
+    objects, so an item holding an O(symbols) description would make a stage O(symbols²).
+    ``weights`` are what each item counts for the progress bar (its shards, its symbols; 1 each by default).
+    """
     items = list(items)
     if not items:
         return []
+    counts = [1] * len(items) if weights is None else [int(w) for w in weights]
     release_memory()  # what the driver freed since the last stage (e.g. the scan's results)
-    with Progress(len(items), desc, show, unit) as progress:
+    with Progress(sum(counts), desc, show, unit) as progress:
         if client is not None:
             from distributed import as_completed
 
-            futures = client.map(fn, items, pure=False)
-            for _ in as_completed(futures):
-                progress.update()
+            extra = [] if shared is None else [[client.scatter(shared, broadcast=True, hash=False)] * len(items)]
+            futures = client.map(fn, items, *extra, pure=False)
+            weight = {f.key: c for f, c in zip(futures, counts)}
+            for done in as_completed(futures):
+                progress.update(weight[done.key])
             gathered: list[T] = client.gather(futures)
             return gathered
         prefix = f"shardcache-{desc.replace(' ', '-')}-"
+        extra = [] if shared is None else [dask.delayed(shared, traverse=False, name=f"shared-{prefix}")]
         results: list[T] = []
-        with _Count(prefix, progress):
+        with _Count(prefix, progress, counts):
             # graphs of at most _BATCH tasks: the scheduler's state stays bounded with 10,000s of files
             for lo in range(0, len(items), _BATCH):
                 tasks = [
-                    dask.delayed(fn, pure=False)(item, dask_key_name=f"{prefix}{lo + i}")
+                    dask.delayed(fn, pure=False)(item, *extra, dask_key_name=f"{prefix}{lo + i}")
                     for i, item in enumerate(items[lo : lo + _BATCH])
                 ]
                 results += dask.compute(*tasks, scheduler="threads", num_workers=workers or None)

@@ -67,7 +67,7 @@ def _always(args) -> bool:
 
 # where an append is killed: (object, function, killed after the call (else before), for which calls)
 APPEND_KILLS = {
-    "write: a tail shard rewritten, not recorded": (append_mod, "write_shard", True, _always),
+    "write: a batch of tail shards rewritten, not recorded": (append_mod, "write_shards", True, _always),
     "grow: the grown symbols' documents written, the root index not": (
         append_mod.CacheWriter,
         "write_symbols",
