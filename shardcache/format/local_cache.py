@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LEDGER", "LOCKS", "LocalCache"]
+__all__ = ["LEDGER", "LOCKS", "LocalCache", "process_alive"]
 
 LEDGER = "ledger.sqlite3"
 # held around every use of SQLite in this process, and by fork() (os.register_at_fork): a forked child
@@ -61,8 +61,9 @@ _SCHEMA = (
 )
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (on this node): a file it is writing must not be evicted."""
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this node (a file it is writing must not be evicted; a ring it
+    maps must not be unlinked)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -231,7 +232,7 @@ class LocalCache:
             victims, freed = [], 0
             if self.limit is not None and total + size > self.limit:
                 for victim, n, ready, pid in db.execute("SELECT name, size, ready, pid FROM files ORDER BY rowid"):
-                    if ready or not _alive(pid):
+                    if ready or not process_alive(pid):
                         victims.append(victim)
                         freed += n
                         if total - freed + size <= self.limit:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import StreamClosedError
+from ..format.local_cache import process_alive
 from .options import Batch, MetaBatch
 from .torch_adapter import in_shared_memory, new_shared
 
@@ -231,16 +232,6 @@ _RINGS: dict[str, _MainRing] = {}
 _LOCK = threading.Lock()  # batches arrive on the main thread, or on the pin-memory thread
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _arrive(sent: _Sent) -> Batch | MetaBatch:
     """Unpickled in the main process: the batch as tensors over this process's mapping of the slot."""
     i = sent.slot
@@ -249,7 +240,7 @@ def _arrive(sent: _Sent) -> Batch | MetaBatch:
         if sent.news is not None:
             storage, gens = sent.news
             if ring is None:
-                for k in [k for k, r in _RINGS.items() if not _alive(r.pid)]:
+                for k in [k for k, r in _RINGS.items() if not process_alive(r.pid)]:
                     del _RINGS[k]
                 ring = _RINGS[sent.key] = _MainRing(sent.pid, gens)
             ring.slots[i] = _Slot(storage, sent.shapes)
