@@ -76,8 +76,8 @@ KILL_POINTS = {
 # recorded (a stats batch writes nothing but its marker: no half-done state to leave)
 MANY_SYMBOLS, MANY_BARS = 60, 120
 BATCH_KILL_POINTS = {
-    "merge: batch 1's first symbol clustered, the rest not": lambda: _after(
-        merge, "_merge_one", lambda a: a[0].index == 1 and a[1] == 0
+    "merge: batch 1's clusters spilled, their file not closed": lambda: _after(
+        merge._ClusterFiles, "add", lambda a: a[0].job == 1
     ),
     "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
     "stats: batch 1 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[1][0] == 8),
