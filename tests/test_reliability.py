@@ -500,6 +500,16 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
     assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]
 
 
+def test_only_a_resumed_build_looks_for_strays(files, clean, tmp_path, monkeypatch):
+    """Strays are what a killed write leaves: a build run once never walks its cache's folders for them
+    (thousands of symbols are tens of thousands of folders); a resumed one does (above)."""
+    swept = []
+    real = CacheWriter.sweep
+    monkeypatch.setattr(CacheWriter, "sweep", lambda self: swept.append(self.url) or real(self))
+    assert compare_caches(clean, build_cache(files, tmp_path / "c.zarr", **OPTS)) == []
+    assert swept == []
+
+
 def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_path, monkeypatch):
     url = f"memory://{tmp_path.name}/c.zarr"  # fsspec's in-memory filesystem stands in for s3://
     real = _disk_full_at_shard_5(monkeypatch)

@@ -131,11 +131,12 @@ class CacheWriter:
 
     def write_symbols(self, symbols: Iterable[int], first_new: int = 0) -> None:
         """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and
-        the group document of those from ``first_new`` on (an append's new symbols), concurrently."""
+        the group document of those from ``first_new`` on (an append's new symbols), concurrently;
+        locally, the documents of equal bytes (every group's, those of symbols of one length) share a file."""
         out: dict[str, bytes] = {}
         for i in symbols:
             out.update(self.documents(i).symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
-        self.objects.put_many(out)
+        self.objects.put_many(out, share=True)
 
     def sweep(self) -> int:
         """Remove the temporary files killed writes left in a local cache (none on object stores:
