@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from pathlib import Path
@@ -14,9 +15,11 @@ import pytest
 import zarr
 from helpers import stored_rows
 from helpers.cli import run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardcache import ShardcacheError, open_cache
-from shardcache.build import compute, merge
+from shardcache.build import compute, merge, scan
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.errors import OptionError
@@ -313,6 +316,42 @@ def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path,
     assert _files(tmp_path / "together.zarr") == _files(tmp_path / "alone.zarr")
     same = {"created": "", "elapsed_s": 0.0}
     assert together.manifest.replace(**same) == alone.manifest.replace(**same)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    runs=st.lists(
+        st.lists(st.sampled_from([0, 7, 60, 60, 60, 120, 180, 3_600]) | st.integers(0, 400), min_size=1, max_size=90),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_a_pieces_runs_at_once_give_what_each_run_gives_alone(runs):
+    """The scan's statistics of a piece's runs, found for all of them at once (``scan._runs``), are those of
+    the run-by-run calls: ``np.median`` of each run's steps, ``np.unique`` of its positive ones (tallied
+    as the scan tallies them, ties to the first) and ``np.linspace`` rows of its timestamp sketch."""
+    parts = [10**9 * k + np.cumsum(np.asarray(steps, dtype=np.int64)) for k, steps in enumerate(runs)]
+    ts = np.concatenate(parts)
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    got = scan._runs(ts, starts, sketch=True, tally=True)
+    dts, tally, tally_got = [], collections.Counter(), collections.Counter()
+    for p in parts:
+        if len(p) > 1:
+            steps = np.diff(p)
+            dts.append(int(np.median(steps)))
+            values, counts = np.unique(steps[steps > 0], return_counts=True)
+            top = np.argsort(counts)[-8:]
+            tally.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+    for values, counts in got.tallies:
+        top = np.argsort(counts)[-8:]
+        tally_got.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+    assert got.dts == dts and list(tally_got.items()) == list(tally.items())
+    sketch = [p[np.linspace(0, len(p) - 1, scan.SKETCH).round().astype(np.int64)] for p in parts]
+    np.testing.assert_array_equal(got.sketch, np.stack(sketch))
+    np.testing.assert_array_equal(got.runs["offset"], starts)
+    assert got.runs["n"].tolist() == [len(p) for p in parts]
+    assert got.runs["ts_min"].tolist() == [int(p[0]) for p in parts]
+    assert got.runs["ts_max"].tolist() == [int(p[-1]) for p in parts]
 
 
 # -- the CLI and bad input ---------------------------------------------------------------------
