@@ -33,7 +33,7 @@ from .layout import (
     symbol_chunk_rows,
 )
 from .manifest import Layout, Manifest, incomplete
-from .metadata import SymbolDocuments, symbol_documents, zarr_objects
+from .metadata import SymbolDocuments, group_document, symbol_documents, zarr_objects
 from .objects import STRAY, Objects
 
 __all__ = ["CacheWriter"]
@@ -252,7 +252,7 @@ class CacheWriter:
 
     def write_manifest(self, manifest: Manifest) -> None:
         """The root's ``zarr.json`` with the manifest marked complete: the last write of a build or append."""
-        self.objects.put("zarr.json", zarr_objects(lambda g: g.attrs.put({ATTR: manifest.to_json()}))["zarr.json"])
+        self.objects.put("zarr.json", group_document(ATTR, manifest.to_json()))
 
     def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: Manifest, index: ShardIndex) -> None:
         """Write the root index, then the manifest marked complete (the last write).
