@@ -134,9 +134,9 @@ class SymbolDocuments:
     def symbol(self, i: int, n: int, *, group: bool = True) -> dict[str, bytes]:
         """Symbol ``i``'s documents for ``n`` bars, by store key (its group's only with ``group``)."""
         path = group_path(i)
-        out = {f"{path}/features/zarr.json": self.features(n), f"{path}/time/zarr.json": self.time(n)}
-        if group:
-            out[f"{path}/zarr.json"] = self.group
+        out = {f"{path}/zarr.json": self.group} if group else {}  # parents first: a folder made per miss
+        out[f"{path}/features/zarr.json"] = self.features(n)
+        out[f"{path}/time/zarr.json"] = self.time(n)
         return out
 
 
