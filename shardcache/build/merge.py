@@ -252,19 +252,20 @@ def _merge_plain(
 ) -> MergedBatch:
     """Merge the plain symbols ``lo..hi`` of one schema (``_plain``) together: their runs, in ``order``, are
     their clusters one after the other, so the rows are read, deduplicated, cut into segments and
-    spilled for all of them at once, each symbol's values those ``_merge_one`` gives it alone."""
+    spilled for all of them at once, each symbol's values those ``_merge_one`` gives it alone. A symbol's
+    clusters are spilled one after the other, so they are recorded as one: a symbol read from many
+    pieces of its inputs (a time-ordered file) is then read back as one slice, not one a piece."""
     runs = job.runs[order[int(job.bounds[lo]) : int(job.bounds[hi])]]  # each symbol's in cluster order
     n_runs = np.diff(job.bounds[lo : hi + 1])
     m = hi - lo
     table = pa.concat_tables([spills.rows(run_path(job.staging, r), int(r["offset"]), int(r["n"])) for r in runs])
     ts = table["ts"].to_numpy()
-    run_of = np.repeat(np.arange(len(runs)), runs["n"])
     sym_of = np.repeat(np.repeat(np.arange(m), n_runs), runs["n"])
     keep = np.ones(len(ts), dtype=bool)  # the last of equal timestamps (a symbol's runs never share one)
     keep[:-1] = (ts[1:] != ts[:-1]) | (sym_of[1:] != sym_of[:-1])
     dups = np.bincount(sym_of[~keep], minlength=m)
     if not keep.all():
-        table, ts, run_of, sym_of = table.filter(pa.array(keep)), ts[keep], run_of[keep], sym_of[keep]
+        table, ts, sym_of = table.filter(pa.array(keep)), ts[keep], sym_of[keep]
     n = np.bincount(sym_of, minlength=m)
     first = np.cumsum(n) - n
     split = np.searchsorted(job.cuts, ts, side="right").astype(np.int8)
@@ -274,9 +275,7 @@ def _merge_plain(
         cut[1:] |= (ts[1:] - ts[:-1]) > job.max_gap_ns
     cut[first] = True
     seg = np.flatnonzero(cut)
-    cluster_rows = np.bincount(run_of, minlength=len(runs))
-    part, row = files.add(table.combine_chunks())
-    cluster_at = np.stack([np.full(len(runs), part), row + np.cumsum(cluster_rows) - cluster_rows], axis=1)
+    part, row = files.add(table.combine_chunks())  # each symbol's rows follow each other: one cluster a symbol
     last = first + n - 1
     values = table.drop_columns(["ts"]).take(pa.array(last)).to_pylist()
     known = job.last_instruments[lo:hi] if job.last_instruments else [None] * m
@@ -286,9 +285,9 @@ def _merge_plain(
         n=n.astype(np.int64),
         duplicates=dups.astype(np.int64),
         first_ts=ts[first].astype(np.int64),
-        clusters=n_runs.astype(np.int64),
-        cluster_rows=cluster_rows.astype(np.int64),
-        cluster_at=cluster_at.astype(np.int64),
+        clusters=np.ones(m, dtype=np.int64),
+        cluster_rows=n.astype(np.int64),
+        cluster_at=np.stack([np.full(m, part), row + first], axis=1).astype(np.int64),
         segments=np.bincount(sym_of[seg], minlength=m).astype(np.int64),
         seg_starts=(seg - first[sym_of[seg]]).astype(np.int64),
         seg_split=split[seg],
@@ -426,5 +425,5 @@ def merge_symbols(
         for k, (lo, hi) in enumerate(groups)
     ]
     done = stage(_merge, jobs, "merge", weights=[hi - lo for lo, hi in groups], desc="sort symbols", unit="symbol")
-    _drop_runs(sorted({run_path(staging, r) for r in runs}))
+    _drop_runs(sorted(run_path(staging, r) for r in np.unique(runs[["file", "piece"]])))  # a file a piece
     return [m for batch in done for m in batch.merged()]
