@@ -58,7 +58,7 @@ def indented_json(value: Any, indent: int, level: int = 0) -> str:
     close = "\n" + " " * (indent * level)
     items = value.values() if isinstance(value, dict) else value
     if not any(isinstance(v, (list, tuple, dict)) for v in items):
-        body = json.JSONEncoder(allow_nan=True, separators=("," + inner, ": ")).encode(value)
+        body = _flat(inner)(value)
         return body[0] + inner + body[1:-1] + close + body[-1]
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):  # json's own key conversions
@@ -66,6 +66,13 @@ def indented_json(value: Any, indent: int, level: int = 0) -> str:
         parts = [f"{_ENCODE(k)}: {indented_json(v, indent, level + 1)}" for k, v in value.items()]
         return "{" + inner + ("," + inner).join(parts) + close + "}"
     return "[" + inner + ("," + inner).join(indented_json(v, indent, level + 1) for v in value) + close + "]"
+
+
+@functools.lru_cache(maxsize=64)
+def _flat(separator: str) -> Callable[[Any], str]:
+    """The C encoder of a container of scalars with its items on lines of their own (``separator``: a
+    comma, a newline and the items' indentation)."""
+    return json.JSONEncoder(allow_nan=True, separators=("," + separator, ": ")).encode
 
 
 @functools.lru_cache(maxsize=8)
