@@ -9,6 +9,7 @@ piece, not one a run: a piece of 2,000 symbols is one file write, not 2,000.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -155,6 +156,14 @@ class _Runs:
     sketch: np.ndarray
 
 
+def _counted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_counts=True)`` from one sort (numpy's own is ten times slower on the few
+    distinct steps of a long run)."""
+    ordered = np.sort(x)
+    at = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(x) else np.zeros(0, np.intp)
+    return ordered[at], np.diff(np.r_[at, len(x)]).astype(np.intp)
+
+
 def _runs(ts: np.ndarray, starts: np.ndarray, *, sketch: bool, tally: bool) -> _Runs:
     """The runs of ``ts`` (a piece's timestamps sorted by symbol, then time; run ``g`` is rows
     ``starts[g]`` up to the next start), all at once: the values a run gives alone (``np.median`` of its
@@ -164,30 +173,30 @@ def _runs(ts: np.ndarray, starts: np.ndarray, *, sketch: bool, tally: bool) -> _
     runs = np.zeros(n_runs, dtype=RUN)
     runs["offset"], runs["n"] = starts, rows
     runs["ts_min"], runs["ts_max"] = ts[starts], ts[starts + rows - 1]
-    # the steps inside each run: diffs of consecutive rows, less those across two runs
+    # the steps inside each run (diffs of consecutive rows, less those across two runs), counted by value:
+    # the (run, step) pairs in order with their counts, from two sorts of the piece's steps
     inside = np.ones(max(n - 1, 0), dtype=bool)
     inside[starts[1:] - 1] = False
     step = np.diff(ts)[inside]
-    owner = np.repeat(np.arange(n_runs), rows - 1)
-    order = np.lexsort((step, owner))
-    step, owner = step[order], owner[order]
-    m = rows - 1  # steps per run
-    first = np.cumsum(m) - m
+    owner = np.repeat(np.arange(n_runs, dtype=np.int64), rows - 1)
+    values = _counted(step)[0]
+    width = max(len(values), 1)
+    pairs, counts = _counted(owner * width + np.searchsorted(values, step))
+    p_run, p_value = pairs // width, values[pairs % width]
+    # each run's median step (np.median's: the middle one, or the mean of the middle two), found by
+    # position among the run's sorted steps
+    m = rows - 1
     has = m > 0
-    lo = step[(first + (m - 1) // 2)[has]].astype(np.float64)
-    hi = step[(first + m // 2)[has]].astype(np.float64)
-    dts = np.where(m[has] % 2 == 1, lo, (lo + hi) / 2).astype(np.int64).tolist()  # np.median's, as int()
+    below, seen = np.cumsum(m) - m, np.cumsum(counts)
+    lo = p_value[np.searchsorted(seen, (below + (m - 1) // 2)[has], side="right")].astype(np.float64)
+    hi = p_value[np.searchsorted(seen, (below + m // 2)[has], side="right")].astype(np.float64)
+    dts = np.where(m[has] % 2 == 1, lo, (lo + hi) / 2).astype(np.int64).tolist()  # as int(np.median(...))
     tallies = []
-    if tally:
-        pos = step > 0
-        step, owner = step[pos], owner[pos]
-        new = np.ones(len(step), dtype=bool)
-        new[1:] = (step[1:] != step[:-1]) | (owner[1:] != owner[:-1])
-        at = np.flatnonzero(new)
-        counts = np.diff(np.r_[at, len(step)])
-        values, who = step[at], owner[at]
-        edges = np.searchsorted(who, np.arange(n_runs + 1))
-        tallies = [(values[a:b], counts[a:b]) for a, b, ok in zip(edges[:-1], edges[1:], has) if ok and b > a]
+    if tally:  # each run's distinct positive steps and their counts, as np.unique gives them
+        pos = p_value > 0
+        p_run, p_value, counts = p_run[pos], p_value[pos], counts[pos]
+        edges = np.searchsorted(p_run, np.arange(n_runs + 1))
+        tallies = [(p_value[a:b], counts[a:b]) for a, b in itertools.pairwise(edges.tolist()) if b > a]
     out = np.empty((n_runs if sketch else 0, SKETCH), np.int64)
     if sketch:  # np.linspace(0, n - 1, SKETCH).round() of each run, in the same float steps
         at_ = np.arange(SKETCH, dtype=np.float64)[None, :] * ((rows - 1).astype(np.float64) / (SKETCH - 1))[:, None]
