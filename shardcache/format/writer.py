@@ -66,10 +66,11 @@ class CacheWriter:
     root with ``complete: false``, the ``feature`` names and every symbol's documents.
     ``create=False`` writes nothing until asked (a resume, an append: ``write_symbols`` rewrites
     the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
-    the manifest with ``complete: true``, the last write of a build. A local object is written to a
-    temporary name and renamed into place: a hard-linked staging copy (``shardcache.build.append``)
-    never changes a file it shares with the original, and a killed write never leaves a part.
-    Picklable, so shard writes can run as dask tasks on any worker.
+    the manifest with ``complete: true``, the last write of a build. Locally (``objects``) a new
+    object is created in place and an existing one replaced by a rename, never written through: a
+    hard-linked staging copy (``shardcache.build.append``) never changes a file it shares with the
+    original, and symbol documents of equal bytes share one file. Picklable, so shard writes can run
+    as dask tasks on any worker.
     """
 
     def __init__(
