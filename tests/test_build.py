@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from pathlib import Path
@@ -14,9 +15,11 @@ import pytest
 import zarr
 from helpers import stored_rows
 from helpers.cli import run_cli
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardcache import ShardcacheError, open_cache
-from shardcache.build import compute, merge
+from shardcache.build import compute, merge, scan
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, write_dbn
 from shardcache.errors import OptionError
@@ -272,6 +275,83 @@ def test_tasks_of_many_symbols_change_no_stored_byte(tmp_path, monkeypatch):
     one_each = build_cache(files, tmp_path / "one-each.zarr", **opts)
     assert compare_caches(batched, one_each) == []
     assert _files(tmp_path / "batched.zarr") == _files(tmp_path / "one-each.zarr")
+
+
+def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path, monkeypatch):
+    """The merge's one pass over a stretch of plain symbols (``merge._plain``: runs that overlap nowhere
+    and carry no instrument ids) gives each symbol what merging it alone gives: rows, duplicates dropped
+    (the last in input order wins), segments cut at gaps and splits, cluster files, tail and counts;
+    with symbols whose runs overlap (merged alone) between them, float64 beside float32 ones."""
+    big = {"A0": 5_000, "A1": 100, "A2": 200, "A3": 3_000, "A4": 50, "A5": 70}
+    small = {"B0": 30, "B1": 10, "B2": 20, "B3": 30, "B4": 4_100, "B5": 90}
+    files = [
+        _ohlcv_parquet(tmp_path / f"{name}.parquet", lengths, dtype, start, seed)
+        for name, lengths, dtype, start, seed in (
+            ("a", big, np.float64, 0, 1),
+            ("b", small, np.float32, 0, 2),
+            ("c", big, np.float64, 1, 3),
+            ("d", small, np.float32, 1, 4),
+        )
+    ]
+    dups = pq.read_table(_ohlcv_parquet(tmp_path / "e.parquet", {"C0": 400, "C1": 40}, np.float32, 5, 5))
+    again = dups.slice(10, 30)  # the same bars later in the file, other values: these win
+    again = again.set_column(5, "close", pa.compute.multiply(again["close"], pa.scalar(2.0, pa.float32())))
+    pq.write_table(pa.concat_tables([dups, again]), tmp_path / "e.parquet")
+    files.append(tmp_path / "e.parquet")
+    opts = {"shard_rows": 2048, "chunk_rows": 256, "split": "train=0.8,val=0.1,test=0.1", "progress": False}
+    calls = {"_merge_plain": 0, "_merge_one": 0}
+    for name in calls:
+        real = getattr(merge, name)
+        monkeypatch.setattr(
+            merge, name, lambda *a, _real=real, _name=name: calls.__setitem__(_name, calls[_name] + 1) or _real(*a)
+        )
+    together = build_cache(files, tmp_path / "together.zarr", **opts)
+    assert calls["_merge_plain"] and calls["_merge_one"]  # both kinds are in the build
+    assert together.manifest.counts.dropped["duplicate timestamp"] > 30  # e's 30, and a/c's shared bars
+    monkeypatch.setattr(merge, "_plain", lambda job, spills: (np.arange(len(job.runs)), np.full(len(job.symbols), -1)))
+    calls["_merge_plain"] = 0
+    alone = build_cache(files, tmp_path / "alone.zarr", **opts)
+    assert calls["_merge_plain"] == 0
+    assert compare_caches(together, alone) == []
+    assert _files(tmp_path / "together.zarr") == _files(tmp_path / "alone.zarr")
+    same = {"created": "", "elapsed_s": 0.0}
+    assert together.manifest.replace(**same) == alone.manifest.replace(**same)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    runs=st.lists(
+        st.lists(st.sampled_from([0, 7, 60, 60, 60, 120, 180, 3_600]) | st.integers(0, 400), min_size=1, max_size=90),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_a_pieces_runs_at_once_give_what_each_run_gives_alone(runs):
+    """The scan's statistics of a piece's runs, found for all of them at once (``scan._runs``), are those of
+    the run-by-run calls: ``np.median`` of each run's steps, ``np.unique`` of its positive ones (tallied
+    as the scan tallies them, ties to the first) and ``np.linspace`` rows of its timestamp sketch."""
+    parts = [10**9 * k + np.cumsum(np.asarray(steps, dtype=np.int64)) for k, steps in enumerate(runs)]
+    ts = np.concatenate(parts)
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    got = scan._runs(ts, starts, sketch=True, tally=True)
+    dts, tally, tally_got = [], collections.Counter(), collections.Counter()
+    for p in parts:
+        if len(p) > 1:
+            steps = np.diff(p)
+            dts.append(int(np.median(steps)))
+            values, counts = np.unique(steps[steps > 0], return_counts=True)
+            top = np.argsort(counts)[-8:]
+            tally.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+    for values, counts in got.tallies:
+        top = np.argsort(counts)[-8:]
+        tally_got.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+    assert got.dts == dts and list(tally_got.items()) == list(tally.items())
+    sketch = [p[np.linspace(0, len(p) - 1, scan.SKETCH).round().astype(np.int64)] for p in parts]
+    np.testing.assert_array_equal(got.sketch, np.stack(sketch))
+    np.testing.assert_array_equal(got.runs["offset"], starts)
+    assert got.runs["n"].tolist() == [len(p) for p in parts]
+    assert got.runs["ts_min"].tolist() == [int(p[0]) for p in parts]
+    assert got.runs["ts_max"].tolist() == [int(p[-1]) for p in parts]
 
 
 # -- the CLI and bad input ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from zarr.storage import MemoryStore
 from shardcache.format.decode import ShardDecoder, decode_chunk
 from shardcache.format.encode import encode_chunk, encode_shard
 from shardcache.format.layout import CODECS, TIME_ATTRS, chunk_codec, compressors
-from shardcache.format.metadata import symbol_documents
+from shardcache.format.metadata import group_document, indented_json, symbol_documents, zarr_objects
 
 
 def _zarr_objects(data: np.ndarray, ts: np.ndarray, shard_rows: int, chunk_rows: int, codec: str) -> dict[str, bytes]:
@@ -127,3 +127,25 @@ def test_documents_stamp_any_length():
         assert docs.features_metadata(n).shape == (n, 16)
     group = json.loads(docs.group)  # its bytes are zarr's: test_shards_and_time_chunks_equal_zarrs_bit_for_bit
     assert (group["node_type"], group["attributes"]) == ("group", {})
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6),  # unicode, quotes and control characters: escaped as json escapes them
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=_JSON, indent=st.sampled_from([2, 0, 4]))
+def test_group_documents_equal_zarrs_bit_for_bit(value, indent):
+    """A group document with one attribute (the manifest's), made by ``metadata.group_document`` without
+    zarr's copies and Python-level JSON encoding, is the document zarr writes, at any ``json_indent``."""
+    with zarr.config.set({"json_indent": indent}):
+        theirs = zarr_objects(lambda g: g.attrs.put({"shardcache": value}))["zarr.json"]
+        assert group_document("shardcache", value) == theirs
+    assert indented_json(value, indent) == json.dumps(value, indent=indent, allow_nan=True)

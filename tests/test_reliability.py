@@ -76,8 +76,8 @@ KILL_POINTS = {
 # recorded (a stats batch writes nothing but its marker: no half-done state to leave)
 MANY_SYMBOLS, MANY_BARS = 60, 120
 BATCH_KILL_POINTS = {
-    "merge: batch 1's first symbol clustered, the rest not": lambda: _after(
-        merge, "_merge_one", lambda a: a[0].index == 1 and a[1] == 0
+    "merge: batch 1's clusters spilled, their file not closed": lambda: _after(
+        merge._ClusterFiles, "add", lambda a: a[0].job == 1
     ),
     "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
     "stats: batch 1 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[1][0] == 8),
@@ -498,6 +498,16 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
     monkeypatch.setattr(CacheWriter, "write_shard", real)
     assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []  # bytes counted too
     assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]
+
+
+def test_only_a_resumed_build_looks_for_strays(files, clean, tmp_path, monkeypatch):
+    """Strays are what a killed write leaves: a build run once never walks its cache's folders for them
+    (thousands of symbols are tens of thousands of folders); a resumed one does (above)."""
+    swept = []
+    real = CacheWriter.sweep
+    monkeypatch.setattr(CacheWriter, "sweep", lambda self: swept.append(self.url) or real(self))
+    assert compare_caches(clean, build_cache(files, tmp_path / "c.zarr", **OPTS)) == []
+    assert swept == []
 
 
 def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_path, monkeypatch):

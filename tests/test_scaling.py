@@ -143,6 +143,18 @@ def test_a_stage_description_reaches_local_tasks_once():
     assert got == [(i, 5_000) for i in range(40)] and described.reads == 0
 
 
+def test_local_tasks_get_their_items_unwalked():
+    """dask's threads: a task's item reaches it as it is, never walked by dask (a merge batch holds its
+    symbols' names: walking them was a stage's per-symbol cost in the driver)."""
+    items = [Described(symbols=[f"S{i}" for i in range(1_000)], n=i) for i in range(20)]
+    got = run_tasks(_size, items, desc="size", workers=2, show=False)
+    assert got == list(range(20)) and [item.reads for item in items] == [0] * 20
+
+
+def _size(item: Described) -> int:
+    return item.n
+
+
 def test_a_stage_description_reaches_a_cluster_once(cluster):
     """dask.distributed: the description is sent once (one pickle per worker at most), not with each task."""
     from distributed import Client

@@ -77,6 +77,33 @@ def test_a_symbol_is_its_documents_and_chunks_only(cache):
     ]  # a build adds history/zarr.json
 
 
+def test_documents_of_equal_bytes_share_a_file_and_are_replaced_alone(tmp_path):
+    """Locally, the documents of equal bytes (every group's; ``features``' and ``time``'s of symbols of one
+    length) are hard links to one file: a name each, no inode each (most of a file's cost on a journaling
+    file system). A write through zarr or the writer replaces one name by a rename and leaves the rest."""
+    from shardcache.format.writer import CacheWriter
+
+    writer = CacheWriter(tmp_path / "c.zarr", feature_names=["a", "b"], bars_per_symbol=[300, 300, 300, 500],
+                         shard_rows=SHARD * 4, chunk_rows=SHARD)  # fmt: skip
+    root = tmp_path / "c.zarr" / "symbols"
+
+    def inode(i: int, doc: str) -> int:
+        return (root / str(i) / doc).stat().st_ino
+
+    for doc in ("zarr.json", "features/zarr.json", "time/zarr.json"):
+        assert inode(0, doc) == inode(1, doc) == inode(2, doc)
+    assert inode(3, "zarr.json") == inode(0, "zarr.json")
+    assert inode(3, "features/zarr.json") != inode(0, "features/zarr.json")  # another length
+    assert zarr.open_array(root / "3" / "features", mode="r").shape == (500, 2)
+    before = (root / "0" / "zarr.json").read_bytes()
+    zarr.open_group(root / "1", mode="r+").attrs["note"] = "mine"
+    assert (root / "0" / "zarr.json").read_bytes() == before and "note" not in zarr.open_group(root / "2").attrs
+    writer.bars_per_symbol[2] = 400  # an append grows symbol 2: its documents are rewritten
+    writer.write_symbols([2])
+    assert zarr.open_array(root / "2" / "features", mode="r").shape == (400, 2)
+    assert zarr.open_array(root / "0" / "features", mode="r").shape == (300, 2)
+
+
 def test_the_root_index_describes_every_shard(cache, bars):
     g = zarr.open_group(cache.url, mode="r")
     table, digests = g["shards"][...], g["shard_digests"][...]

@@ -467,7 +467,8 @@ def _write(
     written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
     records = [r for batch in written for r in batch]
     staging.written = True
-    writer.sweep()
+    if staging.strays:  # what a killed write leaves: none unless a run or a task was killed
+        writer.sweep()
     index = cache.shard_index().updated(records, placement.bars_per_symbol, cache.shard_rows)
     manifest = grown(
         m,

@@ -148,7 +148,8 @@ def _build(
     written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
     records = [r for batch in written for r in batch]
     staging.written = True
-    work.writer.sweep()
+    if staging.strays:  # what a killed write leaves: none unless a run or a task was killed
+        work.writer.sweep()
     index = ShardIndex.empty().updated(records, work.writer.bars_per_symbol, work.writer.shard_rows)
     record = BuildRecord(
         options=options, max_gap_ns=int(max_gap_ns), bar_ns=bar_ns, fingerprint=fingerprint, workers=run.workers

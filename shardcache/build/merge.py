@@ -113,6 +113,24 @@ class MergedBatch:
             rolls=[m.rolls for m in merged],
         )
 
+    @classmethod
+    def join(cls, job: int, parts: list[MergedBatch]) -> MergedBatch:
+        """The batch of ``parts``' symbols, one part after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            job=job,
+            symbols=[x for p in parts for x in p.symbols],
+            **{
+                name: np.concatenate([getattr(p, name) for p in parts])
+                for name in ("n", "duplicates", "first_ts", "clusters", "cluster_rows", "segments", "seg_starts")
+            },
+            cluster_at=np.concatenate([p.cluster_at for p in parts]).reshape(-1, 2),
+            seg_split=np.concatenate([p.seg_split for p in parts]).astype(np.int8),
+            tails=[x for p in parts for x in p.tails],
+            rolls=[x for p in parts for x in p.rolls],
+        )
+
     def merged(self) -> list[Merged]:
         """The batch's symbols one by one."""
         c = np.concatenate([[0], np.cumsum(self.clusters)])
@@ -181,10 +199,104 @@ def _clusters(runs: list[_Run]) -> list[list[_Run]]:
 
 
 def _merge(job: MergeJob) -> MergedBatch:
-    """Merge every symbol of ``job``, its clusters spilled into the job's files."""
+    """Merge every symbol of ``job``, its clusters spilled into the job's files: each stretch of plain
+    symbols of one schema (``_plain``) in one pass (``_merge_plain``), any other symbol by itself
+    (``_merge_one``)."""
     spills = Spills()
+    order, kind = _plain(job, spills)
+    parts: list[MergedBatch] = []
     with contextlib.closing(_ClusterFiles(job.staging, job.index)) as files:
-        return MergedBatch.of(job.index, [_merge_one(job, j, spills, files) for j in range(len(job.symbols))])
+        j = 0
+        while j < len(job.symbols):
+            k = j + 1
+            if kind[j] >= 0:
+                while k < len(job.symbols) and kind[k] == kind[j]:
+                    k += 1
+                parts.append(_merge_plain(job, j, k, order, spills, files))
+            else:
+                parts.append(MergedBatch.of(job.index, [_merge_one(job, j, spills, files)]))
+            j = k
+    return MergedBatch.join(job.index, parts)
+
+
+def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray]:
+    """The order of ``job.runs`` by symbol, then as ``_clusters`` orders a symbol's runs (time, then input
+    order); and each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number). A
+    symbol is plain when no two of its runs overlap in time (each is a cluster of its own, sorted by
+    the scan), all have one schema and none carries instrument ids (a DBN input's, cut at rolls)."""
+    runs, n_sym = job.runs, len(job.symbols)
+    starts = job.bounds[:-1]
+    sym = np.repeat(np.arange(n_sym), np.diff(job.bounds))
+    files, at = np.unique(runs[["file", "piece"]], return_inverse=True)
+    schemas: list[pa.Schema] = []
+    ids = []
+    for f in files:
+        schema = spills.rows(run_path(job.staging, f), 0, 0).schema.remove_metadata()
+        same = next((i for i, x in enumerate(schemas) if x.equals(schema)), None)
+        if same is None:
+            schemas.append(schema)
+            same = len(schemas) - 1
+        ids.append(-1 if "instrument" in schema.names else same)
+    run_kind = np.asarray(ids, dtype=np.int64)[at.reshape(-1)]
+    kind = np.minimum.reduceat(run_kind, starts)
+    kind[kind != np.maximum.reduceat(run_kind, starts)] = -1
+    order = np.lexsort((runs["piece"], runs["file"], runs["ts_min"], sym))
+    srt, ssym = runs[order], sym[order]
+    # sorted by start, a symbol's runs overlap nowhere if none starts before the one before it ends
+    kind[ssym[1:][(srt["ts_min"][1:] <= srt["ts_max"][:-1]) & (ssym[1:] == ssym[:-1])]] = -1
+    return order, kind
+
+
+def _merge_plain(
+    job: MergeJob, lo: int, hi: int, order: np.ndarray, spills: Spills, files: _ClusterFiles
+) -> MergedBatch:
+    """Merge the plain symbols ``lo..hi`` of one schema (``_plain``) together: their runs, in ``order``, are
+    their clusters one after the other, so the rows are read, deduplicated, cut into segments and
+    spilled for all of them at once, each symbol's values those ``_merge_one`` gives it alone. A symbol's
+    clusters are spilled one after the other, so they are recorded as one: a symbol read from many
+    pieces of its inputs (a time-ordered file) is then read back as one slice, not one a piece."""
+    runs = job.runs[order[int(job.bounds[lo]) : int(job.bounds[hi])]]  # each symbol's in cluster order
+    n_runs = np.diff(job.bounds[lo : hi + 1])
+    m = hi - lo
+    table = pa.concat_tables([spills.rows(run_path(job.staging, r), int(r["offset"]), int(r["n"])) for r in runs])
+    ts = table["ts"].to_numpy()
+    sym_of = np.repeat(np.repeat(np.arange(m), n_runs), runs["n"])
+    keep = np.ones(len(ts), dtype=bool)  # the last of equal timestamps (a symbol's runs never share one)
+    keep[:-1] = (ts[1:] != ts[:-1]) | (sym_of[1:] != sym_of[:-1])
+    dups = np.bincount(sym_of[~keep], minlength=m)
+    if not keep.all():
+        table, ts, sym_of = table.filter(pa.array(keep)), ts[keep], sym_of[keep]
+    n = np.bincount(sym_of, minlength=m)
+    first = np.cumsum(n) - n
+    split = np.searchsorted(job.cuts, ts, side="right").astype(np.int8)
+    cut = np.ones(len(ts), dtype=bool)
+    cut[1:] = split[1:] != split[:-1]
+    if job.max_gap_ns > 0:
+        cut[1:] |= (ts[1:] - ts[:-1]) > job.max_gap_ns
+    cut[first] = True
+    seg = np.flatnonzero(cut)
+    part, row = files.add(table.combine_chunks())  # each symbol's rows follow each other: one cluster a symbol
+    last = first + n - 1
+    values = table.drop_columns(["ts"]).take(pa.array(last)).to_pylist()
+    known = job.last_instruments[lo:hi] if job.last_instruments else [None] * m
+    return MergedBatch(
+        job=job.index,
+        symbols=job.symbols[lo:hi],
+        n=n.astype(np.int64),
+        duplicates=dups.astype(np.int64),
+        first_ts=ts[first].astype(np.int64),
+        clusters=np.ones(m, dtype=np.int64),
+        cluster_rows=n.astype(np.int64),
+        cluster_at=np.stack([np.full(m, part), row + first], axis=1).astype(np.int64),
+        segments=np.bincount(sym_of[seg], minlength=m).astype(np.int64),
+        seg_starts=(seg - first[sym_of[seg]]).astype(np.int64),
+        seg_split=split[seg],
+        tails=[
+            {"ts": t, **v, **({} if inst is None else {"instrument": inst})}
+            for t, v, inst in zip(ts[last].tolist(), values, known)
+        ],
+        rolls=[[] for _ in range(m)],
+    )
 
 
 def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> Merged:
@@ -313,5 +425,5 @@ def merge_symbols(
         for k, (lo, hi) in enumerate(groups)
     ]
     done = stage(_merge, jobs, "merge", weights=[hi - lo for lo, hi in groups], desc="sort symbols", unit="symbol")
-    _drop_runs(sorted({run_path(staging, r) for r in runs}))
+    _drop_runs(sorted(run_path(staging, r) for r in np.unique(runs[["file", "piece"]])))  # a file a piece
     return [m for batch in done for m in batch.merged()]

@@ -9,6 +9,7 @@ piece, not one a run: a piece of 2,000 symbols is one file write, not 2,000.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -144,6 +145,66 @@ def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
             writer.write_table(body.take(pa.array(order[lo : lo + _SPILL_ROWS])))
 
 
+@dataclass(kw_only=True)
+class _Runs:
+    """One piece's runs as ``_runs`` finds them: ``RUN`` rows (offset, rows, time range), each run's median
+    step (runs of two bars or more), its distinct positive steps and their counts, and its sketch."""
+
+    runs: np.ndarray
+    dts: list[int]
+    tallies: list[tuple[np.ndarray, np.ndarray]]
+    sketch: np.ndarray
+
+
+def _counted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_counts=True)`` from one sort (numpy's own is ten times slower on the few
+    distinct steps of a long run)."""
+    ordered = np.sort(x)
+    at = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(x) else np.zeros(0, np.intp)
+    return ordered[at], np.diff(np.r_[at, len(x)]).astype(np.intp)
+
+
+def _runs(ts: np.ndarray, starts: np.ndarray, *, sketch: bool, tally: bool) -> _Runs:
+    """The runs of ``ts`` (a piece's timestamps sorted by symbol, then time; run ``g`` is rows
+    ``starts[g]`` up to the next start), all at once: the values a run gives alone (``np.median`` of its
+    steps, ``np.unique`` of its positive ones, ``np.linspace`` rows of its sketch), not one call a run."""
+    n_runs, n = len(starts), len(ts)
+    rows = np.diff(np.r_[starts, n])
+    runs = np.zeros(n_runs, dtype=RUN)
+    runs["offset"], runs["n"] = starts, rows
+    runs["ts_min"], runs["ts_max"] = ts[starts], ts[starts + rows - 1]
+    # the steps inside each run (diffs of consecutive rows, less those across two runs), counted by value:
+    # the (run, step) pairs in order with their counts, from two sorts of the piece's steps
+    inside = np.ones(max(n - 1, 0), dtype=bool)
+    inside[starts[1:] - 1] = False
+    step = np.diff(ts)[inside]
+    owner = np.repeat(np.arange(n_runs, dtype=np.int64), rows - 1)
+    values = _counted(step)[0]
+    width = max(len(values), 1)
+    pairs, counts = _counted(owner * width + np.searchsorted(values, step))
+    p_run, p_value = pairs // width, values[pairs % width]
+    # each run's median step (np.median's: the middle one, or the mean of the middle two), found by
+    # position among the run's sorted steps
+    m = rows - 1
+    has = m > 0
+    below, seen = np.cumsum(m) - m, np.cumsum(counts)
+    lo = p_value[np.searchsorted(seen, (below + (m - 1) // 2)[has], side="right")].astype(np.float64)
+    hi = p_value[np.searchsorted(seen, (below + m // 2)[has], side="right")].astype(np.float64)
+    dts = np.where(m[has] % 2 == 1, lo, (lo + hi) / 2).astype(np.int64).tolist()  # as int(np.median(...))
+    tallies = []
+    if tally:  # each run's distinct positive steps and their counts, as np.unique gives them
+        pos = p_value > 0
+        p_run, p_value, counts = p_run[pos], p_value[pos], counts[pos]
+        edges = np.searchsorted(p_run, np.arange(n_runs + 1))
+        tallies = [(p_value[a:b], counts[a:b]) for a, b in itertools.pairwise(edges.tolist()) if b > a]
+    out = np.empty((n_runs if sketch else 0, SKETCH), np.int64)
+    if sketch:  # np.linspace(0, n - 1, SKETCH).round() of each run, in the same float steps
+        at_ = np.arange(SKETCH, dtype=np.float64)[None, :] * ((rows - 1).astype(np.float64) / (SKETCH - 1))[:, None]
+        at_[:, -1] = rows - 1
+        out = ts[starts[:, None] + at_.round().astype(np.int64)]
+    return _Runs(runs=runs, dts=dts, tallies=tallies, sketch=out)
+
+
 def _scan(job: ScanJob) -> _Scan:
     src, columns = job.source, job.columns
     runs, sketches, reordered, dts, steps = [], [], 0, [], Counter[int]()
@@ -165,26 +226,21 @@ def _scan(job: ScanJob) -> _Scan:
         body = piece.select(["ts", *(["instrument"] if "instrument" in piece.column_names else []), *columns])
         _spill(run_path(job.staging, np.array((job.index, k, 0, 0, 0, 0, 0, 0), dtype=RUN)), body, order)
         del body
-        for offset, rows in zip(np.r_[0, bounds].tolist(), np.split(order, bounds)):
-            code = int(codes[rows[0]])
-            sym = names.setdefault(symbols[code], len(names))
-            part_ts = ts[rows]
-            run = np.array((job.index, k, code, sym, offset, len(rows), part_ts[0], part_ts[-1]), dtype=RUN)
-            if len(part_ts) > 1:
-                diffs = np.diff(part_ts)
-                dts.append(int(np.median(diffs)))
-                if src.bar_ns is None:  # a table's bar size: the most common step (DBN files know theirs)
-                    values, counts = np.unique(diffs[diffs > 0], return_counts=True)
-                    top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
-                    steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
-            runs.append(run)
-            if job.sketch:  # only fraction splits need it (65 timestamps per run)
-                sketches.append(part_ts[np.linspace(0, len(rows) - 1, SKETCH).round().astype(np.int64)])
+        part = _runs(ts[order], np.r_[0, bounds], sketch=job.sketch, tally=src.bar_ns is None)
+        part.runs["file"], part.runs["piece"] = job.index, k
+        part.runs["code"] = codes[order[part.runs["offset"]]]
+        part.runs["sym"] = [names.setdefault(symbols[c], len(names)) for c in part.runs["code"].tolist()]
+        runs.append(part.runs)
+        dts += part.dts
+        for values, counts in part.tallies:  # each run's commonest steps, in the run's order (ties: the first)
+            top = np.argsort(counts)[-8:]  # a bounded tally: the mode is among each run's commonest steps
+            steps.update(dict(zip(values[top].tolist(), counts[top].tolist())))
+        sketches.append(part.sketch)
         del piece
     return _Scan(
         symbols=list(names),
-        runs=np.array(runs, dtype=RUN),
-        sketch=np.stack(sketches) if sketches else np.empty((0, SKETCH), np.int64),
+        runs=np.concatenate(runs) if runs else np.empty(0, RUN),
+        sketch=np.concatenate(sketches) if sketches else np.empty((0, SKETCH), np.int64),
         drops=Counter(src.drops),
         reordered=reordered,
         records=src.records,  # the file's records (DBN ticks folded into bars count one by one)

@@ -182,6 +182,9 @@ class Staging:
         self.cache_path = os.path.join(root, "cache.zarr") if self.local else out
         self.resumed = False
         self.written = False  # the cache's shards are all written: a failure after keeps the folder
+        # a killed write may have left temporary files in the cache (``CacheWriter.sweep``): a resumed run's
+        # earlier one, or a cluster's lost worker, whose tasks run again elsewhere
+        self.strays = False
 
     @property
     def replace(self) -> bool:
@@ -223,6 +226,8 @@ class Staging:
         if len(todo) < len(jobs):
             log.info("%s: %d of %d already done", kwargs.get("desc", prefix), len(jobs) - len(todo), len(jobs))
         counts = None if weights is None else [weights[i] for i, _ in todo]
+        if kwargs.get("client") is not None:
+            self.strays = True
         done = run_tasks(Marked(fn, self.root, prefix, then), todo, shared=shared, weights=counts, **kwargs)
         for (i, _), r in zip(todo, done):
             results[i] = r
@@ -548,6 +553,7 @@ def _act(
     assert state is not None  # every "resume" row of RULES needs a kept build's state
     stage = Staging(root, out, {**state, "overwrite": replace}, fd)
     stage.resumed = True
+    stage.strays = True
     log.info("%s: resuming the interrupted build in %s", out, root)
     return stage
 

@@ -175,8 +175,9 @@ def run_tasks(
 
     ``shared`` (not None), what every task needs (a build's ``ShardWork``), reaches the tasks once
     and is passed as ``fn(item, shared)``: a graph node dask never looks into locally, one scattered
-    copy on a cluster. Inside an item, dask walks every list, tuple, dict and dataclass for dask
-    objects, so an item holding an O(symbols) description would make a stage O(symbols²).
+    copy on a cluster. Locally a task's argument is its item's number (``_Nth``), so dask walks no
+    item; on a cluster an item goes to its task, and dask walks every list, tuple, dict and dataclass
+    inside it: an item holding an O(symbols) description would make a stage O(symbols²).
     ``weights`` are what each item counts for the progress bar (its shards, its symbols; 1 each by default).
     """
     items = list(items)
@@ -198,12 +199,21 @@ def run_tasks(
         prefix = f"shardcache-{desc.replace(' ', '-')}-"
         extra = [] if shared is None else [dask.delayed(shared, traverse=False, name=f"shared-{prefix}")]
         results: list[T] = []
+        nth = dask.delayed(_Nth(fn, items), pure=False)  # a task is an item's number: dask walks no item
         with _Count(prefix, progress, counts):
             # graphs of at most _BATCH tasks: the scheduler's state stays bounded with 10,000s of files
             for lo in range(0, len(items), _BATCH):
-                tasks = [
-                    dask.delayed(fn, pure=False)(item, *extra, dask_key_name=f"{prefix}{lo + i}")
-                    for i, item in enumerate(items[lo : lo + _BATCH])
-                ]
+                tasks = [nth(i, *extra, dask_key_name=f"{prefix}{i}") for i in range(lo, min(lo + _BATCH, len(items)))]
                 results += dask.compute(*tasks, scheduler="threads", num_workers=workers or None)
         return results
+
+
+class _Nth:
+    """``fn`` of item ``i`` of ``items`` (and the shared description): a local task's function, so that
+    its argument is a number, not the item (dask would walk every list and dataclass inside it)."""
+
+    def __init__(self, fn: Callable[..., Any], items: list[Any]) -> None:
+        self.fn, self.items = fn, items
+
+    def __call__(self, i: int, *shared: Any) -> Any:
+        return self.fn(self.items[i], *shared)

@@ -12,6 +12,7 @@ each chunk, ``2**64 - 1`` for an absent one) with its crc32c, at the end.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import google_crc32c
@@ -45,12 +46,35 @@ def encode_chunk(values: np.ndarray, rows: int, fill: Any, codec: Any | None) ->
     if _all_fill(values, fill):  # the padding is the fill value: the rows given decide
         return None
     if len(values) == rows and values.flags.c_contiguous:
-        full = values
-    else:
-        full = np.full((rows, *values.shape[1:]), fill, dtype=values.dtype)
-        full[: len(values)] = values
+        return _encoded(values, codec)
+    full = _filled(rows, values.shape[1:], values.dtype, fill)
+    full[: len(values)] = values
+    try:
+        return _encoded(full, codec)
+    finally:
+        full[: len(values)] = fill  # the buffer holds the fill value only, for the next chunk
+
+
+def _encoded(full: np.ndarray, codec: Any | None) -> bytes:
     raw = full.astype(full.dtype.newbyteorder("<"), copy=False).reshape(-1).view(np.uint8)
     return _with_crc(raw.tobytes() if codec is None else bytes(codec.encode(raw)))
+
+
+_BUFFERS = threading.local()
+
+
+def _filled(rows: int, shape: tuple[int, ...], dtype: np.dtype, fill: Any) -> np.ndarray:
+    """A chunk of ``rows`` rows of ``fill``, this thread's own, made once per shape and fill (a small
+    symbol's 65,536-row time chunk is 300 values and 512 KiB of padding: writing that padding
+    again for each symbol cost as much as compressing it)."""
+    key = (rows, shape, dtype.str, np.asarray(fill, dtype=dtype).tobytes())
+    made: dict[tuple[Any, ...], np.ndarray] = _BUFFERS.__dict__.setdefault("made", {})
+    full = made.get(key)
+    if full is None:
+        if len(made) >= 8:
+            made.clear()
+        full = made[key] = np.full((rows, *shape), fill, dtype=dtype)
+    return full
 
 
 def encode_shard(block: np.ndarray, shard_rows: int, chunk_rows: int, codec: Any | None) -> bytes | None:

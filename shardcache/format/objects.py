@@ -12,6 +12,7 @@ object's size with a HEAD.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
@@ -32,20 +33,41 @@ __all__ = ["STRAY", "Objects"]
 STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _make_folder(path: str) -> None:
+    """The folder ``path`` and any missing parent: one ``mkdir`` when the parent is there."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        _make_folder(os.path.dirname(path))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+
+
 def _create(path: str, data: bytes) -> bool:
-    """Write ``data`` to a new file ``path``; False (nothing written) if something is there already."""
-    for first in (True, False):
+    """Write ``data`` to a new file ``path``; False (nothing written) if something is there already.
+    Three system calls (open, write, close), its folder made on the first miss."""
+    try:
+        fd = os.open(path, _NEW, 0o666)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
+        _make_folder(os.path.dirname(path))
         try:
-            with open(path, "xb") as fh:
-                fh.write(data)
-            return True
+            fd = os.open(path, _NEW, 0o666)
         except FileExistsError:
             return False
-        except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
-            if not first:
-                raise
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-    return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+    return True
 
 
 def _write_file(path: str, data: bytes) -> None:
@@ -59,6 +81,31 @@ def _write_file(path: str, data: bytes) -> None:
     with open(tmp, "wb") as fh:
         fh.write(data)
     os.replace(tmp, path)
+
+
+def _link(source: str, path: str) -> bool:
+    """``path`` as a hard link to the file ``source`` (an existing ``path`` replaced by a rename, as
+    ``_write_file`` replaces it); False, with nothing changed, where the file system refuses the link
+    (no hard links, too many links to ``source``, ``source`` gone)."""
+    for first in (True, False):
+        try:
+            os.link(source, path)
+            return True
+        except FileExistsError:
+            tmp = f"{path}.{uuid.uuid4().hex}.partial"
+            try:
+                os.link(source, tmp)
+            except OSError:
+                return False
+            os.replace(tmp, path)
+            return True
+        except FileNotFoundError:  # its folder is new (or ``source`` is gone: then the retry fails too)
+            if not first:
+                return False
+            _make_folder(os.path.dirname(path))
+        except OSError:
+            return False
+    return False
 
 
 def _read_file(path: str) -> bytes | None:
@@ -102,11 +149,30 @@ class Objects:
         else:
             sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
-    def put_many(self, objects: Mapping[str, bytes], limit: int = 64) -> None:
-        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time."""
+    def put_many(self, objects: Mapping[str, bytes], limit: int = 64, *, share: bool = False) -> None:
+        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time.
+
+        With ``share``, a local object whose bytes equal an earlier one's of the call is a hard link
+        to that one's file: the same name and bytes without a new inode, which is most of what a file
+        costs on a journaling file system (the documents of thousands of symbols of one length are
+        a few distinct files). Only for objects always replaced whole, never written in place: the
+        ``zarr.json`` documents (this module and zarr's ``LocalStore`` both replace a file by a rename).
+        """
         if self.root is not None:
+            first: dict[bytes, str] = {}
+            made: set[str] = set()
             for key, data in objects.items():
-                self.put(key, data)
+                path = os.path.join(self.root, key)
+                folder = os.path.dirname(path)
+                if folder not in made:  # a new object's folder is mostly new too: made first, not after a miss
+                    _make_folder(folder)
+                    made.add(folder)
+                source = first.get(data) if share else None
+                if source is not None and _link(source, path):
+                    continue
+                _write_file(path, data)
+                if share:
+                    first[data] = path
             return
         store, buffer = self.store, default_buffer_prototype().buffer
         gather([store.set(key, buffer.from_bytes(data)) for key, data in objects.items()], limit)

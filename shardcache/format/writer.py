@@ -33,7 +33,7 @@ from .layout import (
     symbol_chunk_rows,
 )
 from .manifest import Layout, Manifest, incomplete
-from .metadata import SymbolDocuments, symbol_documents, zarr_objects
+from .metadata import SymbolDocuments, group_document, symbol_documents, zarr_objects
 from .objects import STRAY, Objects
 
 __all__ = ["CacheWriter"]
@@ -66,10 +66,11 @@ class CacheWriter:
     root with ``complete: false``, the ``feature`` names and every symbol's documents.
     ``create=False`` writes nothing until asked (a resume, an append: ``write_symbols`` rewrites
     the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
-    the manifest with ``complete: true``, the last write of a build. A local object is written to a
-    temporary name and renamed into place: a hard-linked staging copy (``shardcache.build.append``)
-    never changes a file it shares with the original, and a killed write never leaves a part.
-    Picklable, so shard writes can run as dask tasks on any worker.
+    the manifest with ``complete: true``, the last write of a build. Locally (``objects``) a new
+    object is created in place and an existing one replaced by a rename, never written through: a
+    hard-linked staging copy (``shardcache.build.append``) never changes a file it shares with the
+    original, and symbol documents of equal bytes share one file. Picklable, so shard writes can run
+    as dask tasks on any worker.
     """
 
     def __init__(
@@ -131,11 +132,12 @@ class CacheWriter:
 
     def write_symbols(self, symbols: Iterable[int], first_new: int = 0) -> None:
         """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and
-        the group document of those from ``first_new`` on (an append's new symbols), concurrently."""
+        the group document of those from ``first_new`` on (an append's new symbols), concurrently;
+        locally, the documents of equal bytes (every group's, those of symbols of one length) share a file."""
         out: dict[str, bytes] = {}
         for i in symbols:
             out.update(self.documents(i).symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
-        self.objects.put_many(out)
+        self.objects.put_many(out, share=True)
 
     def sweep(self) -> int:
         """Remove the temporary files killed writes left in a local cache (none on object stores:
@@ -251,7 +253,7 @@ class CacheWriter:
 
     def write_manifest(self, manifest: Manifest) -> None:
         """The root's ``zarr.json`` with the manifest marked complete: the last write of a build or append."""
-        self.objects.put("zarr.json", zarr_objects(lambda g: g.attrs.put({ATTR: manifest.to_json()}))["zarr.json"])
+        self.objects.put("zarr.json", group_document(ATTR, manifest.to_json()))
 
     def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: Manifest, index: ShardIndex) -> None:
         """Write the root index, then the manifest marked complete (the last write).
