@@ -268,6 +268,23 @@ def test_one_zarr_call_per_block(reads, stream_cache):
         assert start // stream_cache.shard_rows == s and stop - start <= stream_cache.shard_rows + span - 1
 
 
+def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
+    """A symbol's decoder is made from what the cache read at opening, without a pass over every symbol's
+    entries (issue 21: per-shard time grew with the symbol count, 10,000 symbols against 2,000)."""
+    bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
+    from shardcache.format.index import ShardIndex
+
+    scans, chunk_rows = [], ShardIndex.symbol_chunk_rows
+    monkeypatch.setattr(ShardIndex, "symbol_chunk_rows", lambda self, n: scans.append(n) or chunk_rows(self, n))
+    copies, groups = [], Cache.groups
+    monkeypatch.setattr(Cache, "groups", property(lambda self: copies.append(1) or groups.fget(self)))
+    with WindowStream(cache, 10, split="all", batch_size=16, meta=True) as ds:
+        n = sum(len(b.x) for b in ds)
+    assert n == ds.read_spec.ranges.total() and len(cache.symbols) == 12
+    assert not scans and not copies  # found at opening: once per cache, not once per symbol
+
+
 def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     ds = WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2)
     block = (stream_cache.shard_rows + ds.span - 1) * 5 * 4
