@@ -8,9 +8,9 @@ windows and targets with one ``index_select`` per pool (see "Torch threads") int
 tensors and queues them,
 so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
-``plan.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
-ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
-``close()`` joins every thread it started.
+``plan.pool_layouts``, which lays out many small pools at once) are decoded in plan order by up
+to ``decoders`` threads, as far ahead as the memory capacity allows; a pool is dropped after
+the last run that uses it. ``close()`` joins every thread it started.
 
 What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
 columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
@@ -55,7 +55,7 @@ import torch
 from ..errors import StreamClosedError
 from ..format.windows import Ranges, WindowSpec
 from .options import columns
-from .plan import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
+from .plan import EpochPlan, PoolLayout, Run, pool_layouts, reader_runs
 from .resident import Resident, mapped, window_view
 from .ship import Loan
 from .sources import Sources
@@ -66,6 +66,7 @@ RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
 _MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
 RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
+LAYOUT_WINDOWS = 1 << 16  # windows of the pools laid out together (``plan.pool_layouts``)
 _POLL = 0.1
 
 
@@ -360,13 +361,17 @@ class Reader:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
         is made when reached, and a resident pool with no block to decode is ``(pool, -1)``."""
         s, newest = self.spec, -1
+        layouts: dict[int, PoolLayout] = {}  # pools laid out ahead, with an earlier one
         for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue
                 newest = g
                 if self.resident is None:
-                    layout = pool_layout(self.plan, g, s.ranges, s.sources.shard_rows)
+                    if g not in layouts:
+                        ahead = self._layout_batch(g)
+                        layouts = dict(zip(ahead, pool_layouts(self.plan, ahead, s.ranges, s.sources.shard_rows)))
+                    layout = layouts.pop(g)
                     pool = self.pools[g] = _Pool(
                         layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
                     )
@@ -382,6 +387,12 @@ class Reader:
                         yield pool, -1
                 for k in range(len(layout.lo)):
                     yield pool, k
+
+    def _layout_batch(self, g: int) -> range:
+        """Pool ``g`` and the pools after it that are laid out with it: up to ``LAYOUT_WINDOWS`` windows
+        (a pool of large shards alone, dozens of pools of small symbols' shards together)."""
+        sizes = np.cumsum((self.plan.pool_to - self.plan.pool_from)[g : g + 64])
+        return range(g, g + max(int(np.searchsorted(sizes, LAYOUT_WINDOWS, side="right")), 1))
 
     def _arena(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
