@@ -268,6 +268,34 @@ def test_one_zarr_call_per_block(reads, stream_cache):
         assert start // stream_cache.shard_rows == s and stop - start <= stream_cache.shard_rows + span - 1
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, stream_cache, fast):
+    """Decoder threads are for reads that wait (object storage): once small blocks are seen to read in
+    well under FAST_READ, the gather thread reads each itself when a run needs it (issue 21: handing
+    thousands of small symbols' shards to decoders cost more in thread switches than the reads), and
+    the batches are the same wherever a block was read."""
+    import shardcache.read.reader as reader_mod
+
+    kw = dict(split="all", batch_size=16, meta=True, mix=2)
+    want = [b.index for b in WindowStream(stream_cache, 10, decoders=0, **kw)]
+    monkeypatch.setattr(reader_mod, "FAST_READ", 60.0 if fast else 0.0)
+    threads, real = [], Cache.read_rows
+
+    def spy(self, a, b, out=None):
+        threads.append(threading.current_thread().name)
+        return real(self, a, b, out)
+
+    monkeypatch.setattr(Cache, "read_rows", spy)
+    with WindowStream(stream_cache, 10, decoders=2, **kw) as ds:
+        got = [b.index for b in ds]
+    assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
+    here = [name.startswith("shardcache-reader") for name in threads]
+    if fast:  # the first pool's blocks go to the decoders while no read was timed yet, then none does
+        assert not here[0] and sum(not h for h in here) <= ds.mix and all(here[ds.mix :])
+    else:
+        assert not any(here)
+
+
 def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
     """A symbol's decoder is made from what the cache read at opening, without a pass over every symbol's
     entries (issue 21: per-shard time grew with the symbol count, 10,000 symbols against 2,000)."""
