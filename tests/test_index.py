@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import brute_starts, synthetic_bars
 
-from shardcache.read.plan import Ranges, make_plan, pool_layout, reader_runs, valid_ranges
+from shardcache.read.plan import Ranges, make_plan, pool_layout, pool_layouts, reader_runs, valid_ranges
 
 SHARD = 256
 
@@ -172,6 +172,44 @@ def test_reader_runs_and_pool_layouts(bars, batch, mix, workers, start, run):
             dropped |= set(range(run_.keep))
             served += ids
         assert served == list(batches)
+
+
+@pytest.mark.parametrize("seq_len,stride,split", [(20, 1, None), (7, 3, "train"), (60, 2, "val"), (400, 5, None)])
+def test_pieces_are_each_piece_of_starts_between(bars, seq_len, stride, split):
+    """``Ranges.pieces`` is ``starts_between(lo, hi)[first:last]`` of every piece at once."""
+    r = valid_ranges(_Table(bars), seq_len, 1, stride, split)
+    rng = np.random.default_rng(seq_len)
+    lo = rng.integers(-50, 5100, 60)
+    hi = lo + rng.integers(0, 900, 60)
+    ref = [r.starts_between(int(a), int(b)) for a, b in zip(lo, hi)]
+    first = np.array([rng.integers(0, len(x) + 2) for x in ref], np.int64)
+    last = np.array([rng.integers(0, len(x) + 3) for x in ref], np.int64)
+    starts, counts = r.pieces(lo, hi, first, last)
+    want = [x[f:t] for x, f, t in zip(ref, first, last)]
+    assert counts.tolist() == [len(w) for w in want] and starts.dtype == np.int64
+    assert np.array_equal(starts, np.concatenate(want))
+    empty = r.pieces(lo[:0], hi[:0], first[:0], last[:0])
+    assert len(empty[0]) == len(empty[1]) == 0
+
+
+@pytest.mark.parametrize("batch,mix,world,history", [(16, 1, 1, ()), (50, 3, 2, ()), (64, 4, 3, [(2, 3)])])
+def test_pool_layouts_lay_out_each_pool_as_alone(bars, batch, mix, world, history):
+    """``pool_layouts`` of consecutive pools (a reader lays out many small pools at once) gives each pool
+    the blocks of its pieces and the windows of ``pool_windows``, in served order."""
+    r = valid_ranges(_Table(bars), 20, 1, 1, None)
+    for rank in range(world):
+        plan = make_plan(r, 5000, SHARD, batch_size=batch, seed=6, mix=mix, rank=rank, world=world, history=history)
+        n = len(plan.pool_bounds) - 1
+        for a in range(0, n, 3):
+            pools = range(a, min(a + 3, n))
+            for g, lay in zip(pools, pool_layouts(plan, pools, r, SHARD)):
+                j = range(int(plan.pool_bounds[g]), int(plan.pool_bounds[g + 1]))
+                parts = [p for p in (plan.piece_starts(i, r, SHARD) for i in j) if len(p)]
+                assert lay.pool == g and np.array_equal(lay.lo, [p[0] for p in parts])
+                assert np.array_equal(lay.hi, [p[-1] + r.span for p in parts])
+                assert np.array_equal(lay.starts, plan.pool_windows(g, r, SHARD))
+                arena = np.concatenate([np.arange(a, b) for a, b in zip(lay.lo, lay.hi)])
+                assert np.array_equal(arena[lay.rows], lay.starts)
 
 
 def test_pools_between_and_empty_plan():

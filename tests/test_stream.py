@@ -268,6 +268,51 @@ def test_one_zarr_call_per_block(reads, stream_cache):
         assert start // stream_cache.shard_rows == s and stop - start <= stream_cache.shard_rows + span - 1
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, stream_cache, fast):
+    """Decoder threads are for reads that wait (object storage): once small blocks are seen to read in
+    well under FAST_READ, the gather thread reads each itself when a run needs it (issue 21: handing
+    thousands of small symbols' shards to decoders cost more in thread switches than the reads), and
+    the batches are the same wherever a block was read."""
+    import shardcache.read.reader as reader_mod
+
+    kw = dict(split="all", batch_size=16, meta=True, mix=2)
+    want = [b.index for b in WindowStream(stream_cache, 10, decoders=0, **kw)]
+    monkeypatch.setattr(reader_mod, "FAST_READ", 60.0 if fast else 0.0)
+    threads, real = [], Cache.read_rows
+
+    def spy(self, a, b, out=None):
+        threads.append(threading.current_thread().name)
+        return real(self, a, b, out)
+
+    monkeypatch.setattr(Cache, "read_rows", spy)
+    with WindowStream(stream_cache, 10, decoders=2, **kw) as ds:
+        got = [b.index for b in ds]
+    assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
+    here = [name.startswith("shardcache-reader") for name in threads]
+    if fast:  # the first pool's blocks go to the decoders while no read was timed yet, then none does
+        assert not here[0] and sum(not h for h in here) <= ds.mix and all(here[ds.mix :])
+    else:
+        assert not any(here)
+
+
+def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
+    """A symbol's decoder is made from what the cache read at opening, without a pass over every symbol's
+    entries (issue 21: per-shard time grew with the symbol count, 10,000 symbols against 2,000)."""
+    bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
+    from shardcache.format.index import ShardIndex
+
+    scans, chunk_rows = [], ShardIndex.symbol_chunk_rows
+    monkeypatch.setattr(ShardIndex, "symbol_chunk_rows", lambda self, n: scans.append(n) or chunk_rows(self, n))
+    copies, groups = [], Cache.groups
+    monkeypatch.setattr(Cache, "groups", property(lambda self: copies.append(1) or groups.fget(self)))
+    with WindowStream(cache, 10, split="all", batch_size=16, meta=True) as ds:
+        n = sum(len(b.x) for b in ds)
+    assert n == ds.read_spec.ranges.total() and len(cache.symbols) == 12
+    assert not scans and not copies  # found at opening: once per cache, not once per symbol
+
+
 def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     ds = WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2)
     block = (stream_cache.shard_rows + ds.span - 1) * 5 * 4

@@ -107,6 +107,10 @@ class Cache:
             )
         ahead = bool(len(sym)) and bool((local[:, 2] > self.bars_per_symbol[sym]).any())
         self.root_shards = table = table.reshape(-1, len(SHARD_FIELDS))
+        # each symbol's inner-chunk rows (``layout.symbol_chunk_rows``), found once: a decoder is made per symbol
+        self.symbol_chunks = ShardIndex(table=table, digests=np.zeros((0, 2), np.uint64)).symbol_chunk_rows(
+            len(self.bars_per_symbol)
+        )
         counts = -(-self.bars_per_symbol // self.shard_rows)
         want = np.repeat(np.arange(len(counts)), counts)
         if table.shape != (len(want), len(SHARD_FIELDS)) or not np.array_equal(table[:, 0], want):
@@ -239,7 +243,7 @@ class Cache:
 
     def group(self, i: int) -> zarr.Group:
         """Symbol ``i``'s group (``symbols/<i>``)."""
-        return node_group(self.handles.group, self.groups[i])
+        return node_group(self.handles.group, self.manifest.groups[i])
 
     def array(self, i: int, name: str = "features") -> zarr.Array[Any]:
         """Array ``name`` (``features``, ``time``, ...) of symbol ``i``, opened once per process (from the
@@ -248,7 +252,7 @@ class Cache:
         arr = h.arrays.get((i, name))
         if arr is None:
             try:
-                node = node_array(h.group, f"{self.groups[i]}/{name}")
+                node = node_array(h.group, f"{self.manifest.groups[i]}/{name}")
             except KeyError:
                 self.check_same()
                 raise CacheError(f"{self.url}: {self.groups[i]}/{name} is missing; rebuild the cache") from None
@@ -282,7 +286,8 @@ class Cache:
         dec = h.decoders.get(i)
         if dec is None:
             root = h.group.store_path
-            path = f"{root.path}/{self.groups[i]}/features" if root.path else f"{self.groups[i]}/features"
+            group = self.manifest.groups[i]  # not ``groups``: a copy of every symbol's
+            path = f"{root.path}/{group}/features" if root.path else f"{group}/features"
             layout = self.manifest.layout
             try:
                 dec = ShardDecoder.from_layout(
@@ -346,13 +351,6 @@ class Cache:
         return int(self.manifest.layout.chunk_rows)
 
     @property
-    def symbol_chunks(self) -> np.ndarray:
-        """Each symbol's inner-chunk rows (``layout.symbol_chunk_rows``), from the root shard index."""
-        return ShardIndex(table=self.root_shards, digests=np.zeros((0, 2), np.uint64)).symbol_chunk_rows(
-            len(self.symbols)
-        )
-
-    @property
     def n_rows(self) -> int:
         """Size of the virtual row space: every symbol's rows, each padded to whole shards."""
         return int(self.bases[-1])
@@ -401,7 +399,7 @@ class Cache:
         opened: dict[int, zarr.Array[Any]] = {}
 
         async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
-            node = await group.getitem(f"{self.groups[i]}/time")
+            node = await group.getitem(f"{self.manifest.groups[i]}/time")
             if not isinstance(node, zarr.AsyncArray):
                 raise CacheError(f"{self.url}: {self.groups[i]}/time is a group, not an array; rebuild the cache")
             opened[i] = zarr.Array(node)

@@ -64,9 +64,11 @@ class ShardIndex:
         return str(self.digests[row].astype("<u8").tobytes().hex())
 
     def symbol_chunk_rows(self, n_symbols: int) -> np.ndarray:
-        """Each symbol's inner-chunk rows (from its first shard's row)."""
+        """Each symbol's inner-chunk rows (from its first shard's row; rows naming no symbol below
+        ``n_symbols``, in a damaged index, are left to the checks that name them)."""
         out = np.zeros(n_symbols, np.int64)
-        first = self.table[self.table[:, 1] == 0]
+        t = self.table
+        first = t[(t[:, 1] == 0) & (t[:, 0] >= 0) & (t[:, 0] < n_symbols)]
         out[first[:, 0]] = first[:, SHARD_FIELDS.index("chunk_rows")]
         return out
 

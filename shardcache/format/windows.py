@@ -181,6 +181,29 @@ class Ranges:
         starts: np.ndarray = np.repeat(first, m) + self.stride * offset
         return starts
 
+    def pieces(
+        self, lo: np.ndarray, hi: np.ndarray, first: np.ndarray, last: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """For each ``i``, valid starts ``first[i]:last[i]`` (by position) of those in rows ``[lo[i], hi[i])``:
+        ``starts_between(lo[i], hi[i])[first[i]:last[i]]`` of every ``i`` at once, concatenated, and the
+        count of each (a pool's shard pieces in one pass over the runs, not one per piece)."""
+        lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+        first, last = np.asarray(first, dtype=np.int64), np.asarray(last, dtype=np.int64)
+        r0 = np.maximum(np.searchsorted(self.start, lo, side="right") - 1, 0)
+        nr = np.maximum(np.searchsorted(self.start, hi, side="left") - r0, 0)  # runs that may overlap each piece
+        piece = np.repeat(np.arange(len(lo), dtype=np.int64), nr)
+        run = np.repeat(r0, nr) + _within(nr)
+        s, n = self.start[run], self.count[run]
+        k0 = np.clip(-((s - lo[piece]) // self.stride), 0, n)
+        k1 = np.clip(-((s - hi[piece]) // self.stride), 0, n)
+        m = np.maximum(k1 - k0, 0)  # starts of each (piece, run) pair inside the piece's rows
+        total = np.bincount(piece, weights=m, minlength=len(lo)).astype(np.int64)
+        at = np.cumsum(m) - m - np.repeat(np.cumsum(total) - total, nr)  # each pair's first position in its piece
+        t0, t1 = np.clip(first[piece] - at, 0, m), np.clip(last[piece] - at, 0, m)
+        keep = np.maximum(t1 - t0, 0)
+        starts: np.ndarray = np.repeat(s + self.stride * (k0 + t0), keep) + self.stride * _within(keep)
+        return starts, np.bincount(piece, weights=keep, minlength=len(lo)).astype(np.int64)
+
     def start_at(self, positions: np.ndarray) -> np.ndarray:
         """Start row of the windows at ``positions`` in row order (map-style access)."""
         pos = np.asarray(positions, dtype=np.int64)
@@ -202,6 +225,12 @@ class Ranges:
             [s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)]
         )
         return every
+
+
+def _within(counts: np.ndarray) -> np.ndarray:
+    """``0..counts[i]-1`` for each ``i``, concatenated."""
+    out: np.ndarray = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return out
 
 
 class SegmentSource(Protocol):

@@ -43,6 +43,7 @@ __all__ = [
     "make_plan",
     "n_windows",
     "pool_layout",
+    "pool_layouts",
     "reader_runs",
     "valid_ranges",
 ]
@@ -121,11 +122,12 @@ class EpochPlan:
         return rows[int(self.lo[j]) : int(self.hi[j])]
 
     def pool_pieces(self, g: int, ranges: Ranges, shard_rows: int) -> list[np.ndarray]:
-        """Window starts of each piece of pool ``g``, in piece order (each ascending)."""
-        return [
-            self.piece_starts(j, ranges, shard_rows)
-            for j in range(int(self.pool_bounds[g]), int(self.pool_bounds[g + 1]))
-        ]
+        """Window starts of each piece of pool ``g``, in piece order (each ascending): ``piece_starts`` of
+        every piece, found in one pass (a pool of small symbols' shards is many short pieces)."""
+        j0, j1 = int(self.pool_bounds[g]), int(self.pool_bounds[g + 1])
+        rows = self.shards[j0:j1] * shard_rows
+        starts, counts = ranges.pieces(rows, rows + shard_rows, self.lo[j0:j1], self.hi[j0:j1])
+        return np.split(starts, np.cumsum(counts)[:-1]) if j1 > j0 else []
 
     def pool_order(self, g: int, n: int) -> np.ndarray:
         """Pool ``g``'s served order of its ``n`` windows: a permutation (shuffled) or ``arange``,
@@ -393,20 +395,42 @@ class PoolLayout:
 def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> PoolLayout:
     """The arena layout of pool ``g``: one block per piece (so per shard), in piece order,
     each from its first window start to its last window's end (its served order is lazy)."""
-    parts = [p for p in plan.pool_pieces(g, ranges, shard_rows) if len(p)]
-    lo = np.array([p[0] for p in parts], dtype=np.int64)
-    hi = np.array([p[-1] + ranges.span for p in parts], dtype=np.int64)
-    at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
+    return pool_layouts(plan, range(g, g + 1), ranges, shard_rows)[0]
 
-    def served() -> tuple[np.ndarray, np.ndarray]:
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        starts = np.concatenate(parts)
-        rows = np.concatenate([p - (a - t) for p, a, t in zip(parts, lo, at)])
-        order = plan.pool_order(g, len(starts))
-        return starts[order], rows[order]
 
-    return PoolLayout(pool=int(g), lo=lo, hi=hi, at=at, served=served)
+def pool_layouts(plan: EpochPlan, pools: range, ranges: Ranges, shard_rows: int) -> list[PoolLayout]:
+    """``pool_layout`` of each of ``pools`` (consecutive), their pieces' window starts found in one pass:
+    a pool of small symbols' shards is a few hundred windows, where numpy's per-call cost would dominate."""
+    bounds = plan.pool_bounds[pools.start : pools.stop + 1]
+    j0, j1 = int(bounds[0]), int(bounds[-1])
+    first_row = plan.shards[j0:j1] * shard_rows
+    starts, counts = ranges.pieces(first_row, first_row + shard_rows, plan.lo[j0:j1], plan.hi[j0:j1])
+    ends = np.cumsum(counts)
+    full = counts > 0  # a piece with no window start is no block
+    lo_all = starts[(ends - counts)[full]]
+    hi_all = starts[ends[full] - 1] + ranges.span
+    blocks = np.concatenate([[0], np.cumsum(full)])[bounds - j0]  # each pool's first block
+    begin = np.concatenate([[0], ends])[bounds - j0]  # each pool's first start
+    out = []
+    for k, g in enumerate(pools):
+        lo, hi = lo_all[blocks[k] : blocks[k + 1]], hi_all[blocks[k] : blocks[k + 1]]
+        at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
+        mine = starts[begin[k] : begin[k + 1]]
+        per = counts[int(bounds[k]) - j0 : int(bounds[k + 1]) - j0]
+        out.append(
+            PoolLayout(pool=g, lo=lo, hi=hi, at=at, served=partial(_served, plan, g, mine, per[per > 0], lo - at))
+        )
+    return out
+
+
+def _served(
+    plan: EpochPlan, g: int, starts: np.ndarray, counts: np.ndarray, shift: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pool ``g``'s window starts (its blocks' ``counts`` starts, in piece order) and their arena rows (each
+    block's starts less its ``shift``), both in the pool's served order."""
+    rows = starts - np.repeat(shift, counts)
+    order = plan.pool_order(g, len(starts))
+    return starts[order], rows[order]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,9 +8,14 @@ windows and targets with one ``index_select`` per pool (see "Torch threads") int
 tensors and queues them,
 so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
-``plan.pool_layout``) are decoded in plan order by up to ``decoders`` threads, as far
-ahead as the memory capacity allows; a pool is dropped after the last run that uses it.
-``close()`` joins every thread it started.
+``plan.pool_layouts``, which lays out many small pools at once) are decoded in plan order by up
+to ``decoders`` threads, as far ahead as the memory capacity allows; a pool is dropped after
+the last run that uses it. A small block (``SMALL_BLOCK``) is read by the gather thread itself,
+when a run needs it, once small blocks are seen to read in well under a millisecond
+(``FAST_READ``: local files): thousands of small symbols' shards handed to decoders one by one
+cost more in thread switches and GIL hand-overs than their reads (issue 21), while reads that
+wait (object storage) keep going to the decoders, several at once. ``close()`` joins every
+thread it started.
 
 What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
 columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
@@ -40,9 +45,11 @@ import ctypes
 import functools
 import glob
 import itertools
+import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -55,17 +62,21 @@ import torch
 from ..errors import StreamClosedError
 from ..format.windows import Ranges, WindowSpec
 from .options import columns
-from .plan import EpochPlan, PoolLayout, Run, pool_layout, reader_runs
+from .plan import EpochPlan, PoolLayout, Run, pool_layouts, reader_runs
 from .resident import Resident, mapped, window_view
 from .ship import Loan
 from .sources import Sources
 
-__all__ = ["RUNS_AHEAD", "RUN_BYTES", "ReadSpec", "Reader", "Ready", "one_thread_here"]
+__all__ = ["FAST_READ", "RUNS_AHEAD", "RUN_BYTES", "SMALL_BLOCK", "ReadSpec", "Reader", "Ready", "one_thread_here"]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
 _MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
 RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
+SMALL_BLOCK = 256 << 10  # decoded bytes of a block that the gather thread may read itself, when reads are fast
+FAST_READ = 1e-3  # seconds a small block's read must take (the fastest of late) for that
+LAYOUT_WINDOWS = 1 << 16  # windows of the pools laid out together (``plan.pool_layouts``)
+SMALL_ARENA = 1 << 20  # bytes of a pool's arena below which it comes from the heap, not a map of its own
 _POLL = 0.1
 
 
@@ -250,7 +261,8 @@ class Reader:
     decoded (``WindowStream`` sizes the capacity so that they fit), blocks further ahead only
     while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
     thread pool of the reader's own (from a remote store each block is a few requests one
-    after the other); with 0 the gather thread decodes each block when a run needs it.
+    after the other), but small blocks that read fast are read by the gather thread when a
+    run needs them; with 0 the gather thread decodes every block.
     With a ``resident`` (see ``shardcache.read.resident``) every pool reads from its arena and
     only blocks not decoded there yet are read.
     On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
@@ -287,6 +299,9 @@ class Reader:
         self.queue: queue.Queue[object] = queue.Queue(ahead)  # a Ready, an exception to raise, or _END
         self.thread = threading.Thread(target=self._run, name="shardcache-reader", daemon=True)
         self.executor = ThreadPoolExecutor(decoders, thread_name_prefix="shardcache-decode") if decoders > 0 else None
+        # seconds a small block's read takes: the fastest of late (a read kept waiting for the GIL now and
+        # then does not count, reads that all wait, on a remote store, do), unknown at first
+        self.small_read = math.inf
         self.pools: dict[int, _Pool] = {}  # submitted (being decoded or decoded), not yet dropped
         # one walk of the runs, read twice: by the gather loop and, ahead of it, by the block schedule
         self.runs, walk = itertools.tee(reader_runs(plan, batches, self.run_windows))
@@ -360,13 +375,17 @@ class Reader:
         """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
         is made when reached, and a resident pool with no block to decode is ``(pool, -1)``."""
         s, newest = self.spec, -1
+        layouts: dict[int, PoolLayout] = {}  # pools laid out ahead, with an earlier one
         for run in runs:
             for g in run.pools:
                 if g <= newest:
                     continue
                 newest = g
                 if self.resident is None:
-                    layout = pool_layout(self.plan, g, s.ranges, s.sources.shard_rows)
+                    if g not in layouts:
+                        ahead = self._layout_batch(g)
+                        layouts = dict(zip(ahead, pool_layouts(self.plan, ahead, s.ranges, s.sources.shard_rows)))
+                    layout = layouts.pop(g)
                     pool = self.pools[g] = _Pool(
                         layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
                     )
@@ -383,14 +402,24 @@ class Reader:
                 for k in range(len(layout.lo)):
                     yield pool, k
 
+    def _layout_batch(self, g: int) -> range:
+        """Pool ``g`` and the pools after it that are laid out with it: up to ``LAYOUT_WINDOWS`` windows
+        (a pool of large shards alone, dozens of pools of small symbols' shards together)."""
+        sizes = np.cumsum((self.plan.pool_to - self.plan.pool_from)[g : g + 64])
+        return range(g, g + max(int(np.searchsorted(sizes, LAYOUT_WINDOWS, side="right")), 1))
+
     def _arena(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
         same). On the CPU each is a memory map of its own: only the decoded blocks' pages are
-        resident, and a dropped pool's pages go back to the OS at once."""
+        resident, and a dropped pool's pages go back to the OS at once; a small one (a pool of
+        small symbols' shards) comes from the heap, which the next pools reuse without a new map
+        and its page faults."""
         s = self.spec
 
         def make(cols: int) -> torch.Tensor:
             if not self.cuda:
+                if rows * cols * 4 < SMALL_ARENA:
+                    return torch.from_numpy(np.empty((rows, cols), np.float32))
                 return torch.from_numpy(mapped((rows, cols), np.float32, huge=False))
             assert self.gather_stream is not None  # made with CUDA
             with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
@@ -417,14 +446,15 @@ class Reader:
             self.upcoming = None
             return True
         nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
-        if not force and self.used + nbytes > self.capacity:
-            return False
+        here = self.executor is None or (nbytes <= SMALL_BLOCK and self.small_read < FAST_READ)
+        if not force and (self.used + nbytes > self.capacity or (here and self.executor is not None)):
+            return False  # a block this thread reads itself is read when a run needs it, not ahead
         self.upcoming = None
         self.used += nbytes
         pool.nbytes += nbytes
         pool.submitted += 1
         future = None
-        if self.executor is None:
+        if here or self.executor is None:
             self._decode(pool, k)
         else:
             future = self.executor.submit(self._decode, pool, k)
@@ -455,7 +485,10 @@ class Reader:
         resident block is then decoded for every later pass, even if this one stops early)."""
         if self.stop.is_set():
             raise _Stopped
+        t0 = time.perf_counter()
         self._read(pool, k)
+        if int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes <= SMALL_BLOCK:
+            self.small_read = min(time.perf_counter() - t0, 1.5 * self.small_read)  # a race only blurs it
         if pool.todo is not None:
             self.resident.done[int(pool.todo[k])] = True  # type: ignore[union-attr]
 
