@@ -308,7 +308,16 @@ def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path,
     together = build_cache(files, tmp_path / "together.zarr", **opts)
     assert calls["_merge_plain"] and calls["_merge_one"]  # both kinds are in the build
     assert together.manifest.counts.dropped["duplicate timestamp"] > 30  # e's 30, and a/c's shared bars
-    monkeypatch.setattr(merge, "_plain", lambda job, spills: (np.arange(len(job.runs)), np.full(len(job.symbols), -1)))
+    real_plain = merge._plain
+    monkeypatch.setattr(
+        merge,
+        "_plain",
+        lambda job, spills: (
+            np.arange(len(job.runs)),
+            np.full(len(job.symbols), -1),
+            np.zeros(len(job.runs), np.int64),
+        ),
+    )
     calls["_merge_plain"] = 0
     alone = build_cache(files, tmp_path / "alone.zarr", **opts)
     assert calls["_merge_plain"] == 0
@@ -316,6 +325,22 @@ def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path,
     assert _files(tmp_path / "together.zarr") == _files(tmp_path / "alone.zarr")
     same = {"created": "", "elapsed_s": 0.0}
     assert together.manifest.replace(**same) == alone.manifest.replace(**same)
+
+    # a stretch holds at most PLAIN_BYTES of rows: a longer symbol merges alone, one run at a time
+    monkeypatch.setattr(merge, "_plain", real_plain)
+    monkeypatch.setattr(merge, "PLAIN_BYTES", 4_000)
+    held: list[int] = []
+    plain = merge._merge_plain
+
+    def spy(job, lo, hi, *rest):
+        held.append(int(job.runs["n"][int(job.bounds[lo]) : int(job.bounds[hi])].sum()))
+        return plain(job, lo, hi, *rest)
+
+    monkeypatch.setattr(merge, "_merge_plain", spy)
+    bounded = build_cache(files, tmp_path / "bounded.zarr", **opts)
+    assert held and max(held) <= 4_000 // 28  # rows of 28 bytes at the least (ts and 5 float32 columns)
+    assert compare_caches(bounded, alone) == []
+    assert _files(tmp_path / "bounded.zarr") == _files(tmp_path / "alone.zarr")
 
 
 @settings(max_examples=60, deadline=None)

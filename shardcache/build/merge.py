@@ -26,7 +26,9 @@ from .compute import Spills, cluster_path
 from .scan import Scanned, Stage, run_path
 from .tasks import pack
 
-__all__ = ["MergeJob", "Merged", "MergedBatch", "merge_symbols", "place_clusters"]
+__all__ = ["PLAIN_BYTES", "MergeJob", "Merged", "MergedBatch", "merge_symbols", "place_clusters"]
+
+PLAIN_BYTES = 32 << 20  # bytes of rows a stretch of plain symbols holds at once (``_merge``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,14 +205,19 @@ def _merge(job: MergeJob) -> MergedBatch:
     symbols of one schema (``_plain``) in one pass (``_merge_plain``), any other symbol by itself
     (``_merge_one``)."""
     spills = Spills()
-    order, kind = _plain(job, spills)
+    order, kind, row_bytes = _plain(job, spills)
+    # a stretch holds its rows at once: only symbols, and stretches, of up to PLAIN_BYTES (a long
+    # symbol merges alone, one cluster at a time, so a build's memory stays flat in the bars)
+    nbytes = np.add.reduceat(job.runs["n"][order] * row_bytes[order], job.bounds[:-1]) if len(order) else order
+    kind[nbytes > PLAIN_BYTES] = -1
     parts: list[MergedBatch] = []
     with contextlib.closing(_ClusterFiles(job.staging, job.index)) as files:
         j = 0
         while j < len(job.symbols):
-            k = j + 1
+            k, held = j + 1, int(nbytes[j])
             if kind[j] >= 0:
-                while k < len(job.symbols) and kind[k] == kind[j]:
+                while k < len(job.symbols) and kind[k] == kind[j] and held + int(nbytes[k]) <= PLAIN_BYTES:
+                    held += int(nbytes[k])
                     k += 1
                 parts.append(_merge_plain(job, j, k, order, spills, files))
             else:
@@ -219,19 +226,21 @@ def _merge(job: MergeJob) -> MergedBatch:
     return MergedBatch.join(job.index, parts)
 
 
-def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray]:
+def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The order of ``job.runs`` by symbol, then as ``_clusters`` orders a symbol's runs (time, then input
-    order); and each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number). A
-    symbol is plain when no two of its runs overlap in time (each is a cluster of its own, sorted by
-    the scan), all have one schema and none carries instrument ids (a DBN input's, cut at rolls)."""
+    order); each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number); and each
+    run's bytes a row (its schema's fixed widths, 8 for any other column). A symbol is plain when no two
+    of its runs overlap in time (each is a cluster of its own, sorted by the scan), all have one schema
+    and none carries instrument ids (a DBN input's, cut at rolls)."""
     runs, n_sym = job.runs, len(job.symbols)
     starts = job.bounds[:-1]
     sym = np.repeat(np.arange(n_sym), np.diff(job.bounds))
     files, at = np.unique(runs[["file", "piece"]], return_inverse=True)
     schemas: list[pa.Schema] = []
-    ids = []
+    ids, widths = [], []
     for f in files:
         schema = spills.rows(run_path(job.staging, f), 0, 0).schema.remove_metadata()
+        widths.append(sum(max(t.bit_width // 8, 1) if pa.types.is_primitive(t) else 8 for t in schema.types))
         same = next((i for i, x in enumerate(schemas) if x.equals(schema)), None)
         if same is None:
             schemas.append(schema)
@@ -244,7 +253,7 @@ def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray]:
     srt, ssym = runs[order], sym[order]
     # sorted by start, a symbol's runs overlap nowhere if none starts before the one before it ends
     kind[ssym[1:][(srt["ts_min"][1:] <= srt["ts_max"][:-1]) & (ssym[1:] == ssym[:-1])]] = -1
-    return order, kind
+    return order, kind, np.asarray(widths, dtype=np.int64)[at.reshape(-1)]
 
 
 def _merge_plain(
