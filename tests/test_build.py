@@ -251,14 +251,11 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.parent != root}
 
 
-def test_tasks_of_many_symbols_change_no_stored_byte(tmp_path, monkeypatch):
-    """Symbols and shards batched into tasks (consecutive ones up to a shard's rows; a batch of float64
-    symbols beside float32 ones, a big symbol's last shard beside small symbols' shards, which reads a
-    leading bar) store the same bytes as one task per symbol and per shard, with the default features,
-    z-scored over a train split."""
+def _mixed_files(tmp_path: Path) -> list[Path]:
+    """Four Parquet files of twelve symbols, long and short, float64 beside float32, two pairs overlapping."""
     big = {"A0": 5_000, "A1": 100, "A2": 200, "A3": 3_000, "A4": 50, "A5": 70}
     small = {"B0": 30, "B1": 10, "B2": 20, "B3": 30, "B4": 4_100, "B5": 90}
-    files = [
+    return [
         _ohlcv_parquet(tmp_path / f"{name}.parquet", lengths, dtype, start, seed)
         for name, lengths, dtype, start, seed in (
             ("a", big, np.float64, 0, 1),
@@ -267,6 +264,14 @@ def test_tasks_of_many_symbols_change_no_stored_byte(tmp_path, monkeypatch):
             ("d", small, np.float32, 1, 4),
         )
     ]
+
+
+def test_tasks_of_many_symbols_change_no_stored_byte(tmp_path, monkeypatch):
+    """Symbols and shards batched into tasks (consecutive ones up to a shard's rows; a batch of float64
+    symbols beside float32 ones, a big symbol's last shard beside small symbols' shards, which reads a
+    leading bar) store the same bytes as one task per symbol and per shard, with the default features,
+    z-scored over a train split."""
+    files = _mixed_files(tmp_path)
     opts = {"shard_rows": 2048, "chunk_rows": 256, "split": "train=0.8,val=0.1,test=0.1", "progress": False}
     batched = build_cache(files, tmp_path / "batched.zarr", **opts)
     alone = lambda sizes, limit: [(i, i + 1) for i in range(len(sizes))]
@@ -282,17 +287,7 @@ def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path,
     and carry no instrument ids) gives each symbol what merging it alone gives: rows, duplicates dropped
     (the last in input order wins), segments cut at gaps and splits, cluster files, tail and counts;
     with symbols whose runs overlap (merged alone) between them, float64 beside float32 ones."""
-    big = {"A0": 5_000, "A1": 100, "A2": 200, "A3": 3_000, "A4": 50, "A5": 70}
-    small = {"B0": 30, "B1": 10, "B2": 20, "B3": 30, "B4": 4_100, "B5": 90}
-    files = [
-        _ohlcv_parquet(tmp_path / f"{name}.parquet", lengths, dtype, start, seed)
-        for name, lengths, dtype, start, seed in (
-            ("a", big, np.float64, 0, 1),
-            ("b", small, np.float32, 0, 2),
-            ("c", big, np.float64, 1, 3),
-            ("d", small, np.float32, 1, 4),
-        )
-    ]
+    files = _mixed_files(tmp_path)
     dups = pq.read_table(_ohlcv_parquet(tmp_path / "e.parquet", {"C0": 400, "C1": 40}, np.float32, 5, 5))
     again = dups.slice(10, 30)  # the same bars later in the file, other values: these win
     again = again.set_column(5, "close", pa.compute.multiply(again["close"], pa.scalar(2.0, pa.float32())))
