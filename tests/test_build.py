@@ -311,6 +311,7 @@ def test_plain_symbols_merged_together_equal_symbols_merged_one_by_one(tmp_path,
             np.arange(len(job.runs)),
             np.full(len(job.symbols), -1),
             np.zeros(len(job.runs), np.int64),
+            np.zeros(len(job.runs), np.int64),
         ),
     )
     calls["_merge_plain"] = 0
@@ -450,3 +451,47 @@ def test_info_command_prints_summary(small_sample, tmp_path):
     assert r.returncode == 0 and "windows" in r.stdout and "seq_len 30" in r.stdout and "log_return" in r.stdout
     j = json.loads(run_cli("info", str(tmp_path / "c.zarr"), "--json", prog="shardcache").stdout)
     assert j["windows"] == valid_ranges(open_cache(tmp_path / "c.zarr"), 60).total()
+
+
+def test_cluster_files_are_written_in_equal_batches_and_change_no_stored_byte(tmp_path, monkeypatch):
+    """A symbol spread over many input files (more than ``PLAIN_FILES``) merges one cluster at a time, and
+    its small clusters are written in record batches of equal rows (``BATCH_ROWS``), not one a cluster:
+    a later task reads only the batches holding its shard's rows. Any batch size stores the same bytes."""
+    files = [
+        _ohlcv_parquet(tmp_path / f"day{s:02d}.parquet", {"X": 200, "Y": 200}, np.float32, s, s) for s in range(40)
+    ]
+    opts = {"shard_rows": 2048, "chunk_rows": 256, "progress": False}
+    adds, batches = [0], []
+    add, new_file = merge._ClusterFiles.add, merge.ipc.new_file
+
+    def counted_add(self, table):
+        adds[0] += 1
+        return add(self, table)
+
+    class Counted:
+        def __init__(self, writer, per):
+            self.writer, self.per, self.mine = writer, per, []
+            batches.append(self.mine)
+
+        def write_table(self, table):
+            self.mine.append((table.num_rows, self.per))
+            self.writer.write_table(table)
+
+        def close(self):
+            self.writer.close()
+
+    def counted(sink, schema):  # every Arrow file of the build; cluster files say their BATCH_ROWS
+        per = (schema.metadata or {}).get(merge.BATCH_ROWS)
+        return new_file(sink, schema) if per is None else Counted(new_file(sink, schema), int(per))
+
+    monkeypatch.setattr(merge._ClusterFiles, "add", counted_add)
+    monkeypatch.setattr(merge.ipc, "new_file", counted)
+    monkeypatch.setattr(merge, "BATCH_BYTES", 28 * 1000)  # rows of 28 bytes (ts and 5 float32 columns)
+    together = build_cache(files, tmp_path / "together.zarr", **opts)
+    assert adds[0] == 80  # 40 clusters a symbol: each symbol's runs are more than PLAIN_FILES
+    assert batches and sum(map(len, batches)) <= 16 + len(batches)  # 16,000 rows in 1,000-row batches
+    assert all(n == per == 1000 for f in batches for n, per in f[:-1])
+    monkeypatch.setattr(merge, "BATCH_BYTES", 28 * 7)  # batch ends inside most shards and clusters
+    seven = build_cache(files, tmp_path / "seven.zarr", **opts)
+    assert compare_caches(together, seven) == []
+    assert _files(tmp_path / "together.zarr") == _files(tmp_path / "seven.zarr")

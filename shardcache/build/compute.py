@@ -32,12 +32,14 @@ from .features import compute_features
 from .tasks import pack
 
 __all__ = [
+    "BATCH_ROWS",
     "ShardWork",
     "Spills",
     "batch_rows",
     "cluster_path",
     "merge_moments",
     "read_arrow",
+    "row_bytes",
     "shard_batches",
     "shard_stats",
     "write_shards",
@@ -78,6 +80,41 @@ def read_arrow(path: str) -> pa.Table:
     return ipc.open_file(pa.memory_map(path, "r")).read_all()
 
 
+BATCH_ROWS = (
+    b"shardcache.rows_per_batch"  # a spill file's schema metadata: every record batch but the last has these rows
+)
+
+
+def row_bytes(schema: pa.Schema) -> int:
+    """Bytes of a row of ``schema``: its fixed widths, 8 for any other column."""
+    return sum(max(t.bit_width // 8, 1) if pa.types.is_primitive(t) else 8 for t in schema.types)
+
+
+class _Spill:
+    """One opened spill file. A file of record batches of equal rows (``BATCH_ROWS``, the merge's
+    cluster files) is read a batch at a time: only the batches a slice needs are paged in."""
+
+    def __init__(self, path: str) -> None:
+        self.reader = ipc.open_file(pa.memory_map(path, "r"))
+        per = (self.reader.schema.metadata or {}).get(BATCH_ROWS)
+        self.per = int(per) if per is not None else 0
+        self.table = None if self.per else self.reader.read_all()
+        self.schema = self.reader.schema.remove_metadata()
+        self.held = (0, -1, pa.Table.from_batches([], schema=self.schema))  # the batches last read: k0, k1, rows
+
+    def rows(self, offset: int, n: int) -> pa.Table:
+        if self.table is not None:
+            return self.table.slice(offset, n)
+        k0, k1 = offset // self.per, min((offset + n - 1) // self.per, self.reader.num_record_batches - 1)
+        if not (self.held[0] <= k0 and k1 <= self.held[1]):  # consecutive small slices share their batch
+            self.held = (
+                k0,
+                k1,
+                pa.Table.from_batches([self.reader.get_batch(k) for k in range(k0, k1 + 1)], self.schema),
+            )
+        return self.held[2].slice(offset - self.held[0] * self.per, n)
+
+
 class Spills:
     """The spill files one task reads, each opened (memory-mapped) once while it is among the last
     ``keep`` read: a batch of small symbols takes many slices of a few files, a big symbol's merge
@@ -85,17 +122,17 @@ class Spills:
 
     def __init__(self, keep: int = 16) -> None:
         self.keep = keep
-        self._tables: collections.OrderedDict[str, pa.Table] = collections.OrderedDict()
+        self._files: collections.OrderedDict[str, _Spill] = collections.OrderedDict()
 
     def rows(self, path: str, offset: int, n: int) -> pa.Table:
         """Rows ``[offset, offset + n)`` of the spill file ``path``."""
-        table = self._tables.pop(path, None)
-        if table is None:
-            table = read_arrow(path)
-            if len(self._tables) >= self.keep:
-                self._tables.popitem(last=False)
-        self._tables[path] = table
-        return table.slice(offset, n)
+        spill = self._files.pop(path, None)
+        if spill is None:
+            spill = _Spill(path)
+            if len(self._files) >= self.keep:
+                self._files.popitem(last=False)
+        self._files[path] = spill
+        return spill.rows(offset, n)
 
 
 def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> pa.Table:

@@ -22,13 +22,25 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import ipc
 
-from .compute import Spills, cluster_path
+from .compute import BATCH_ROWS, Spills, cluster_path, row_bytes
 from .scan import Scanned, Stage, run_path
 from .tasks import pack
 
-__all__ = ["PLAIN_BYTES", "MergeJob", "Merged", "MergedBatch", "merge_symbols", "place_clusters"]
+__all__ = [
+    "BATCH_BYTES",
+    "PLAIN_BYTES",
+    "PLAIN_FILES",
+    "MergeJob",
+    "Merged",
+    "MergedBatch",
+    "merge_symbols",
+    "place_clusters",
+]
 
 PLAIN_BYTES = 32 << 20  # bytes of rows a stretch of plain symbols holds at once (``_merge``)
+BATCH_BYTES = 4 << 20  # bytes of small clusters written as one record batch of a cluster file
+BATCH_TABLES = 16  # clusters written as one record batch at the most
+PLAIN_FILES = 32  # spill files a stretch of plain symbols reads at once (``_merge``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,14 +169,21 @@ class MergedBatch:
 
 class _ClusterFiles:
     """A merge job's cluster spill files: each cluster appended to the open part, a new part when its
-    columns differ (a symbol read from float32 columns beside one read from float64)."""
+    columns differ (a symbol read from float32 columns beside one read from float64). The rows are
+    written in record batches of ``BATCH_BYTES`` (their rows in the file's ``BATCH_ROWS`` metadata),
+    whatever the clusters' sizes, so a task reading a shard's rows pages in those batches only, not
+    a batch header a cluster of thousands of one-day clusters. Clusters waiting to be written are
+    slices of memory-mapped input spill files: every ``BATCH_TABLES`` of them are copied together."""
 
     def __init__(self, staging: str, job: int) -> None:
         self.staging, self.job = staging, job
-        self.part, self.rows = -1, 0
+        self.part, self.rows, self.per = -1, 0, 0
         self._sink: Any = None
         self._writer: Any = None
         self._schema: pa.Schema | None = None
+        self._owned: list[pa.Table] = []  # rows not written yet, in memory of their own
+        self._held: list[pa.Table] = []  # rows not written yet, slices of input files
+        self._waiting = 0
 
     def add(self, table: pa.Table) -> tuple[int, int]:
         """Append ``table``; the part it went to and its first row there."""
@@ -172,15 +191,33 @@ class _ClusterFiles:
         if self._writer is None or not table.schema.equals(self._schema, check_metadata=True):
             self.close()
             self.part, self.rows, self._schema = self.part + 1, 0, table.schema
+            self.per = max(BATCH_BYTES // row_bytes(table.schema), 1)
             self._sink = pa.OSFile(cluster_path(self.staging, self.job, self.part), "wb")
-            self._writer = ipc.new_file(self._sink, table.schema)
-        self._writer.write_table(table)
+            self._writer = ipc.new_file(self._sink, table.schema.with_metadata({BATCH_ROWS: str(self.per)}))
+        self._held.append(table)
+        self._waiting += table.num_rows
+        if len(self._held) >= BATCH_TABLES:
+            self._owned.append(pa.concat_tables(self._held).combine_chunks())
+            self._held = []
+        if self._waiting >= self.per:
+            self._write(final=False)
         at = (self.part, self.rows)
         self.rows += table.num_rows
         return at
 
+    def _write(self, final: bool) -> None:
+        """Write the waiting rows' whole batches (every row if ``final``)."""
+        waiting = pa.concat_tables(self._owned + self._held)
+        n = waiting.num_rows if final else waiting.num_rows // self.per * self.per
+        for at in range(0, n, self.per):
+            self._writer.write_table(waiting.slice(at, self.per).combine_chunks())
+        rest = waiting.slice(n)
+        self._owned, self._held, self._waiting = [], [rest] if rest.num_rows else [], rest.num_rows
+
     def close(self) -> None:
         if self._writer is not None:
+            if self._waiting:
+                self._write(final=True)
             self._writer.close()
             self._sink.close()
             self._writer = self._sink = None
@@ -205,19 +242,26 @@ def _merge(job: MergeJob) -> MergedBatch:
     symbols of one schema (``_plain``) in one pass (``_merge_plain``), any other symbol by itself
     (``_merge_one``)."""
     spills = Spills()
-    order, kind, row_bytes = _plain(job, spills)
-    # a stretch holds its rows at once: only symbols, and stretches, of up to PLAIN_BYTES (a long
-    # symbol merges alone, one cluster at a time, so a build's memory stays flat in the bars)
+    order, kind, row_bytes, file_of = _plain(job, spills)
+    # a stretch holds its rows at once, each a slice of a memory-mapped spill file: only symbols, and
+    # stretches, of up to PLAIN_BYTES read from up to PLAIN_FILES files (a long symbol, or one spread
+    # over many input pieces, merges alone, one cluster at a time: a build's memory stays flat in the bars)
     nbytes = np.add.reduceat(job.runs["n"][order] * row_bytes[order], job.bounds[:-1]) if len(order) else order
-    kind[nbytes > PLAIN_BYTES] = -1
+    kind[(nbytes > PLAIN_BYTES) | (np.diff(job.bounds) > PLAIN_FILES)] = -1
+    read = [set(file_of[order[int(job.bounds[j]) : int(job.bounds[j + 1])]].tolist()) for j in range(len(kind))]
     parts: list[MergedBatch] = []
     with contextlib.closing(_ClusterFiles(job.staging, job.index)) as files:
         j = 0
         while j < len(job.symbols):
-            k, held = j + 1, int(nbytes[j])
+            k, held, seen = j + 1, int(nbytes[j]), read[j]
             if kind[j] >= 0:
-                while k < len(job.symbols) and kind[k] == kind[j] and held + int(nbytes[k]) <= PLAIN_BYTES:
-                    held += int(nbytes[k])
+                while (
+                    k < len(job.symbols)
+                    and kind[k] == kind[j]
+                    and held + int(nbytes[k]) <= PLAIN_BYTES
+                    and len(seen | read[k]) <= PLAIN_FILES
+                ):
+                    held, seen = held + int(nbytes[k]), seen | read[k]
                     k += 1
                 parts.append(_merge_plain(job, j, k, order, spills, files))
             else:
@@ -226,10 +270,10 @@ def _merge(job: MergeJob) -> MergedBatch:
     return MergedBatch.join(job.index, parts)
 
 
-def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The order of ``job.runs`` by symbol, then as ``_clusters`` orders a symbol's runs (time, then input
-    order); each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number); and each
-    run's bytes a row (its schema's fixed widths, 8 for any other column). A symbol is plain when no two
+    order); each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number); each
+    run's bytes a row (its schema's fixed widths, 8 for any other column) and spill file (a number). A symbol is plain when no two
     of its runs overlap in time (each is a cluster of its own, sorted by the scan), all have one schema
     and none carries instrument ids (a DBN input's, cut at rolls)."""
     runs, n_sym = job.runs, len(job.symbols)
@@ -240,7 +284,7 @@ def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.nd
     ids, widths = [], []
     for f in files:
         schema = spills.rows(run_path(job.staging, f), 0, 0).schema.remove_metadata()
-        widths.append(sum(max(t.bit_width // 8, 1) if pa.types.is_primitive(t) else 8 for t in schema.types))
+        widths.append(row_bytes(schema))
         same = next((i for i, x in enumerate(schemas) if x.equals(schema)), None)
         if same is None:
             schemas.append(schema)
@@ -253,7 +297,7 @@ def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.nd
     srt, ssym = runs[order], sym[order]
     # sorted by start, a symbol's runs overlap nowhere if none starts before the one before it ends
     kind[ssym[1:][(srt["ts_min"][1:] <= srt["ts_max"][:-1]) & (ssym[1:] == ssym[:-1])]] = -1
-    return order, kind, np.asarray(widths, dtype=np.int64)[at.reshape(-1)]
+    return order, kind, np.asarray(widths, dtype=np.int64)[at.reshape(-1)], at.reshape(-1)
 
 
 def _merge_plain(
