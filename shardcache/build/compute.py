@@ -99,6 +99,9 @@ class _Spill:
         per = (self.reader.schema.metadata or {}).get(BATCH_ROWS)
         self.per = int(per) if per is not None else 0
         self.table = None if self.per else self.reader.read_all()
+        # what keeping it open may hold: a file read whole (an input piece's runs) is paged in whole,
+        # one read a batch at a time only the batches its task reads
+        self.size = 0 if self.per else os.path.getsize(path)
         self.schema = self.reader.schema.remove_metadata()
         self.held = (0, -1, pa.Table.from_batches([], schema=self.schema))  # the batches last read: k0, k1, rows
 
@@ -117,21 +120,28 @@ class _Spill:
 
 class Spills:
     """The spill files one task reads, each opened (memory-mapped) once while it is among the last
-    ``keep`` read: a batch of small symbols takes many slices of a few files, a big symbol's merge
-    reads hundreds of files once each (and must not hold them all open)."""
+    ``keep`` read and those read whole add up to at most ``keep_bytes``: a batch of small symbols takes
+    many slices of a few files, a big symbol's merge reads hundreds of files once each (and must not
+    hold them all open, nor the pages it read of big ones: a mapped file's pages count in the process's
+    RSS, once per mapping)."""
 
-    def __init__(self, keep: int = 16) -> None:
-        self.keep = keep
+    def __init__(self, keep: int = 16, keep_bytes: int = 32 << 20) -> None:
+        self.keep, self.keep_bytes = keep, keep_bytes
         self._files: collections.OrderedDict[str, _Spill] = collections.OrderedDict()
+        self._bytes = 0
 
     def rows(self, path: str, offset: int, n: int) -> pa.Table:
         """Rows ``[offset, offset + n)`` of the spill file ``path``."""
         spill = self._files.pop(path, None)
         if spill is None:
             spill = _Spill(path)
-            if len(self._files) >= self.keep:
-                self._files.popitem(last=False)
-        self._files[path] = spill
+            self._bytes += spill.size
+        while self._files and (len(self._files) >= self.keep or self._bytes > self.keep_bytes):
+            self._bytes -= self._files.popitem(last=False)[1].size
+        if spill.size <= self.keep_bytes:
+            self._files[path] = spill
+        else:
+            self._bytes -= spill.size
         return spill.rows(offset, n)
 
 

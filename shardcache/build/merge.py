@@ -212,7 +212,9 @@ class _ClusterFiles:
         for at in range(0, n, self.per):
             self._writer.write_table(waiting.slice(at, self.per).combine_chunks())
         rest = waiting.slice(n)
-        self._owned, self._held, self._waiting = [], [rest] if rest.num_rows else [], rest.num_rows
+        if rest.num_rows:  # a copy: a slice would keep its whole input file mapped
+            rest = rest.take(pa.array(np.arange(rest.num_rows)))
+        self._owned, self._held, self._waiting = [rest] if rest.num_rows else [], [], rest.num_rows
 
     def close(self) -> None:
         if self._writer is not None:
