@@ -28,6 +28,7 @@ from .tasks import pack
 
 __all__ = [
     "BATCH_BYTES",
+    "BATCH_TABLES",
     "PLAIN_BYTES",
     "PLAIN_FILES",
     "MergeJob",
@@ -172,7 +173,7 @@ class _ClusterFiles:
     columns differ (a symbol read from float32 columns beside one read from float64). The rows are
     written in record batches of ``BATCH_BYTES`` (their rows in the file's ``BATCH_ROWS`` metadata),
     whatever the clusters' sizes, so a task reading a shard's rows pages in those batches only, not
-    a batch header a cluster of thousands of one-day clusters. Clusters waiting to be written are
+    the header of each of thousands of one-day clusters. Clusters waiting to be written are
     slices of memory-mapped input spill files: every ``BATCH_TABLES`` of them are copied together."""
 
     def __init__(self, staging: str, job: int) -> None:
@@ -244,11 +245,11 @@ def _merge(job: MergeJob) -> MergedBatch:
     symbols of one schema (``_plain``) in one pass (``_merge_plain``), any other symbol by itself
     (``_merge_one``)."""
     spills = Spills()
-    order, kind, row_bytes, file_of = _plain(job, spills)
+    order, kind, widths, file_of = _plain(job, spills)
     # a stretch holds its rows at once, each a slice of a memory-mapped spill file: only symbols, and
     # stretches, of up to PLAIN_BYTES read from up to PLAIN_FILES files (a long symbol, or one spread
     # over many input pieces, merges alone, one cluster at a time: a build's memory stays flat in the bars)
-    nbytes = np.add.reduceat(job.runs["n"][order] * row_bytes[order], job.bounds[:-1]) if len(order) else order
+    nbytes = np.add.reduceat(job.runs["n"][order] * widths[order], job.bounds[:-1]) if len(order) else order
     kind[(nbytes > PLAIN_BYTES) | (np.diff(job.bounds) > PLAIN_FILES)] = -1
     read = [set(file_of[order[int(job.bounds[j]) : int(job.bounds[j + 1])]].tolist()) for j in range(len(kind))]
     parts: list[MergedBatch] = []
@@ -275,9 +276,9 @@ def _merge(job: MergeJob) -> MergedBatch:
 def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The order of ``job.runs`` by symbol, then as ``_clusters`` orders a symbol's runs (time, then input
     order); each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number); each
-    run's bytes a row (its schema's fixed widths, 8 for any other column) and spill file (a number). A symbol is plain when no two
-    of its runs overlap in time (each is a cluster of its own, sorted by the scan), all have one schema
-    and none carries instrument ids (a DBN input's, cut at rolls)."""
+    run's bytes a row (``row_bytes``) and spill file (a number). A symbol is plain when no two of its
+    runs overlap in time (each is a cluster of its own, sorted by the scan), all have one schema and
+    none carries instrument ids (a DBN input's, cut at rolls)."""
     runs, n_sym = job.runs, len(job.symbols)
     starts = job.bounds[:-1]
     sym = np.repeat(np.arange(n_sym), np.diff(job.bounds))
