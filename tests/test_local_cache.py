@@ -53,19 +53,21 @@ def _fetch_all(directory: str, limit: int | None, names: list[int], size: int, l
         t.join()
 
 
-def test_each_object_is_fetched_once_by_the_processes_that_want_it_at_once(tmp_path):
-    names, log = list(range(24)), str(tmp_path / "downloads")
-    procs = [
-        _CTX.Process(
-            target=_fetch_all, args=(str(tmp_path / "c"), None, names[::-1] if p % 2 else names, 1000, log, 0.02)
-        )
-        for p in range(4)
-    ]
+def _fetch_in_processes(args: list[tuple]) -> None:
+    """``_fetch_all`` in a process of its own for each of ``args``, all at once; each must exit 0."""
+    procs = [_CTX.Process(target=_fetch_all, args=a) for a in args]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
+
+
+def test_each_object_is_fetched_once_by_the_processes_that_want_it_at_once(tmp_path):
+    names, log = list(range(24)), str(tmp_path / "downloads")
+    _fetch_in_processes(
+        [(str(tmp_path / "c"), None, names[::-1] if p % 2 else names, 1000, log, 0.02) for p in range(4)]
+    )
     downloads = Path(log).read_text().split()
     assert sorted(map(int, downloads)) == names  # 4 processes x 2 threads wanted each; one fetched it
     assert LocalCache(tmp_path / "c").stored_bytes() == shard_bytes(tmp_path / "c") == 24 * 1000
@@ -74,17 +76,9 @@ def test_each_object_is_fetched_once_by_the_processes_that_want_it_at_once(tmp_p
 def test_the_shard_files_stay_under_the_limit_while_processes_fill_it(tmp_path):
     folder, limit, size = tmp_path / "c", 10_500, 1000
     with peak_bytes(folder) as peak:
-        procs = [
-            _CTX.Process(
-                target=_fetch_all, args=(str(folder), limit, list(range(p * 10, p * 10 + 40)), size, os.devnull, 0)
-            )
-            for p in range(3)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
+        _fetch_in_processes(
+            [(str(folder), limit, list(range(p * 10, p * 10 + 40)), size, os.devnull, 0) for p in range(3)]
+        )
     assert 0 < peak[0] <= limit
     kept = shard_bytes(folder)
     assert kept == LocalCache(folder, limit).stored_bytes() <= limit
