@@ -55,7 +55,7 @@ WATCH = {
     "os.replace / rename": ("~", "<built-in method posix.replace>"),
     "Arrow spill of a scanned piece": ("build/scan.py", "_spill"),
     "Arrow spill of a merged cluster": ("build/merge.py", "add"),
-    "Arrow spill read_arrow": ("build/compute.py", "read_arrow"),
+    "Arrow spill files opened (_Spill; Spills, one a task)": ("build/compute.py", "__init__"),
     "staging marker _write_marker": ("build/staging.py", "_write_marker"),
     "staging marker _read_marker": ("build/staging.py", "_read_marker"),
     "release_memory (per task)": ("build/tasks.py", "release_memory"),

@@ -38,7 +38,6 @@ __all__ = [
     "batch_rows",
     "cluster_path",
     "merge_moments",
-    "read_arrow",
     "row_bytes",
     "shard_batches",
     "shard_stats",
@@ -75,14 +74,8 @@ class ShardWork:
     first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 
-def read_arrow(path: str) -> pa.Table:
-    """A spilled Arrow IPC file, memory-mapped."""
-    return ipc.open_file(pa.memory_map(path, "r")).read_all()
-
-
-BATCH_ROWS = (
-    b"shardcache.rows_per_batch"  # a spill file's schema metadata: every record batch but the last has these rows
-)
+# a spill file's schema metadata: every record batch but the last holds these rows
+BATCH_ROWS = b"shardcache.rows_per_batch"
 
 
 def row_bytes(schema: pa.Schema) -> int:
