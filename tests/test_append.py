@@ -46,11 +46,9 @@ def _shard_files(cache: Path) -> dict[str, tuple[int, int, bytes]]:
     out = {}
     for group in sorted((cache / "symbols").iterdir()):
         for array in ("features", "time"):
-            for root, _, names in os.walk(group / array / "c"):
-                for name in names:
-                    path = os.path.join(root, name)
-                    st = os.stat(path)
-                    out[os.path.relpath(path, cache)] = (st.st_ino, st.st_mtime_ns, Path(path).read_bytes())
+            for path in (group / array).glob("c.*"):
+                st = path.stat()
+                out[str(path.relative_to(cache))] = (st.st_ino, st.st_mtime_ns, path.read_bytes())
     return out
 
 
@@ -128,14 +126,14 @@ def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):
     last = {s: int(table[sym == s][-1, 0]) for s in np.unique(sym)}  # each symbol's last shard
     partial = {s: sh for s, sh in last.items() if table[table[:, 0] == sh][0, 2] % cache.shard_rows}
     expected = sorted(cache.shard_key(sh, a) for sh in partial.values() for a in ("features", "time"))
-    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c/<local>...
+    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c.<local>...
     after_cache = append_cache(files[-1:], out, progress=False)  # `cache` is the one before: its arrays are gone
     after = _shard_files(out)
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == expected and len(partial) == len(cache.symbols)
     assert all(after[k][0] == before[k][0] for k in before if k not in changed)  # the same files, not copies
     new = set(after) - set(before)
-    assert new and all(int(k.split("/")[4]) > last_local[int(k.split("/")[1])] for k in new)
+    assert new and all(int(k.split("/")[3].split(".")[1]) > last_local[int(k.split("/")[1])] for k in new)
     record = after_cache.history()["appends"][-1]
     assert record["shards_rewritten"] == len(partial) and record["shards_written"] == len(new) // 2
     assert verify_cache(out).ok
@@ -177,7 +175,7 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     assert verify_cache(out).ok and n_windows(cache, 60) == 2 * (150 - 61 + 1)  # TINY gives none at 60
     assert n_windows(cache, 5) == 2 * (150 - 6 + 1) + (10 - 6 + 1)
     assert main(["ls", str(out)]) == 0
-    assert "symbols/1/features/c/0/0" in capsys.readouterr().out  # NQM4's first
+    assert "symbols/1/features/c.0.0" in capsys.readouterr().out  # NQM4's first
     xr = pytest.importorskip("xarray")
     ds = xr.open_zarr(out, group="symbols/1", consolidated=False)  # the new symbol, as plain xarray sees it
     assert ds.features.dims == ("time", "feature") and ds.features.shape == (150, cache.n_features)
@@ -314,7 +312,7 @@ def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, mon
     def full(work, shards):
         calls.append(shards)
         if len(calls) == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "features/c/x/0")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "features/c.x.0")
         return real(work, shards)
 
     monkeypatch.setattr(append_mod, "write_shards", full)

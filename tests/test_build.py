@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
+import types
 from pathlib import Path
 
 import databento_dbn as dbn
@@ -453,6 +455,41 @@ def test_info_command_prints_summary(small_sample, tmp_path):
     assert j["windows"] == valid_ranges(open_cache(tmp_path / "c.zarr"), 60).total()
 
 
+def test_a_merge_task_opens_each_run_file_once_and_reads_its_batches(tmp_path, monkeypatch):
+    """The scan's run files are record batches of equal rows (``BATCH_ROWS``): a merge task reading a
+    few rows of each of its many symbols keeps each file open once and reads only their batches, where a
+    file read whole and too big to keep was opened again for every symbol (1,566 openings at 2,000
+    symbols). Any batch size stores the same bytes."""
+    path = _ohlcv_parquet(tmp_path / "in.parquet", {f"S{i:03d}": 40 for i in range(120)}, np.float64, 0, 1)
+    opts = {"shard_rows": 1024, "chunk_rows": 128, "progress": False}
+    whole = build_cache([path], tmp_path / "whole.zarr", **opts)
+    opened: collections.Counter[str] = collections.Counter()
+    batches: list[tuple[int, int]] = []
+    init = compute._Spill.__init__
+
+    def counting(self, spill):
+        init(self, spill)
+        if os.path.basename(os.path.dirname(spill)) == "runs":
+            opened[spill] += 1
+            batches[:] = [(self.per, self.reader.get_batch(k).num_rows) for k in range(self.reader.num_record_batches)]
+
+    tasks, merge_one = [0], merge._merge
+
+    def counted(job):
+        tasks[0] += 1
+        return merge_one(job)
+
+    monkeypatch.setattr(compute._Spill, "__init__", counting)
+    monkeypatch.setattr(merge, "_merge", counted)
+    monkeypatch.setattr(scan, "_SPILL_ROWS", 1000)
+    monkeypatch.setattr(merge, "Spills", functools.partial(compute.Spills, keep_bytes=1))  # nothing read whole kept
+    small = build_cache([path], tmp_path / "small.zarr", **opts)
+    assert tasks[0] > 1 and list(opened.values()) == [tasks[0]]  # the one run file, once a task (24 symbols each)
+    assert batches[:-1] == [(1000, 1000)] * 4 and batches[-1] == (1000, 800)  # 4,800 rows
+    assert compare_caches(whole, small) == []
+    assert _files(tmp_path / "whole.zarr") == _files(tmp_path / "small.zarr")
+
+
 def test_cluster_files_are_written_in_equal_batches_and_change_no_stored_byte(tmp_path, monkeypatch):
     """A symbol spread over many input files (more than ``PLAIN_FILES``) merges one cluster at a time, and
     its small clusters are written in record batches of equal rows (``BATCH_ROWS``), not one a cluster:
@@ -480,12 +517,11 @@ def test_cluster_files_are_written_in_equal_batches_and_change_no_stored_byte(tm
         def close(self):
             self.writer.close()
 
-    def counted(sink, schema):  # every Arrow file of the build; cluster files say their BATCH_ROWS
-        per = (schema.metadata or {}).get(merge.BATCH_ROWS)
-        return new_file(sink, schema) if per is None else Counted(new_file(sink, schema), int(per))
+    def counted(sink, schema):  # the merge's cluster files (the only Arrow files merge.py writes)
+        return Counted(new_file(sink, schema), int(schema.metadata[merge.BATCH_ROWS]))
 
     monkeypatch.setattr(merge._ClusterFiles, "add", counted_add)
-    monkeypatch.setattr(merge.ipc, "new_file", counted)
+    monkeypatch.setattr(merge, "ipc", types.SimpleNamespace(new_file=counted))
     monkeypatch.setattr(merge, "BATCH_BYTES", 28 * 1000)  # rows of 28 bytes (ts and 5 float32 columns)
     together = build_cache(files, tmp_path / "together.zarr", **opts)
     assert adds[0] == 80  # 40 clusters a symbol: each symbol's runs are more than PLAIN_FILES

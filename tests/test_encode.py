@@ -14,7 +14,7 @@ from zarr.storage import MemoryStore
 
 from shardcache.format.decode import ShardDecoder, decode_chunk
 from shardcache.format.encode import encode_chunk, encode_shard
-from shardcache.format.layout import CODECS, TIME_ATTRS, chunk_codec, compressors
+from shardcache.format.layout import CHUNK_KEYS, CODECS, TIME_ATTRS, chunk_codec, compressors
 from shardcache.format.metadata import group_document, indented_json, symbol_documents, zarr_objects
 
 
@@ -34,6 +34,7 @@ def _zarr_objects(data: np.ndarray, ts: np.ndarray, shard_rows: int, chunk_rows:
         compressors=compressors(codec),
         fill_value=np.nan,
         dimension_names=("time", "feature"),
+        chunk_key_encoding=CHUNK_KEYS,
     )
     times = g.create_array(
         "time",
@@ -44,6 +45,7 @@ def _zarr_objects(data: np.ndarray, ts: np.ndarray, shard_rows: int, chunk_rows:
         fill_value=0,
         dimension_names=("time",),
         attributes=dict(TIME_ATTRS),
+        chunk_key_encoding=CHUNK_KEYS,
     )
     for s in range(0, len(data), shard_rows):
         feats[s : s + shard_rows] = data[s : s + shard_rows]
@@ -79,9 +81,9 @@ def test_shards_and_time_chunks_equal_zarrs_bit_for_bit(codec, case):
     feats, times = chunk_codec(codec), chunk_codec("zstd")
     for k, s in enumerate(range(0, len(data), shard_rows)):
         got = encode_shard(data[s : s + shard_rows], shard_rows, chunk_rows, feats)
-        assert got == want.get(f"symbols/0/features/c/{k}/0"), k  # None where zarr stored nothing
+        assert got == want.get(f"symbols/0/features/c.{k}.0"), k  # None where zarr stored nothing
         stamps = encode_chunk(ts[s : s + shard_rows], shard_rows, 0, times)
-        assert stamps == want[f"symbols/0/time/c/{k}"]
+        assert stamps == want[f"symbols/0/time/c.{k}"]
         back = decode_chunk(stamps, times, np.int64, (shard_rows,))
         np.testing.assert_array_equal(back[: len(ts[s : s + shard_rows])], ts[s : s + shard_rows])
     docs = symbol_documents(data.shape[1], shard_rows, chunk_rows, codec)
@@ -97,17 +99,17 @@ def test_the_decoder_reads_back_what_the_encoder_wrote(tmp_path):
     docs = symbol_documents(3, 256, 64, "blosc-lz4")
     codec = chunk_codec("blosc-lz4")
     for k, s in enumerate(range(0, 700, 256)):
-        path = tmp_path / "features" / "c" / str(k) / "0"
-        path.parent.mkdir(parents=True)
+        path = tmp_path / "features" / f"c.{k}.0"
+        path.parent.mkdir(exist_ok=True)
         path.write_bytes(encode_shard(data[s : s + 256], 256, 64, codec))
     dec = ShardDecoder.from_metadata(zarr.storage.LocalStore(tmp_path), "features", docs.features_metadata(700))
     np.testing.assert_array_equal(dec.read(256, 700), data[256:])
     np.testing.assert_array_equal(dec.read(0, 64), data[:64])
-    other = tmp_path / "other" / "c" / "0" / "0"  # another symbol of the same layout: ``like``, no metadata read
+    other = tmp_path / "other" / "c.0.0"  # another symbol of the same layout: ``like``, no metadata read
     other.parent.mkdir(parents=True)
     other.write_bytes(encode_shard(data[300:400], 256, 64, codec))
     twin = dec.like("other", 100)
-    assert (twin.n_rows, twin.key(0)) == (100, "other/c/0/0") and dec.n_rows == 700
+    assert (twin.n_rows, twin.key(0)) == (100, "other/c.0.0") and dec.n_rows == 700
     np.testing.assert_array_equal(twin.read(0, 100), data[300:400])
 
 

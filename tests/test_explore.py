@@ -47,7 +47,7 @@ def test_shards_lists_every_shard_of_every_symbol(cache_path, source):
         assert s.symbol == cache.symbols[s.symbol_id] and s.group == cache.manifest.groups[s.symbol_id]
         n, ts = COUNTS[s.symbol], source[s.symbol].ts
         a, b = s.shard * SHARD, min((s.shard + 1) * SHARD, n)
-        assert (s.key, s.start, s.stop, s.rows) == (f"{s.group}/features/c/{s.shard}/0", a, b, b - a)
+        assert (s.key, s.start, s.stop, s.rows) == (f"{s.group}/features/c.{s.shard}.0", a, b, b - a)
         assert (s.first_ts, s.last_ts) == (ts[a], ts[b - 1])
         assert s.stored_bytes == file_size(cache_path, s.key)
         assert s.raw_bytes == (b - a) * 2 * 4 and s.ratio == pytest.approx(s.raw_bytes / s.stored_bytes)
@@ -57,7 +57,7 @@ def test_shards_lists_every_shard_of_every_symbol(cache_path, source):
         os.path.getsize(os.path.join(d, f))
         for d, _, fs in os.walk(cache_path)
         for f in fs
-        if f"{os.sep}features{os.sep}c{os.sep}" in os.path.join(d, f)
+        if f"{os.sep}features{os.sep}c." in os.path.join(d, f)
     )
     assert sum(s.stored_bytes for s in table) == on_disk
     assert shards(cache_path) == table  # a path works too
@@ -115,7 +115,7 @@ def test_info_counts_windows_per_split_at_read_time(cache_path, seq_len, horizon
     summary = info(cache, seq_len, horizon)
     assert summary["windows_per_split"] == brute_windows(cache, seq_len, horizon)
     assert summary["windows"] == sum(summary["windows_per_split"].values())
-    assert summary["format_version"] == 4 and summary["shards"] == 6 and summary["bars"] == 1256
+    assert summary["format_version"] == 5 and summary["shards"] == 6 and summary["bars"] == 1256
     assert dict(zip(summary["symbols"], summary["bars_per_symbol"])) == COUNTS
 
 
@@ -174,7 +174,7 @@ def test_to_xarray_is_the_datatree_with_labels(cache_path, source):
     xr = pytest.importorskip("xarray")
     cache = open_cache(cache_path)
     tree = to_xarray(cache)
-    assert isinstance(tree, xr.DataTree) and tree.attrs["shardcache"]["format_version"] == 4
+    assert isinstance(tree, xr.DataTree) and tree.attrs["shardcache"]["format_version"] == 5
     for i, (symbol, path) in enumerate(zip(cache.symbols, cache.manifest.groups)):
         node = tree[path]
         assert node.symbol.item() == symbol
@@ -229,12 +229,12 @@ def test_ls_reads_the_root_index_and_names_its_damage_in_one_line(cache_path, tm
     broken = str(tmp_path / "broken.zarr")
     shutil.copytree(cache_path, broken)
     group = open_cache(broken).manifest.groups[1]
-    with open(os.path.join(broken, *group.split("/"), "time", "c", "0"), "wb") as fh:
+    with open(os.path.join(broken, *group.split("/"), "time", "c.0"), "wb") as fh:
         fh.write(b"not zstd")
     assert shards(broken) == shards(cache_path)
     assert main(["verify", broken]) == 1
-    assert f"{group}/time/c/0: corrupt (crc32c checksum mismatch" in capsys.readouterr().out
-    index = os.path.join(broken, "shards", "c", "0", "0")
+    assert f"{group}/time/c.0: corrupt (crc32c checksum mismatch" in capsys.readouterr().out
+    index = os.path.join(broken, "shards", "c.0.0")
     with open(index, "r+b") as fh:
         fh.seek(10)
         fh.write(b"\xff\xff")

@@ -47,7 +47,7 @@ def manifest(path: str) -> dict:
 def test_plain_zarr_every_symbol_is_one_dense_array(cache_path, source):
     root = zarr.open_group(cache_path, mode="r")
     m = dict(root.attrs["shardcache"])
-    assert m["format_version"] == 4 and m["complete"] is True
+    assert m["format_version"] == 5 and m["complete"] is True
     assert sorted(m["symbols"]) == sorted(COUNTS) and len(m["groups"]) == len(m["symbols"])
     assert list(root["feature"][...]) == ["x0", "x1", "x2"] == m["feature_names"]
     for symbol, path in zip(m["symbols"], m["groups"]):
@@ -106,8 +106,8 @@ def test_sel_by_time_selects_and_reads_only_the_covering_shards(cache_path, sour
     picked = ds.features.sel(time=slice(pd.Timestamp(ts[a]), pd.Timestamp(ts[b])))
     np.testing.assert_array_equal(picked.values, source["ES"].values[a : b + 1])
     np.testing.assert_array_equal(picked.time.values, ts[a : b + 1].astype("datetime64[ns]"))
-    shards_read = {k for k in store.keys if "/features/c/" in k}
-    assert shards_read == {f"{path}/features/c/1/0", f"{path}/features/c/2/0"}
+    shards_read = {k for k in store.keys if "/features/c." in k}
+    assert shards_read == {f"{path}/features/c.1.0", f"{path}/features/c.2.0"}
     day = pd.Timestamp(ts[0]).strftime("%Y-%m-%d")  # a partial date string selects that day
     one_day = ds.features.sel(time=day)
     assert len(one_day) == int(np.sum(ts.astype("datetime64[ns]").astype("datetime64[D]") == np.datetime64(day)))
@@ -118,7 +118,7 @@ def test_sel_outside_a_deleted_shard_still_loads(cache_path, source, tmp_path):
     shutil.copytree(cache_path, broken)
     m = manifest(broken)
     path, ts = m["groups"][m["symbols"].index("ES")], source["ES"].ts
-    os.remove(os.path.join(broken, *path.split("/"), "features", "c", "0", "0"))
+    os.remove(os.path.join(broken, *path.split("/"), "features", "c.0.0"))
     ds = xr.open_zarr(broken, group=path, consolidated=False)
     later = ds.features.sel(time=slice(pd.Timestamp(ts[SHARD]), None)).values
     np.testing.assert_array_equal(later, source["ES"].values[SHARD:])
@@ -128,7 +128,7 @@ def test_sel_outside_a_deleted_shard_still_loads(cache_path, source, tmp_path):
 def test_open_datatree_opens_the_whole_cache(cache_path, source):
     tree = xr.open_datatree(cache_path, engine="zarr", consolidated=False)
     m = dict(tree.attrs["shardcache"])
-    assert m["format_version"] == 4
+    assert m["format_version"] == 5
     for symbol, path in zip(m["symbols"], m["groups"]):
         node = tree[path]
         assert node.features.shape == (COUNTS[symbol], 3)

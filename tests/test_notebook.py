@@ -62,7 +62,7 @@ def test_notebook_runs_and_draws_its_figures(small_cache, this_python_kernel, mo
     figures = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(figures) >= 4, f"{len(figures)} figures"
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
-    assert f"Cache('{small_cache}'" in text and "symbols/1/features/c/1/0" in text  # symbol 1's second shard
+    assert f"Cache('{small_cache}'" in text and "symbols/1/features/c.1.0" in text  # symbol 1's second shard
 
 
 def test_notebook_builds_a_small_cache_when_there_is_none(tmp_path, this_python_kernel, monkeypatch):

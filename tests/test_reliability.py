@@ -477,7 +477,7 @@ def _disk_full_at_shard_5(monkeypatch):
 
     def full(self, shard, *args):
         if shard == 5:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c/5/0")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c.5.0")
         return real(self, shard, *args)
 
     monkeypatch.setattr(CacheWriter, "write_shard", full)
@@ -487,14 +487,14 @@ def _disk_full_at_shard_5(monkeypatch):
 def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, monkeypatch, capsys):
     real = _disk_full_at_shard_5(monkeypatch)
     out = tmp_path / "c.zarr"
-    with pytest.raises(ShardcacheError, match=r"c/5/0: No space left on device; .* --resume"):
+    with pytest.raises(ShardcacheError, match=r"c\.5\.0: No space left on device; .* --resume"):
         build_cache(files, out, **OPTS)
     assert not out.exists()
     # what a SIGKILL inside a write leaves: a half-written temporary file of the writer (zarr names its own alike)
-    staged = Path(f"{out}.staging") / "cache.zarr" / "symbols" / "0" / "features" / "c" / "5"
+    staged = Path(f"{out}.staging") / "cache.zarr" / "symbols" / "0" / "features"
     staged.mkdir(parents=True, exist_ok=True)
-    (staged / f"0.{'ab' * 16}.partial").write_bytes(b"x" * 70_000)
-    (staged.parents[1] / f"zarr.json.{'cd' * 16}.partial").write_bytes(b"{")  # a document's
+    (staged / f"c.5.0.{'ab' * 16}.partial").write_bytes(b"x" * 70_000)
+    (staged / f"zarr.json.{'cd' * 16}.partial").write_bytes(b"{")  # a document's
     monkeypatch.setattr(CacheWriter, "write_shard", real)
     assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []  # bytes counted too
     assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]

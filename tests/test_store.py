@@ -36,7 +36,7 @@ def _symbol_rows(bars, i):
 def test_each_symbol_is_a_dense_group_plain_zarr_reads(cache, bars):
     g = zarr.open_group(cache.url, mode="r")
     m = g.attrs["shardcache"]
-    assert m["format_version"] == FORMAT_VERSION == 4 and m["complete"]
+    assert m["format_version"] == FORMAT_VERSION == 5 and m["complete"]
     assert m["groups"] == [f"symbols/{i}" for i in range(4)]
     assert list(g["feature"][...]) == ["f0", "f1", "f2"] and g["feature"].metadata.dimension_names == ("feature",)
     for i, path in enumerate(m["groups"]):
@@ -60,17 +60,17 @@ def test_a_symbol_is_its_documents_and_chunks_only(cache):
         mine = [f for f in files if f.startswith(f"symbols/{i}/")]
         assert sorted(mine) == sorted(
             [f"symbols/{i}/zarr.json", f"symbols/{i}/features/zarr.json", f"symbols/{i}/time/zarr.json"]
-            + [f"symbols/{i}/features/c/{k}/0" for k in range(n_shards)]
-            + [f"symbols/{i}/time/c/{k}" for k in range(n_shards)]
+            + [f"symbols/{i}/features/c.{k}.0" for k in range(n_shards)]
+            + [f"symbols/{i}/time/c.{k}" for k in range(n_shards)]
         )
     assert [f for f in files if f.count("/") < 2 or not f.startswith("symbols/")] == [
-        "feature/c/0",
+        "feature/c.0",
         "feature/zarr.json",
-        "segments/c/0/0",
+        "segments/c.0.0",
         "segments/zarr.json",
-        "shard_digests/c/0/0",
+        "shard_digests/c.0.0",
         "shard_digests/zarr.json",
-        "shards/c/0/0",
+        "shards/c.0.0",
         "shards/zarr.json",
         "symbols/zarr.json",
         "zarr.json",
@@ -153,8 +153,8 @@ def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):
 def test_shard_keys_name_real_objects(cache):
     for shard, a, _ in cache.shard_table.tolist():
         i, local = cache.shard_symbol(shard)
-        assert cache.shard_key(shard) == f"symbols/{i}/features/c/{local}/0"
-        assert cache.shard_key(shard, "time") == f"symbols/{i}/time/c/{local}"
+        assert cache.shard_key(shard) == f"symbols/{i}/features/c.{local}.0"
+        assert cache.shard_key(shard, "time") == f"symbols/{i}/time/c.{local}"
         assert cache.shard_exists(shard) and cache.shard_exists(shard, "time")
         assert a == cache.bases[i] + local * SHARD
 
@@ -165,7 +165,7 @@ def test_a_pickled_cache_reopens(cache, bars):
     np.testing.assert_array_equal(copy.read_rows(0, stop), bars.features[:stop])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_old_formats_are_refused_in_one_line(cache, tmp_path, version):
     import shutil
 
@@ -189,5 +189,5 @@ def test_opening_reads_neither_symbol_groups_nor_json_objects(cache, tmp_path, m
         shutil.rmtree(out / "symbols" / str(i))
     c = open_cache(out)  # symbols 1-3 are gone, yet it opens
     assert c.n_bars == cache.n_bars and c.read_rows(0, 2).shape == (2, 3)
-    with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c/0/0\) is missing"):
+    with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c.0.0\) is missing"):
         c.read_rows(int(c.bases[2]), int(c.bases[2]) + 5)

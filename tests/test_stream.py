@@ -392,7 +392,7 @@ def test_close_and_garbage_collection_stop_the_reader(stream_cache):
 def test_reader_error_reaches_the_consumer(tmp_path):
     bars = synthetic_bars(2048, 3, n_symbols=1, seed=0)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=512, chunk_rows=128)
-    shard = os.path.join(tmp_path, "c.zarr", "symbols", "0", "features", "c", "2", "0")
+    shard = os.path.join(tmp_path, "c.zarr", "symbols", "0", "features", "c.2.0")
     data = bytearray(Path(shard).read_bytes())
     data[100:140] = bytes(40)
     Path(shard).write_bytes(bytes(data))

@@ -55,53 +55,53 @@ def test_a_sound_cache_verifies(cache, capsys):
 
 
 def test_flipped_bytes_are_named_by_verify_and_raised_by_readers(cache, capsys):
-    flip(cache / "symbols" / "0" / "features" / "c" / "3" / "0", 0.5)
-    flip(cache / "symbols" / "0" / "features" / "c" / "1" / "0", 0.999)  # in the shard index
-    flip(cache / "symbols" / "0" / "time" / "c" / "2", 0.5)
+    flip(cache / "symbols" / "0" / "features" / "c.3.0", 0.5)
+    flip(cache / "symbols" / "0" / "features" / "c.1.0", 0.999)  # in the shard index
+    flip(cache / "symbols" / "0" / "time" / "c.2", 0.5)
     code, out = run_verify(capsys, cache)
     lines = out.strip().splitlines()
     assert code == 1
-    assert lines[0].startswith("symbols/0/features/c/1/0: corrupt (crc32c checksum mismatch")
-    assert lines[1].startswith("symbols/0/time/c/2: corrupt") and lines[2].startswith(
-        "symbols/0/features/c/3/0: corrupt"
+    assert lines[0].startswith("symbols/0/features/c.1.0: corrupt (crc32c checksum mismatch")
+    assert lines[1].startswith("symbols/0/time/c.2: corrupt") and lines[2].startswith(
+        "symbols/0/features/c.3.0: corrupt"
     )
     assert "3 bad shard(s)" in lines[-1]
     assert verify_cache(cache).bad_shards == [
-        "symbols/0/features/c/1/0",
-        "symbols/0/features/c/3/0",
-        "symbols/0/time/c/2",
+        "symbols/0/features/c.1.0",
+        "symbols/0/features/c.3.0",
+        "symbols/0/time/c.2",
     ]
 
     c = open_cache(cache)
-    with pytest.raises(CacheError, match=r"shard 1 \(symbols/0/features/c/1/0\) is corrupt: crc32c checksum mismatch"):
+    with pytest.raises(CacheError, match=r"shard 1 \(symbols/0/features/c.1.0\) is corrupt: crc32c checksum mismatch"):
         c.read_rows(0, c.region_stop(0))  # one read over all of symbol 0's shards names the first that fails
-    with pytest.raises(CacheError, match=r"shard 3 \(symbols/0/features/c/3/0\) is corrupt"):
+    with pytest.raises(CacheError, match=r"shard 3 \(symbols/0/features/c.3.0\) is corrupt"):
         c.read_rows(3 * SHARD - 10, 4 * SHARD)
     assert np.isfinite(c.read_rows(0, SHARD)).all()  # sound shards still read
-    with pytest.raises(CacheError, match=r"symbols/0/features/c/[13]/0\) is corrupt"):
+    with pytest.raises(CacheError, match=r"symbols/0/features/c.[13].0\) is corrupt"):
         for _ in WindowStream(c, seq_len=30, split="all", batch_size=512, shuffle=False):
             pass
     ds = WindowDataset(c, seq_len=30, split="all")
-    with pytest.raises(CacheError, match=r"symbols/0/features/c/3/0"):
+    with pytest.raises(CacheError, match=r"symbols/0/features/c.3.0"):
         ds[int(np.searchsorted([ds.row(i) for i in range(0, len(ds), 10)], 3 * SHARD + 100)) * 10]
 
 
 def test_missing_and_truncated_shards(cache, capsys):
-    (cache / "symbols" / "0" / "features" / "c" / "2" / "0").unlink()
-    (cache / "symbols" / "0" / "time" / "c" / "4").unlink()
-    shard5 = cache / "symbols" / "0" / "features" / "c" / "5" / "0"
+    (cache / "symbols" / "0" / "features" / "c.2.0").unlink()
+    (cache / "symbols" / "0" / "time" / "c.4").unlink()
+    shard5 = cache / "symbols" / "0" / "features" / "c.5.0"
     shard5.write_bytes(shard5.read_bytes()[:1000])
     code, out = run_verify(capsys, cache)
     assert code == 1
     assert (
-        "symbols/0/features/c/2/0: missing" in out
-        and "symbols/0/time/c/4: missing" in out
-        and "symbols/0/features/c/5/0: corrupt" in out
+        "symbols/0/features/c.2.0: missing" in out
+        and "symbols/0/time/c.4: missing" in out
+        and "symbols/0/features/c.5.0: corrupt" in out
     )
     c = open_cache(cache)
-    with pytest.raises(CacheError, match=r"shard 2 \(symbols/0/features/c/2/0\) is missing"):
+    with pytest.raises(CacheError, match=r"shard 2 \(symbols/0/features/c.2.0\) is missing"):
         c.read_rows(2 * SHARD + 5, 2 * SHARD + 50)  # zarr alone would return NaN here
-    with pytest.raises(CacheError, match="symbols/0/features/c/2/0"):
+    with pytest.raises(CacheError, match="symbols/0/features/c.2.0"):
         WindowDataset(c, seq_len=30, split="all")[int(2.2 * SHARD)]
 
 
@@ -111,7 +111,7 @@ def test_rewritten_rows_fail_their_digest(cache, capsys):
     rows[17, 2] += 1e-3  # valid bytes and checksums, wrong data
     group["symbols/0/features"][6 * SHARD : 7 * SHARD] = rows
     code, out = run_verify(capsys, cache)
-    assert code == 1 and out.startswith("symbols/0/features/c/6/0: rows differ from the digest recorded at build time")
+    assert code == 1 and out.startswith("symbols/0/features/c.6.0: rows differ from the digest recorded at build time")
 
 
 def test_timestamps_and_segment_table(cache, capsys):
@@ -137,14 +137,14 @@ def test_timestamps_and_segment_table(cache, capsys):
     text = [str(p) for p in report.problems]
     shard = (inside - 1) // SHARD
     assert any(
-        t.startswith(f"symbols/0/time/c/{shard}: timestamps not strictly increasing") and f"row {inside}" in t
+        t.startswith(f"symbols/0/time/c.{shard}: timestamps not strictly increasing") and f"row {inside}" in t
         for t in text
     ), text
     assert any(t.startswith(f"segments: 1 gap(s) or overlap(s) in {c.symbols[0]}'s rows") for t in text), text
     assert "segments: split ids outside 0-2" in text
     assert f"segments: {c.symbols[1]}'s segments do not cover its rows 0-{c.bars_per_symbol[1]}" in text
     assert f"segments: 1 empty or reversed segment(s) of {c.symbols[2]}, first at row {index[k, 1]}" in text
-    assert any(t.startswith("shards: row 2 (symbols/0/time/c/2): first and last bar times") for t in text), text
+    assert any(t.startswith("shards: row 2 (symbols/0/time/c.2): first and last bar times") for t in text), text
     assert run_verify(capsys, cache)[0] == 1
 
 
@@ -162,19 +162,19 @@ def test_each_zarr_json_and_shard_size_is_checked_against_the_layout_and_the_roo
     (cache / "symbols" / "1" / "time" / "zarr.json").unlink()
     (cache / "symbols" / "zarr.json").write_text("{")
     text = [str(p) for p in verify_cache(cache).problems]
-    size = (cache / "symbols" / "1" / "features" / "c" / "0" / "0").stat().st_size
+    size = (cache / "symbols" / "1" / "features" / "c.0.0").stat().st_size
     assert text[0].startswith("symbols/zarr.json: unreadable (JSONDecodeError")
     assert (
         "symbols/1/features/zarr.json: differs from the zarr.json build-cache writes for this layout (dimension_names)"
         in text
     )
     assert "symbols/1/time/zarr.json: missing" in text
-    assert f"symbols/1/features/c/0/0: {size:,} bytes, the root index (shards) says {size + 1:,}" in text
+    assert f"symbols/1/features/c.0.0: {size:,} bytes, the root index (shards) says {size + 1:,}" in text
     assert len(text) == 4, text
 
 
 def test_damaged_segment_table_cannot_be_opened(cache, capsys):
-    flip(cache / "segments" / "c" / "0" / "0", 0.5)
+    flip(cache / "segments" / "c.0.0", 0.5)
     with pytest.raises(CacheError, match=r"segment table .* damaged: crc32c checksum mismatch"):
         open_cache(cache)
     assert run_verify(capsys, cache)[0] == 2
@@ -184,4 +184,4 @@ def test_compare_caches(built, cache):
     assert compare_caches(built, cache) == []
     group = zarr.open_group(str(cache), mode="r+")
     group["symbols/0/features"][5, 0] = 0.0
-    assert compare_caches(built, cache) == ["symbols/0/features/c/0/0 differs"]
+    assert compare_caches(built, cache) == ["symbols/0/features/c.0.0 differs"]

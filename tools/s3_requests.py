@@ -8,7 +8,7 @@ the body, so every request a client call made is in the log once that call has r
 That makes a count deterministic, where a timing on loopback is not (and on real S3 each request
 costs a 10-50 ms first byte, so the count is what to compare). A request is counted as one of
 ``KINDS``: by method, and for object GETs and PUTs by key class (``zarr.json`` metadata, ``data``:
-a zarr chunk or shard ``.../c/0/0``, ``other``); a GET of a bucket with a prefix or ``list-type`` is
+a zarr chunk or shard ``.../c.0.0`` or ``.../c/0/0``, ``other``); a GET of a bucket with a prefix or ``list-type`` is
 a ``LIST``; a multi-object delete (``POST ?delete``) is one ``DELETE``.
 
 Two logs: ``RequestLog(path)`` reads the log file of a ``python -m moto.server`` subprocess
@@ -59,7 +59,7 @@ COLUMNS = {
     "other": ("other",),
 }
 _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+(?:\x1b\[[0-9;]*m)*" (\d{3}) ')
-_CHUNK = re.compile(r"(?:^|/)c(?:/\d+)+$")  # zarr v3's default chunk keys: c/0/0
+_CHUNK = re.compile(r"(?:^|/)c(?:[/.]\d+)+$")  # zarr v3's default chunk keys: c/0/0 or c.0.0
 _LIST_QUERY = {"list-type", "prefix", "delimiter", "marker", "continuation-token", "start-after"}
 
 

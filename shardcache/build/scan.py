@@ -24,6 +24,7 @@ from pyarrow import ipc
 from ..errors import ShardcacheError
 from ..format.build_options import BuildOptions
 from .checks import resolve_unmapped
+from .compute import BATCH_ROWS
 from .features import required_columns, resolve_features
 from .sources import Source, expand_inputs, open_sources
 
@@ -139,10 +140,13 @@ def open_inputs(
 
 
 def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
-    """Write ``body``'s rows in ``order`` as one Arrow file, a slice at a time (memory: the piece and a slice)."""
-    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, body.schema) as writer:
+    """Write ``body``'s rows in ``order`` as one Arrow file, a slice at a time (memory: the piece and a slice),
+    in record batches of ``_SPILL_ROWS`` rows (``BATCH_ROWS``): a merge task reads the batches of its
+    symbols only, and keeps the file open across them."""
+    schema = body.schema.with_metadata({BATCH_ROWS: str(_SPILL_ROWS).encode()})
+    with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, schema) as writer:
         for lo in range(0, len(order), _SPILL_ROWS):
-            writer.write_table(body.take(pa.array(order[lo : lo + _SPILL_ROWS])))
+            writer.write_table(body.take(pa.array(order[lo : lo + _SPILL_ROWS])).combine_chunks())
 
 
 @dataclass(kw_only=True)

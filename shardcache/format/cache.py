@@ -486,7 +486,7 @@ class Cache:
         return i, int(shard) - int(self.bases[i]) // self.shard_rows
 
     def shard_key(self, shard: int, array: str = "features") -> str:
-        """Store key of virtual shard ``shard`` of ``array``, e.g. ``symbols/3/features/c/0/0``."""
+        """Store key of virtual shard ``shard`` of ``array``, e.g. ``symbols/3/features/c.0.0``."""
         i, local = self.shard_symbol(shard)
         return chunk_key(i, array, local)
 

@@ -43,6 +43,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.buffer import default_buffer_prototype
 from zarr.storage import FsspecStore, LocalStore
 
+from .layout import CHUNK_KEYS
 from .zarr_adapter import ArrayV3Metadata, sync
 
 if TYPE_CHECKING:
@@ -115,9 +116,13 @@ def _layout(metadata: ArrayV3Metadata) -> dict[str, Any]:
     }
 
 
+_SEP: str = CHUNK_KEYS["separator"]
+
+
 def _default_key(chunk: tuple[int, ...]) -> str:
-    """Zarr v3's default chunk key encoding (``c/3/0``): what ``build-cache`` writes."""
-    return "c/" + "/".join(map(str, chunk))
+    """Zarr v3's default chunk key encoding with ``layout.CHUNK_KEYS``' separator (``c.3.0``): what
+    ``build-cache`` writes."""
+    return "c" + _SEP + _SEP.join(map(str, chunk))
 
 
 def _ranges_work(store: Store) -> bool:
@@ -278,7 +283,7 @@ class ShardDecoder:
         self.space = ""
 
     def key(self, shard: int) -> str:
-        """Store key of shard ``shard``, e.g. ``features/c/3/0``."""
+        """Store key of shard ``shard``, e.g. ``features/c.3.0``."""
         key = self._chunk_key((shard, 0))
         return f"{self.prefix}/{key}" if self.prefix else key
 

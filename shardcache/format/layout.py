@@ -44,6 +44,7 @@ from .zarr_adapter import sync
 
 __all__ = [
     "ATTR",
+    "CHUNK_KEYS",
     "CODECS",
     "FORMAT_VERSION",
     "TIME_ATTRS",
@@ -63,8 +64,11 @@ __all__ = [
     "symbol_chunk_rows",
 ]
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 ATTR = "shardcache"
+# every array's chunk keys: zarr's default encoding with "." (``c.3.0``), so a chunk is a file of its
+# array's folder, not of two more folders (format 4 used "/": six folders a symbol instead of three)
+CHUNK_KEYS: dict[str, Any] = {"name": "default", "separator": "."}
 CODECS = ("blosc-lz4", "zstd", "lz4", "none")
 TIME_ATTRS = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
 
@@ -145,9 +149,10 @@ def group_path(i: int) -> str:
 
 def chunk_key(i: int, array: str, k: int) -> str:
     """Store key of chunk ``k`` of symbol ``i``'s ``array``: ``features`` is chunked in rows only, so its
-    shard ``k`` is ``symbols/<i>/features/c/<k>/0``; ``time``'s chunk is ``symbols/<i>/time/c/<k>``
-    (zarr's default chunk key encoding)."""
-    return f"{group_path(i)}/{array}/c/{int(k)}/0" if array == "features" else f"{group_path(i)}/{array}/c/{int(k)}"
+    shard ``k`` is ``symbols/<i>/features/c.<k>.0``; ``time``'s chunk is ``symbols/<i>/time/c.<k>``
+    (zarr's default chunk key encoding with ``CHUNK_KEYS``' separator)."""
+    sep: str = CHUNK_KEYS["separator"]
+    return f"{group_path(i)}/{array}/c{sep}{int(k)}" + (f"{sep}0" if array == "features" else "")
 
 
 def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:

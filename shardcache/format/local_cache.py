@@ -6,7 +6,7 @@ once into ``DIR`` and every later read of it from there, in any DataLoader worke
 
 * **One file per shard object**, named by its key below a folder per cache (a digest of its URL and
   build, so a rebuilt cache never reads an older one's files) and by the rows the manifest says it
-  holds (``symbols/3/features/c/0/0@300``): an append that grows a symbol's last shard names a new
+  holds (``symbols/3/features/c.0.0@300``): an append that grows a symbol's last shard names a new
   file, so a copy taken before the append is never read for rows it does not have.
 * **Fetched by one, read by all**: a miss takes an exclusive ``flock`` on one of ``LOCKS`` lock files
   (by the name's hash) before it downloads; another process or thread that misses the same object

@@ -283,7 +283,7 @@ class Manifest:
         incomplete format, or a missing field."""
         get = _Reader(doc, url)
         version = get("format_version")
-        if version in (1, 2, 3):
+        if type(version) is int and 1 <= version < FORMAT_VERSION:
             raise CacheError(f"{url}: cache format {version} is no longer read; rebuild it with build-cache")
         if version != FORMAT_VERSION:
             raise CacheError(

@@ -21,7 +21,7 @@ import numpy as np
 import zarr
 from zarr.storage import MemoryStore
 
-from .layout import TIME_ATTRS, compressors, group_path
+from .layout import CHUNK_KEYS, TIME_ATTRS, compressors, group_path
 from .zarr_adapter import ArrayV3Metadata
 
 __all__ = ["SymbolDocuments", "group_document", "indented_json", "symbol_documents", "zarr_objects"]
@@ -115,6 +115,7 @@ class SymbolDocuments:
                 compressors=compressors(codec),
                 fill_value=np.nan,
                 dimension_names=("time", "feature"),
+                chunk_key_encoding=CHUNK_KEYS,
             )
             g.create_array(
                 "time",
@@ -125,6 +126,7 @@ class SymbolDocuments:
                 fill_value=0,
                 dimension_names=("time",),
                 attributes=dict(TIME_ATTRS),
+                chunk_key_encoding=CHUNK_KEYS,
             )
 
         made = zarr_objects(make)

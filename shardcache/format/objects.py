@@ -160,13 +160,8 @@ class Objects:
         """
         if self.root is not None:
             first: dict[bytes, str] = {}
-            made: set[str] = set()
             for key, data in objects.items():
                 path = os.path.join(self.root, key)
-                folder = os.path.dirname(path)
-                if folder not in made:  # a new object's folder is mostly new too: made first, not after a miss
-                    _make_folder(folder)
-                    made.add(folder)
                 source = first.get(data) if share else None
                 if source is not None and _link(source, path):
                     continue

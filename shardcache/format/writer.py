@@ -24,6 +24,7 @@ from .encode import encode_chunk, encode_shard
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
 from .layout import (
     ATTR,
+    CHUNK_KEYS,
     chunk_codec,
     chunk_key,
     compressors,
@@ -50,6 +51,7 @@ def _small(g: zarr.Group, name: str, data: np.ndarray, dims: tuple[str, ...], **
         fill_value=0,
         dimension_names=dims,
         attributes=attrs or None,
+        chunk_key_encoding=CHUNK_KEYS,
     )
     if data.size:
         arr[...] = data
@@ -122,7 +124,7 @@ class CacheWriter:
             g.create_group("symbols")
             names = g.create_array(
                 "feature", shape=(self.n_features,), dtype=str, chunks=(max(self.n_features, 1),),
-                dimension_names=("feature",),
+                dimension_names=("feature",), chunk_key_encoding=CHUNK_KEYS,
             )  # fmt: skip
             if self.n_features:
                 names[...] = np.asarray(self.feature_names, dtype=str)

@@ -3,7 +3,7 @@
 ``verify_cache`` (``shardcache verify CACHE``) reads each of a symbol's objects once, whole (one
 request each on an object store, many at once, a few dozen symbols' worth of bytes at a time, so
 memory stays bounded whatever the cache size), and names every problem by the store key it
-concerns (``symbols/3/features/c/0/0``, ``symbols/3/time/c/0``, ``symbols/3/features/zarr.json``,
+concerns (``symbols/3/features/c.0.0``, ``symbols/3/time/c.0``, ``symbols/3/features/zarr.json``,
 ``segments``, ``shards``):
 
 * a shard object or time chunk that is missing, or that fails to decode: every inner chunk and
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -75,7 +76,7 @@ class VerifyReport:
     @property
     def bad_shards(self) -> list[str]:
         """Keys of the shard objects with a problem, in order."""
-        return sorted({p.key for p in self.problems if "/c/" in p.key}, key=_key_order)
+        return sorted({p.key for p in self.problems if "/c." in p.key}, key=_key_order)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""
@@ -110,8 +111,9 @@ _DAMAGE = (ValueError, RuntimeError, TypeError, KeyError, IndexError)
 
 
 def _key_order(key: str) -> tuple[tuple[int, int, str], ...]:
-    """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``)."""
-    return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in key.split("/"))
+    """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``, ``c.2.0``
+    before ``c.10.0``)."""
+    return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in re.split(r"[/.]", key))
 
 
 class _Fetched(ShardDecoder):
