@@ -1,4 +1,4 @@
-"""The writer's bytes against zarr's own, bit for bit: ``encode`` (shards and time chunks, for every codec,
+"""The writer's bytes against zarr's own, bit for bit: ``encode`` (feature and time shards, for every codec,
 partial last shards and empty inner chunks included) and ``metadata`` (every ``zarr.json`` a symbol has)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.storage import MemoryStore
 
-from shardcache.format.decode import ShardDecoder, decode_chunk
+from shardcache.format.decode import ShardDecoder, decode_shard
 from shardcache.format.encode import encode_chunk, encode_shard
 from shardcache.format.layout import CHUNK_KEYS, CODECS, TIME_ATTRS, chunk_codec, compressors
 from shardcache.format.metadata import group_document, indented_json, symbol_documents, zarr_objects
@@ -40,7 +40,8 @@ def _zarr_objects(data: np.ndarray, ts: np.ndarray, shard_rows: int, chunk_rows:
         "time",
         shape=ts.shape,
         dtype="int64",
-        chunks=(shard_rows,),
+        chunks=(chunk_rows,),
+        shards=(shard_rows,),
         compressors=compressors("zstd"),
         fill_value=0,
         dimension_names=("time",),
@@ -82,9 +83,9 @@ def test_shards_and_time_chunks_equal_zarrs_bit_for_bit(codec, case):
     for k, s in enumerate(range(0, len(data), shard_rows)):
         got = encode_shard(data[s : s + shard_rows], shard_rows, chunk_rows, feats)
         assert got == want.get(f"symbols/0/features/c.{k}.0"), k  # None where zarr stored nothing
-        stamps = encode_chunk(ts[s : s + shard_rows], shard_rows, 0, times)
+        stamps = encode_shard(ts[s : s + shard_rows], shard_rows, chunk_rows, times, fill=0)
         assert stamps == want[f"symbols/0/time/c.{k}"]
-        back = decode_chunk(stamps, times, np.int64, (shard_rows,))
+        back = decode_shard(stamps, shard_rows, chunk_rows, times, np.int64, 0)
         np.testing.assert_array_equal(back[: len(ts[s : s + shard_rows])], ts[s : s + shard_rows])
     docs = symbol_documents(data.shape[1], shard_rows, chunk_rows, codec)
     for key, document in docs.symbol(0, len(data)).items():

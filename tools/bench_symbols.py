@@ -134,7 +134,7 @@ def measure(
     build = json.loads(text)
     sizes = {"symbol": build["symbols"], "shard": build["shards"], "object": _objects(out, options)}
     row = {
-        "build (s)": f"{build['seconds']:.1f}",
+        "build (s)": f"{build['seconds']:.2f}",
         "build (bars/s)": f"{build['bars'] / build['seconds']:,.0f}",
         "stored objects": f"{sizes['object']:,}",
     }

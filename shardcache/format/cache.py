@@ -410,7 +410,7 @@ class Cache:
             self._check_rows(i, "time", arr.shape)
             h.arrays[(i, "time")] = arr
         size = np.ones(len(self.bars_per_symbol), dtype=np.int64)
-        size[syms] = [h.arrays[(i, "time")].chunks[0] for i in syms]
+        size[syms] = [(h.arrays[(i, "time")].shards or h.arrays[(i, "time")].chunks)[0] for i in syms]
         chunk = local // size[sym]
         key = sym * (int(chunk.max()) + 1) + chunk  # one number per (symbol, chunk)
         order = np.argsort(key, kind="stable")

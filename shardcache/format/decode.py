@@ -49,7 +49,7 @@ from .zarr_adapter import ArrayV3Metadata, sync
 if TYPE_CHECKING:
     from .local_cache import LocalCache
 
-__all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk"]
+__all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk", "decode_shard"]
 
 _EMPTY = 2**64 - 1
 _KEEP = 32 << 20  # a thread keeps its read buffer up to this size
@@ -387,7 +387,7 @@ class ShardDecoder:
             raise ChunkError(f"inner chunk {c} could not be decoded: {exc}") from None
 
 
-def decode_chunk(data: bytes, codec: Any | None, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+def decode_chunk(data: bytes | np.ndarray, codec: Any | None, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
     """One chunk as ``encode.encode_chunk`` stores it (``codec``'s bytes and their crc32c), decoded to a
     new ``dtype`` array of ``shape``; ``ChunkError`` when it is damaged."""
     body = _check_crc(np.frombuffer(data, dtype=np.uint8), "the chunk")
@@ -400,3 +400,23 @@ def decode_chunk(data: bytes, codec: Any | None, dtype: Any, shape: tuple[int, .
     except Exception as exc:  # noqa: BLE001 - each codec raises its own kinds on damaged bytes
         raise ChunkError(f"the chunk could not be decoded: {exc}") from None
     return out.astype(dtype, copy=False)
+
+
+def decode_shard(data: bytes, rows: int, chunk_rows: int, codec: Any | None, dtype: Any, fill: Any) -> np.ndarray:
+    """A whole shard object of a 1-D array as ``encode.encode_shard`` stores it (a symbol's ``time``: inner
+    chunks of ``chunk_rows``, each as ``decode_chunk`` reads it, then the index and its crc32c), decoded to
+    ``rows`` values, ``fill`` where the index holds no chunk; ``ChunkError`` when it is damaged."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    n = rows // chunk_rows
+    at = len(raw) - 16 * n - 4  # where the index starts
+    if at < 0:
+        raise ChunkError(f"the shard is {len(raw)} bytes, shorter than its index")
+    index = np.frombuffer(_check_crc(raw[at:], "the shard index"), dtype="<u8").reshape(n, 2)
+    out = np.full(rows, fill, dtype=dtype)
+    for c, (off, size) in enumerate(index.tolist()):
+        if off == _EMPTY:
+            continue
+        if off + size > at:
+            raise ChunkError(f"inner chunk {c} runs past the shard's data")
+        out[c * chunk_rows : (c + 1) * chunk_rows] = decode_chunk(raw[off : off + size], codec, dtype, (chunk_rows,))
+    return out

@@ -77,17 +77,19 @@ def _filled(rows: int, shape: tuple[int, ...], dtype: np.dtype, fill: Any) -> np
     return full
 
 
-def encode_shard(block: np.ndarray, shard_rows: int, chunk_rows: int, codec: Any | None) -> bytes | None:
-    """The shard object of ``block`` (float32 ``(rows, F)``, ``rows <= shard_rows``, the shard's first
-    rows; NaN below them): its encoded inner chunks in order, then the index; None when every inner
-    chunk is empty (zarr then stores no object)."""
-    block = np.ascontiguousarray(block, dtype=np.float32)
+def encode_shard(
+    block: np.ndarray, shard_rows: int, chunk_rows: int, codec: Any | None, fill: Any = np.nan
+) -> bytes | None:
+    """The shard object of ``block`` (the shard's first rows, ``rows <= shard_rows``: float32 ``(rows, F)``
+    features, or int64 ``(rows,)`` bar times; ``fill`` below them): its encoded inner chunks in order,
+    then the index; None when every inner chunk is empty (zarr then stores no object)."""
+    block = np.ascontiguousarray(block)
     n_chunks = shard_rows // chunk_rows
     index = np.full((n_chunks, 2), _EMPTY, dtype="<u8")
     parts: list[bytes] = []
     offset = 0
     for c in range(min(n_chunks, -(-len(block) // chunk_rows))):
-        data = encode_chunk(block[c * chunk_rows : (c + 1) * chunk_rows], chunk_rows, np.nan, codec)
+        data = encode_chunk(block[c * chunk_rows : (c + 1) * chunk_rows], chunk_rows, fill, codec)
         if data is None:
             continue
         parts.append(data)

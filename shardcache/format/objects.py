@@ -17,6 +17,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zarr.abc.store import OffsetByteRequest, Store
@@ -27,11 +28,14 @@ from .layout import gather
 from .paths import check_storage_options, is_url, local_path
 from .zarr_adapter import sync
 
-__all__ = ["STRAY", "Objects"]
+__all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects"]
 
 # what a killed local write leaves: ``<name>.<32 hex digits>.partial`` (zarr's LocalStore names its own the same way)
 STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
+
+FILE_THREADS = min(4, os.cpu_count() or 1)  # threads writing a local cache's many small files
+FILE_BATCH = 1000  # objects a thread of ``put_many`` writes at least
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
@@ -150,27 +154,42 @@ class Objects:
             sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
     def put_many(self, objects: Mapping[str, bytes], limit: int = 64, *, share: bool = False) -> None:
-        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time.
+        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time, locally
+        ``FILE_THREADS`` threads for each ``FILE_BATCH`` objects (mostly kernel time: a new folder, inode
+        and entry each, which run side by side on the cores).
 
-        With ``share``, a local object whose bytes equal an earlier one's of the call is a hard link
+        With ``share``, a local object whose bytes equal an earlier one's of its thread is a hard link
         to that one's file: the same name and bytes without a new inode, which is most of what a file
         costs on a journaling file system (the documents of thousands of symbols of one length are
         a few distinct files). Only for objects always replaced whole, never written in place: the
         ``zarr.json`` documents (this module and zarr's ``LocalStore`` both replace a file by a rename).
         """
         if self.root is not None:
-            first: dict[bytes, str] = {}
-            for key, data in objects.items():
-                path = os.path.join(self.root, key)
-                source = first.get(data) if share else None
-                if source is not None and _link(source, path):
-                    continue
-                _write_file(path, data)
-                if share:
-                    first[data] = path
+            items = list(objects.items())
+            n = max(1, min(FILE_THREADS, len(items) // FILE_BATCH))
+            step = -(-len(items) // n)
+            parts = [items[k : k + step] for k in range(0, len(items), step)]
+            if len(parts) == 1:
+                self._put_files(parts[0], share)
+                return
+            with ThreadPoolExecutor(len(parts), thread_name_prefix="shardcache-files") as pool:
+                list(pool.map(self._put_files, parts, [share] * len(parts)))
             return
         store, buffer = self.store, default_buffer_prototype().buffer
         gather([store.set(key, buffer.from_bytes(data)) for key, data in objects.items()], limit)
+
+    def _put_files(self, items: list[tuple[str, bytes]], share: bool) -> None:
+        """``put_many``'s local objects ``items``, one after the other (see ``share`` there)."""
+        assert self.root is not None
+        first: dict[bytes, str] = {}
+        for key, data in items:
+            path = os.path.join(self.root, key)
+            source = first.get(data) if share else None
+            if source is not None and _link(source, path):
+                continue
+            _write_file(path, data)
+            if share:
+                first[data] = path
 
     def delete(self, key: str) -> None:
         """Remove the object ``key`` if there is one."""

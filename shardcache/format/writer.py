@@ -19,8 +19,8 @@ import numpy as np
 import zarr
 
 from ..errors import CacheError
-from .decode import ShardDecoder, decode_chunk
-from .encode import encode_chunk, encode_shard
+from .decode import ShardDecoder, decode_shard
+from .encode import encode_shard
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
 from .layout import (
     ATTR,
@@ -196,7 +196,7 @@ class CacheWriter:
         raw = self.objects.get_many([chunk_key(i, "time", k)])[chunk_key(i, "time", k)]
         if raw is None:
             raise CacheError(f"{self.url}: {chunk_key(i, 'time', k)} is missing; rebuild the cache")
-        ts = decode_chunk(raw, self._codecs[1], np.int64, (self.shard_rows,))
+        ts = decode_shard(raw, self.shard_rows, int(self.symbol_chunks[i]), self._codecs[1], np.int64, 0)
         s0 = k * self.shard_rows
         return feats, ts[a - s0 : b - s0]
 
@@ -211,7 +211,7 @@ class CacheWriter:
         k = a // self.shard_rows
         chunk_rows = int(self.symbol_chunks[i])
         data = encode_shard(block, self.shard_rows, chunk_rows, self._codecs[0])
-        stamps = encode_chunk(times, self.shard_rows, 0, self._codecs[1])
+        stamps = encode_shard(times, self.shard_rows, chunk_rows, self._codecs[1], fill=0)
         objects = {}
         for key, value in ((chunk_key(i, "features", k), data), (chunk_key(i, "time", k), stamps)):
             if value is None:  # every value the fill value: zarr stores no object

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from ..format.cache import Cache, open_cache
-from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_chunk
+from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_shard
 from ..format.layout import chunk_codec, chunk_key, describe_damage, shard_digest
 from ..format.metadata import SymbolDocuments, symbol_documents
 from ..format.objects import Objects
@@ -254,13 +254,13 @@ class _Checker:
             self.problems.append(Problem(key, f"{size:,} bytes, the root index (shards) says {want:,}"))
 
     def times(self, data: bytes | None, i: int, shard: int, a: int, b: int, prev: int | None) -> int | None:
-        """Shard ``shard``'s ``time`` chunk: decoded, strictly increasing, its ends against the index; its last bar."""
+        """Shard ``shard``'s ``time`` object: decoded, strictly increasing, its ends against the index; its last bar."""
         key, cache = self.cache.shard_key(shard, "time"), self.cache
         if data is None:
             self.problems.append(Problem(key, "missing"))
             return None
         try:
-            ts = decode_chunk(data, self.time_codec, np.int64, (cache.shard_rows,))[: b - a]
+            ts = decode_shard(data, cache.shard_rows, int(self.chunks[i]), self.time_codec, np.int64, 0)[: b - a]
         except ChunkError as exc:
             self.problems.append(Problem(key, f"corrupt ({describe_damage(exc)})"))
             return None
