@@ -233,7 +233,10 @@ def test_ls_reads_the_root_index_and_names_its_damage_in_one_line(cache_path, tm
         fh.write(b"not zstd")
     assert shards(broken) == shards(cache_path)
     assert main(["verify", broken]) == 1
-    assert f"{group}/time/c.0: corrupt (ChunkError: the shard is 8 bytes, shorter than its index)" in capsys.readouterr().out
+    assert (
+        f"{group}/time/c.0: corrupt (ChunkError: the shard is 8 bytes, shorter than its index)"
+        in capsys.readouterr().out
+    )
     index = os.path.join(broken, "shards", "c.0.0")
     with open(index, "r+b") as fh:
         fh.seek(10)

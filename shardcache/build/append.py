@@ -219,19 +219,16 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     lead: dict[int, dict[str, Any]] = {}
     first_new: dict[int, int] = {}
     touched: list[int] = []
-    placed = []
+    placed: list[tuple[Merged, int]] = []
     for i, (m, r0) in grown.items():
         v0 = int(bases[i]) + r0
         if r0:
             lead[v0 - 1] = tails[m.symbol]
             if r0 % shard_rows:
                 first_new[v0 // shard_rows] = v0
-        placed.append(place_clusters(m, v0))
+        placed.append((m, v0))
         touched += range(v0 // shard_rows, (v0 + m.n - 1) // shard_rows + 1)
-    if placed:
-        ids, first_rows, counts = (np.concatenate(parts) for parts in zip(*placed))
-    else:
-        ids, first_rows, counts = np.zeros((0, 2), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    ids, first_rows, counts = place_clusters([m for m, _ in placed], [v0 for _, v0 in placed])
     by_row = np.argsort(first_rows, kind="stable")
     return _Placement(
         symbols=symbols,

@@ -244,15 +244,13 @@ def _place(
 ) -> ShardWork:
     """Lay each symbol's rows out in time order from its first virtual row, build the segment
     table and create the empty cache (or, on a resume, reopen the one already created)."""
-    bases = symbol_bases([m.n for m in merged], shard_rows)
-    placed, segs, seg_split = [], [], []
-    for sym_id, m in enumerate(merged):
-        row = int(bases[sym_id])
-        starts = m.seg_starts + row
-        stops = np.concatenate([starts[1:], [row + m.n]])
-        segs.append(np.stack([np.full(len(starts), sym_id), starts, stops], axis=1))
-        seg_split.append(m.seg_split)
-        placed.append(place_clusters(m, row))
+    n = np.asarray([m.n for m in merged], dtype=np.int64)
+    bases = symbol_bases(n, shard_rows)[:-1]
+    k = np.asarray([len(m.seg_starts) for m in merged], dtype=np.int64)  # segments per symbol
+    starts = np.concatenate([m.seg_starts for m in merged]).astype(np.int64) + np.repeat(bases, k)
+    stops = np.append(starts[1:], 0)  # a segment ends where the next starts, a symbol's last at its end
+    stops[(np.cumsum(k) - 1)[k > 0]] = (bases + n)[k > 0]
+    segs = np.stack([np.repeat(np.arange(len(merged)), k), starts, stops], axis=1)
     fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
     created = staging.load("created") is not None
     if created and not fs.exists(f"{fs_path.rstrip('/')}/{group_path(0)}/features/zarr.json"):
@@ -272,14 +270,14 @@ def _place(
         create=not created,
     )
     staging.save("created", True)
-    ids, first_row, counts = (np.concatenate(parts) for parts in zip(*placed))
+    ids, first_row, counts = place_clusters(merged, bases.tolist())
     return ShardWork(
         staging=staging.root,
         clusters=ids,
         first_row=first_row,
         counts=counts,
-        segments=np.concatenate(segs).astype(np.int64),
-        segment_split=np.concatenate(seg_split).astype(np.int8),
+        segments=segs.astype(np.int64),
+        segment_split=np.concatenate([m.seg_split for m in merged]).astype(np.int8),
         names=inputs.names,
         writer=writer,
         train_split=spec.names.index("train") if "train" in spec.names else None,

@@ -419,12 +419,18 @@ def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> M
     )
 
 
-def place_clusters(m: Merged, row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``m``'s clusters laid out from ``row`` on: ``(job, part, first row)`` ids (``ShardWork.clusters``),
-    first rows, bar counts."""
-    n = len(m.cluster_rows)
-    ids = np.concatenate([np.full((n, 1), m.job, dtype=np.int64), m.cluster_at.reshape(n, 2)], axis=1)
-    return ids, row + np.cumsum(m.cluster_rows) - m.cluster_rows, m.cluster_rows
+def place_clusters(merged: Sequence[Merged], rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The clusters of every symbol of ``merged``, each symbol's laid out from its row of ``rows`` on, all at
+    once: ``(job, part, first row)`` ids (``ShardWork.clusters``), first rows, bar counts."""
+    c = np.asarray([len(m.cluster_rows) for m in merged], dtype=np.int64)
+    if not c.sum():
+        return np.zeros((0, 3), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    counts = np.concatenate([m.cluster_rows for m in merged]).astype(np.int64)
+    at = np.concatenate([m.cluster_at.reshape(-1, 2) for m in merged]).astype(np.int64)
+    ids = np.column_stack([np.repeat(np.asarray([m.job for m in merged], dtype=np.int64), c), at])
+    before = np.concatenate([[0], np.cumsum(counts)])  # a symbol's cluster i starts before[i] - before[its first]
+    first = np.repeat(np.asarray(rows, dtype=np.int64) - before[np.cumsum(c) - c], c) + before[:-1]
+    return ids, first, counts
 
 
 def _drop_runs(paths: Sequence[str]) -> None:

@@ -26,11 +26,23 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import OffsetByteRequest
+from zarr.buffer import default_buffer_prototype
 
 from ..errors import CacheError
-from .decode import ChunkError, MissingShard, ShardDecoder
+from .decode import ChunkError, MissingShard, ShardDecoder, decode_shard
 from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
-from .layout import ATTR, chunk_key, describe_damage, gather, node_array, node_group, open_group, symbol_bases
+from .layout import (
+    ATTR,
+    chunk_codec,
+    chunk_key,
+    describe_damage,
+    gather,
+    node_array,
+    node_group,
+    open_group,
+    symbol_bases,
+)
 from .local_cache import LocalCache
 from .manifest import Manifest
 from .paths import is_url, local_path, probe, read_options
@@ -386,32 +398,17 @@ class Cache:
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
         """Bar start times (int64 ns since the epoch) of virtual rows.
 
-        Reads only the chunks of the symbols' ``time`` arrays that hold ``rows`` (concurrently),
-        and keeps the last ``TIME_CHUNKS`` of them: a stream with ``meta=True`` reads each chunk
+        Reads only the shards of the symbols' ``time`` arrays that hold ``rows`` (concurrently, each whole:
+        no ``zarr.json``), and keeps the last ``TIME_CHUNKS`` of them: a stream with ``meta=True`` reads each
         about once an epoch, and memory stays bounded whatever the cache's length.
         """
         sym, local = self.locate(rows)
         out = np.empty(sym.shape, dtype=np.int64)
         if not out.size:
             return out
-        h, group = self.handles, async_group(self.handles.group)
-
-        opened: dict[int, zarr.Array[Any]] = {}
-
-        async def open_time(i: int) -> None:  # the symbols' time arrays are opened concurrently
-            node = await group.getitem(f"{self.manifest.groups[i]}/time")
-            if not isinstance(node, zarr.AsyncArray):
-                raise CacheError(f"{self.url}: {self.groups[i]}/time is a group, not an array; rebuild the cache")
-            opened[i] = zarr.Array(node)
-
-        syms = np.unique(sym).tolist()
-        gather([open_time(i) for i in syms if (i, "time") not in h.arrays])
-        for i, arr in opened.items():
-            self._check_rows(i, "time", arr.shape)
-            h.arrays[(i, "time")] = arr
-        size = np.ones(len(self.bars_per_symbol), dtype=np.int64)
-        size[syms] = [(h.arrays[(i, "time")].shards or h.arrays[(i, "time")].chunks)[0] for i in syms]
-        chunk = local // size[sym]
+        size = int(self.manifest.layout.shard_rows)  # a symbol's time is sharded as its features: a shard's
+        chunk = local // size  # bar times are one object, read whole (one request, and one file read: an
+        # append's swap of the cache between two ranged reads of one object cannot mix old and new bytes)
         key = sym * (int(chunk.max()) + 1) + chunk  # one number per (symbol, chunk)
         order = np.argsort(key, kind="stable")
         first = np.flatnonzero(np.diff(key[order], prepend=-1))  # each group's first place in ``order``
@@ -422,14 +419,24 @@ class Cache:
         with self._times_lock:
             have = {(i, c): self._times[(i, c)] for i, c, _ in groups if (i, c) in self._times}
 
+        root, prototype, codec = self.handles.group.store_path, default_buffer_prototype(), chunk_codec("zstd")
+
         async def load(i: int, c: int) -> None:
-            arr = h.arrays[(i, "time")]
-            part = slice(c * int(size[i]), min((c + 1) * int(size[i]), arr.shape[0]))
-            have[(i, c)] = np.asarray(await arr.async_array.getitem(part), dtype=np.int64)
+            key = f"{root.path}/{chunk_key(i, 'time', c)}" if root.path else chunk_key(i, "time", c)
+            buf = await root.store.get(key, prototype=prototype, byte_range=OffsetByteRequest(0))
+            if buf is None:
+                raise CacheError(f"{self.url}: {chunk_key(i, 'time', c)} is missing; rebuild the cache")
+            try:
+                ts = decode_shard(buf.to_bytes(), size, int(self.symbol_chunks[i]), codec, np.int64, 0)
+            except ChunkError as exc:
+                raise CacheError(
+                    f"{self.url}: {chunk_key(i, 'time', c)} is corrupt ({describe_damage(exc)}); rebuild the cache"
+                ) from None
+            have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
 
         gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
         for i, c, where in groups:
-            out[where] = have[(i, c)][local[where] - c * int(size[i])]
+            out[where] = have[(i, c)][local[where] - c * size]
         with self._times_lock:
             for i, c, _ in groups:
                 self._times[(i, c)] = have[(i, c)]
