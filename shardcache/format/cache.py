@@ -434,7 +434,11 @@ class Cache:
                 ) from None
             have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
 
-        gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
+        try:
+            gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
+        except CacheError:
+            self.check_same()  # a cache swapped during the reads: "replaced", not damaged
+            raise
         for i, c, where in groups:
             out[where] = have[(i, c)][local[where] - c * size]
         with self._times_lock:
@@ -478,6 +482,7 @@ class Cache:
             block = self._decoder(i).read(start - base, stop - base, out)
         except (MissingShard, ChunkError) as exc:
             assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
+            self.check_same()  # a swap between an index and its chunks' reads: "replaced", not damaged
             shard = base // self.shard_rows + exc.shard
             problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
             raise CacheError(
