@@ -19,12 +19,21 @@ On S3 it also counts every request each of these processes made, from the server
 10-50 ms first byte), and prints them by kind (GET zarr.json, GET data, PUT, LIST, HEAD, DELETE) per
 symbol, per shard and per stored object in a second table.
 
+With ``--rounds R`` the local steps run R times, the layouts in turn, each build into a folder of its own
+(nothing is deleted before the end), and each local figure is the median of its R rounds.
+
 Prints a markdown table, one column per layout and store, and the ratio of each layout to the last
 (fewest symbols) in the same store.
+
+On ext4 without a journal (this project's machines), a new inode skips every inode deleted in the last
+one to six minutes (the kernel's ``recently_deleted``): a many-symbol build run soon after many files were
+deleted (this tool's own cleanup of a previous run, a test run) is several times slower, all of it kernel
+time. Run it on a file system that has been left alone for a few minutes, and not twice in a row.
 
 Usage::
 
     python tools/bench_symbols.py [--bars 600000] [--symbols 2000,4] [--features 16] [--stores local,s3]
+        [--rounds 1]
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -161,6 +171,20 @@ def measure(
     return row, counts, sizes
 
 
+def _median(rows: list[dict[str, str]]) -> dict[str, str]:
+    """Each figure's median over ``rows`` (one per round), written as the first round wrote it."""
+    out = {}
+    for key, first in rows[0].items():
+        try:
+            values = [float(r[key].replace(",", "")) for r in rows]
+        except ValueError:
+            out[key] = first
+            continue
+        decimals = len(first.split(".", 1)[1]) if "." in first else 0
+        out[key] = f"{statistics.median(values):{',' if ',' in first else ''}.{decimals}f}"
+    return out
+
+
 def _ratio(x: str, y: str) -> str:
     try:
         a, b = float(x.replace(",", "")), float(y.replace(",", ""))
@@ -202,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--stores", default="local,s3", help="comma-separated: local, s3 (a moto server)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="local: the layouts measured in turn this many times; medians shown"
+    )
     args = parser.parse_args(argv)
     symbol_counts = [int(n) for n in args.symbols.split(",")]
 
@@ -220,23 +247,31 @@ def main(argv: list[str] | None = None) -> int:
             )
             layouts[f"{n:,} x {args.bars // n:,}"] = (str(files[0]), n)
         moto = Moto(os.path.join(work, "moto.log")) if "s3" in stores else None
+        local: dict[str, list[dict[str, str]]] = {label: [] for label in layouts}
+        remote: dict[str, dict[str, str]] = {}
         try:
-            for label, (src, n) in layouts.items():
-                if "local" in stores:
-                    columns[f"{label}, local"], _, _ = measure(src, os.path.join(work, f"{n}.zarr"), None, env)
-                if moto:
-                    import s3fs
+            for r in range(args.rounds):  # the layouts in turn; every build into a folder of its own
+                for label, (src, n) in layouts.items():
+                    if "local" in stores:
+                        row, _, _ = measure(src, os.path.join(work, f"{n}-{r}.zarr"), None, env)
+                        local[label].append(row)
+                        print(f"{label}, local, round {r + 1}", json.dumps(row), file=sys.stderr, flush=True)
+                    if moto and r == 0:  # request counts do not vary: one round
+                        import s3fs
 
-                    bucket = f"bench-{n}-{uuid.uuid4().hex[:8]}"
-                    s3fs.S3FileSystem(**moto.options).mkdir(bucket)
-                    name = f"{label}, S3 (moto)"
-                    columns[name], counts, sizes = measure(src, f"s3://{bucket}/c.zarr", moto.options, env, moto)
-                    requests[label] = (counts, sizes)
-                for column in list(columns)[-len(stores) :]:  # as they come: a later failure keeps them
-                    print(column, json.dumps(columns[column]), file=sys.stderr, flush=True)
+                        bucket = f"bench-{n}-{uuid.uuid4().hex[:8]}"
+                        s3fs.S3FileSystem(**moto.options).mkdir(bucket)
+                        remote[label], counts, sizes = measure(src, f"s3://{bucket}/c.zarr", moto.options, env, moto)
+                        requests[label] = (counts, sizes)
+                        print(f"{label}, S3 (moto)", json.dumps(remote[label]), file=sys.stderr, flush=True)
         finally:
             if moto:
                 moto.stop()
+    for label in layouts:
+        if "local" in stores:
+            columns[f"{label}, local"] = _median(local[label])
+        if moto:
+            columns[f"{label}, S3 (moto)"] = remote[label]
     names = list(columns)
     rows = list(dict.fromkeys(r for c in names for r in columns[c]))
     print(f"{args.bars:,} bars x {args.features} features; symbols x bars per symbol; ratio = layout / last layout\n")
