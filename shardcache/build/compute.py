@@ -84,16 +84,16 @@ def row_bytes(schema: pa.Schema) -> int:
 
 
 class _Spill:
-    """One opened spill file. A file of record batches of equal rows (``BATCH_ROWS``, the merge's
-    cluster files) is read a batch at a time: only the batches a slice needs are paged in."""
+    """One opened spill file. A file of record batches of equal rows (``BATCH_ROWS``: the scan's run files,
+    the merge's cluster files) is read a batch at a time: only the batches a slice needs are paged in."""
 
     def __init__(self, path: str) -> None:
         self.reader = ipc.open_file(pa.memory_map(path, "r"))
         per = (self.reader.schema.metadata or {}).get(BATCH_ROWS)
         self.per = int(per) if per is not None else 0
         self.table = None if self.per else self.reader.read_all()
-        # what keeping it open may hold: a file read whole (an input piece's runs) is paged in whole,
-        # one read a batch at a time only the batches its task reads
+        # what keeping it open holds: a mapped file's pages count in the process's RSS once read, so a file
+        # read whole counts whole, one read a batch at a time the batches read so far
         self.size = 0 if self.per else os.path.getsize(path)
         self.schema = self.reader.schema.remove_metadata()
         self.held = (0, -1, pa.Table.from_batches([], schema=self.schema))  # the batches last read: k0, k1, rows
@@ -103,39 +103,38 @@ class _Spill:
             return self.table.slice(offset, n)
         k0, k1 = offset // self.per, min((offset + n - 1) // self.per, self.reader.num_record_batches - 1)
         if not (self.held[0] <= k0 and k1 <= self.held[1]):  # consecutive small slices share their batch
-            self.held = (
-                k0,
-                k1,
-                pa.Table.from_batches([self.reader.get_batch(k) for k in range(k0, k1 + 1)], self.schema),
-            )
+            batches = [self.reader.get_batch(k) for k in range(k0, k1 + 1)]
+            self.held = (k0, k1, pa.Table.from_batches(batches, self.schema))
+            self.size += sum(b.nbytes for b in batches)
         return self.held[2].slice(offset - self.held[0] * self.per, n)
 
 
 class Spills:
     """The spill files one task reads, each opened (memory-mapped) once while it is among the last
-    ``keep`` read and those read whole add up to at most ``keep_bytes``: a batch of small symbols takes
-    many slices of a few files, a big symbol's merge reads hundreds of files once each (and must not
-    hold them all open, nor the pages it read of big ones: a mapped file's pages count in the process's
-    RSS, once per mapping)."""
+    ``keep`` read and what they hold paged in (``_Spill.size``) adds up to at most ``keep_bytes``: a batch
+    of small symbols takes many slices of a few files, a big symbol's merge reads hundreds of files once
+    each, or one file through (and must hold neither all those files open nor every page it read of them:
+    a mapped file's pages count in the process's RSS, once per mapping)."""
 
     def __init__(self, keep: int = 16, keep_bytes: int = 32 << 20) -> None:
         self.keep, self.keep_bytes = keep, keep_bytes
         self._files: collections.OrderedDict[str, _Spill] = collections.OrderedDict()
-        self._bytes = 0
+        self._bytes = 0  # ``size`` of the files kept
 
     def rows(self, path: str, offset: int, n: int) -> pa.Table:
         """Rows ``[offset, offset + n)`` of the spill file ``path``."""
         spill = self._files.pop(path, None)
         if spill is None:
             spill = _Spill(path)
-            self._bytes += spill.size
-        while self._files and (len(self._files) >= self.keep or self._bytes > self.keep_bytes):
+        else:
+            self._bytes -= spill.size
+        out = spill.rows(offset, n)
+        while self._files and (len(self._files) >= self.keep or self._bytes + spill.size > self.keep_bytes):
             self._bytes -= self._files.popitem(last=False)[1].size
         if spill.size <= self.keep_bytes:
             self._files[path] = spill
-        else:
-            self._bytes -= spill.size
-        return spill.rows(offset, n)
+            self._bytes += spill.size
+        return out
 
 
 def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> pa.Table:
