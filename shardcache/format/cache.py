@@ -26,8 +26,6 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import OffsetByteRequest
-from zarr.buffer import default_buffer_prototype
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder, decode_shard
@@ -45,12 +43,13 @@ from .layout import (
 )
 from .local_cache import LocalCache
 from .manifest import Manifest
+from .objects import get_whole
 from .paths import is_url, local_path, probe, read_options
 from .zarr_adapter import async_group, sync
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
 
-TIME_CHUNKS = 16  # chunks of ``time`` arrays a Cache keeps (LRU): twice the 2 x mix = 8 shards a batch draws from
+TIME_CHUNKS = 16  # shards of ``time`` arrays a Cache keeps (LRU): twice the 2 x mix = 8 shards a batch draws from
 
 
 class NoCacheError(CacheError):
@@ -276,21 +275,6 @@ class Cache:
             arr = h.arrays[(i, name)] = node
         return arr
 
-    def _check_rows(self, i: int, name: str, shape: tuple[int, ...]) -> None:
-        """Refuse to read symbol ``i``'s array ``name`` (``features`` or ``time``) of another shape than the
-        manifest's: a local cache swapped since it was opened, or a damaged one (an object store's may be
-        longer while an append writes it: the rows the manifest counts are the ones stored before)."""
-        self.check_same()
-        n = int(self.bars_per_symbol[i])
-        want = (n, self.n_features) if name == "features" else (n,)
-        growing = is_url(self.url) and shape[0] > n and tuple(shape[1:]) == want[1:]
-        if tuple(shape) != want and not growing:
-            raise CacheError(
-                f"{self.url}: {self.groups[i]}/{name}: shape {tuple(shape)}, manifest says {want} (its zarr.json "
-                f"was edited, or the cache is damaged); `shardcache verify {self.url}` lists every problem; "
-                "rebuild the cache"
-            )
-
     def _decoder(self, i: int) -> ShardDecoder:
         """Symbol ``i``'s shard decoder, made from the manifest (its layout and the symbol's rows) and the root
         index (its inner chunks' rows): no read."""
@@ -419,23 +403,22 @@ class Cache:
         with self._times_lock:
             have = {(i, c): self._times[(i, c)] for i, c, _ in groups if (i, c) in self._times}
 
-        root, prototype, codec = self.handles.group.store_path, default_buffer_prototype(), chunk_codec("zstd")
-
-        async def load(i: int, c: int) -> None:
-            key = f"{root.path}/{chunk_key(i, 'time', c)}" if root.path else chunk_key(i, "time", c)
-            buf = await root.store.get(key, prototype=prototype, byte_range=OffsetByteRequest(0))
-            if buf is None:
-                raise CacheError(f"{self.url}: {chunk_key(i, 'time', c)} is missing; rebuild the cache")
-            try:
-                ts = decode_shard(buf.to_bytes(), size, int(self.symbol_chunks[i]), codec, np.int64, 0)
-            except ChunkError as exc:
-                raise CacheError(
-                    f"{self.url}: {chunk_key(i, 'time', c)} is corrupt ({describe_damage(exc)}); rebuild the cache"
-                ) from None
-            have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
-
+        root, codec = self.handles.group.store_path, chunk_codec("zstd")
+        keys = {(i, c): chunk_key(i, "time", c) for i, c, _ in groups if (i, c) not in have}
+        prefix = f"{root.path}/" if root.path else ""
         try:
-            gather([load(i, c) for i, c, _ in groups if (i, c) not in have])
+            got = get_whole(root.store, [prefix + key for key in keys.values()])
+            for (i, c), key in keys.items():
+                raw = got[prefix + key]
+                if raw is None:
+                    raise CacheError(f"{self.url}: {key} is missing; rebuild the cache")
+                try:
+                    ts = decode_shard(raw, size, int(self.symbol_chunks[i]), codec, np.int64, 0)
+                except ChunkError as exc:
+                    raise CacheError(
+                        f"{self.url}: {key} is corrupt ({describe_damage(exc)}); rebuild the cache"
+                    ) from None
+                have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
         except CacheError:
             self.check_same()  # a cache swapped during the reads: "replaced", not damaged
             raise

@@ -28,7 +28,7 @@ from .layout import gather
 from .paths import check_storage_options, is_url, local_path
 from .zarr_adapter import sync
 
-__all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects"]
+__all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects", "get_whole"]
 
 # what a killed local write leaves: ``<name>.<32 hex digits>.partial`` (zarr's LocalStore names its own the same way)
 STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
@@ -120,6 +120,19 @@ def _read_file(path: str) -> bytes | None:
         return None
 
 
+def get_whole(store: Store, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
+    """The whole objects ``keys`` of ``store`` (None for an absent one): one request each, with an
+    open-ended byte range (one GET from s3fs, one read of a local file), ``limit`` at a time."""
+    proto, out = default_buffer_prototype(), {}
+
+    async def one(key: str) -> None:
+        buf = await store.get(key, prototype=proto, byte_range=OffsetByteRequest(0))
+        out[key] = None if buf is None else buf.to_bytes()
+
+    gather([one(key) for key in keys], limit)
+    return out
+
+
 class Objects:
     """The objects of the cache at ``url``: ``put``/``put_many`` and ``get_many`` by key. Picklable
     (an object store's client is made again in each process)."""
@@ -206,11 +219,4 @@ class Objects:
         keys = list(keys)
         if self.root is not None:
             return {key: _read_file(os.path.join(self.root, key)) for key in keys}
-        store, proto, out = self.store, default_buffer_prototype(), {}
-
-        async def one(key: str) -> None:
-            buf = await store.get(key, prototype=proto, byte_range=OffsetByteRequest(0))
-            out[key] = None if buf is None else buf.to_bytes()
-
-        gather([one(key) for key in keys], limit)
-        return out
+        return get_whole(self.store, keys, limit)

@@ -182,7 +182,7 @@ def _check_document(key: str, data: bytes | None, want: bytes, problems: list[Pr
     expected = json.loads(want)
     if not isinstance(got, dict):
         problems.append(Problem(key, "not a zarr.json document"))
-    elif got.get("shape") != expected.get("shape"):  # named by its array, as a reader names it (Cache._check_rows)
+    elif got.get("shape") != expected.get("shape"):  # named by its array, not its document
         shape, manifest = tuple(got.get("shape") or ()), tuple(expected["shape"])
         problems.append(Problem(key.removesuffix("/zarr.json"), f"shape {shape}, manifest says {manifest}"))
     elif got != expected:
