@@ -183,9 +183,9 @@ def reads(monkeypatch):
     calls = []
     real = Cache.read_rows
 
-    def counted(self, start, stop, out=None):
+    def counted(self, start, stop, out=None, **kw):
         calls.append((start, stop))
-        return real(self, start, stop, out)
+        return real(self, start, stop, out, **kw)
 
     monkeypatch.setattr(Cache, "read_rows", counted)
     return calls

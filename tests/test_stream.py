@@ -281,9 +281,9 @@ def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, 
     monkeypatch.setattr(reader_mod, "FAST_READ", 60.0 if fast else 0.0)
     threads, real = [], Cache.read_rows
 
-    def spy(self, a, b, out=None):
+    def spy(self, a, b, out=None, **kw):
         threads.append(threading.current_thread().name)
-        return real(self, a, b, out)
+        return real(self, a, b, out, **kw)
 
     monkeypatch.setattr(Cache, "read_rows", spy)
     with WindowStream(stream_cache, 10, decoders=2, **kw) as ds:
@@ -311,6 +311,40 @@ def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
         n = sum(len(b.x) for b in ds)
     assert n == ds.read_spec.ranges.total() and len(cache.symbols) == 12
     assert not scans and not copies  # found at opening: once per cache, not once per symbol
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="the OS takes no read-ahead hints")
+def test_an_epoch_asks_the_os_for_its_shard_files_before_reading_them(monkeypatch, tmp_path):
+    """A local cache's shard files are asked of the OS (``POSIX_FADV_WILLNEED``) a batch of pools at a time,
+    before any of them is read, so small symbols' files gone cold in the page cache come from disk together
+    rather than one read at a time (issue 21); the batches are those of an epoch without the hints."""
+    bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
+    want = [b.index for b in WindowStream(cache, 10, split="all", batch_size=16, meta=True)]
+    events, real_hint, real_read = [], os.posix_fadvise, Cache.read_rows
+
+    def hint(fd, offset, length, advice):
+        events.append(("hint", os.fstat(fd).st_ino, advice))
+        return real_hint(fd, offset, length, advice)
+
+    def read(self, a, b, out=None, **kw):
+        events.append(("read", os.stat(tmp_path / "c.zarr" / self.shard_key(a // self.shard_rows)).st_ino, None))
+        return real_read(self, a, b, out, **kw)
+
+    monkeypatch.setattr(os, "posix_fadvise", hint)
+    monkeypatch.setattr(Cache, "read_rows", read)
+    with WindowStream(cache, 10, split="all", batch_size=16, meta=True) as ds:
+        got = [b.index for b in ds]
+    assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
+    reads = [k for kind, k, _ in events if kind == "read"]
+    assert len(set(reads)) > len(cache.symbols)  # shards of every symbol, each a file of its own
+    for i, (kind, ino, advice) in enumerate(events):
+        if kind == "hint":
+            assert advice == os.POSIX_FADV_WILLNEED
+        else:  # every file read was hinted before
+            assert ("hint", ino, os.POSIX_FADV_WILLNEED) in events[:i]
+    hints = [k for kind, k, _ in events if kind == "hint"]
+    assert sorted(set(hints)) == sorted(set(reads)) and len(hints) == len(set(hints))  # each hinted once
 
 
 def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
@@ -361,7 +395,9 @@ def test_window_dataset_matches_stream(monkeypatch, stream_bars, stream_cache):
         assert torch.equal(xi, torch.from_numpy(x[k])) and torch.equal(yi, torch.from_numpy(y[k]))
     calls = []
     real = Cache.read_rows
-    monkeypatch.setattr(Cache, "read_rows", lambda self, a, b: calls.append(a) or real(self, a, b))
+    monkeypatch.setattr(
+        Cache, "read_rows", lambda self, a, b, *rest, **kw: calls.append(a) or real(self, a, b, *rest, **kw)
+    )
     fresh = WindowDataset(stream_cache, 25, horizon=2, split="train")
     for i in range(400):
         fresh[i]

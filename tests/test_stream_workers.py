@@ -151,13 +151,13 @@ def test_reader_decodes_up_to_decoders_blocks_at_once(monkeypatch, stream_cache,
     lock, active, peak = threading.Lock(), [0], [0]
     real = Cache.read_rows
 
-    def slow(self, a, b, out=None):
+    def slow(self, a, b, out=None, **kw):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         try:
             time.sleep(0.05)
-            return real(self, a, b, out)
+            return real(self, a, b, out, **kw)
         finally:
             with lock:
                 active[0] -= 1

@@ -14,8 +14,10 @@ the last run that uses it. A small block (``SMALL_BLOCK``) is read by the gather
 when a run needs it, once small blocks are seen to read in well under a millisecond
 (``FAST_READ``: local files): thousands of small symbols' shards handed to decoders one by one
 cost more in thread switches and GIL hand-overs than their reads (issue 21), while reads that
-wait (object storage) keep going to the decoders, several at once. ``close()`` joins every
-thread it started.
+wait (object storage) keep going to the decoders, several at once. The files of each batch of
+pools laid out together are asked of the OS before any of them is read (``Cache.will_read``), so small
+files gone cold come from disk together; whether any cache was replaced is checked once per pool,
+after its reads (``Cache.check_same``). ``close()`` joins every thread it started.
 
 What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
 columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
@@ -175,6 +177,7 @@ class _Pool:
             self.xn, self.yn = self.x.numpy(), self.y.numpy()
         self.submitted = 0
         self.nbytes = 0
+        self.checked = False  # every block read, and the caches found not replaced since they were opened
         self.pending: list[Future[None]] = []
         self.events: list[Any] = []  # CUDA: one per block copied to the device
         self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
@@ -385,6 +388,9 @@ class Reader:
                     if g not in layouts:
                         ahead = self._layout_batch(g)
                         layouts = dict(zip(ahead, pool_layouts(self.plan, ahead, s.ranges, s.sources.shard_rows)))
+                        # their blocks' files asked of the OS together (``Cache.will_read``)
+                        laid = list(layouts.values())
+                        s.sources.will_read(np.concatenate([x.lo for x in laid]), np.concatenate([x.hi for x in laid]))
                     layout = layouts.pop(g)
                     pool = self.pools[g] = _Pool(
                         layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
@@ -476,6 +482,9 @@ class Reader:
                     raise _Stopped
             future.result()
         pool.pending.clear()
+        if not pool.checked:  # once after the pool's reads, not once per block (``Cache.read_rows``' check)
+            self.spec.sources.check_same()
+            pool.checked = True
         r = self.resident
         if r is not None and self.cuda and pool.blocks is not None:  # copies of this pass or an earlier one
             pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]
@@ -499,14 +508,14 @@ class Reader:
         if not self.cuda:  # numpy only: no torch thread pool
             xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
             if pool.y is pool.x:  # every column: straight into the arena
-                s.sources.read_rows(lo, hi, out=xn)
+                s.sources.read_rows(lo, hi, out=xn, check=False)
                 return
-            arr = s.sources.read_rows(lo, hi)
+            arr = s.sources.read_rows(lo, hi, check=False)
             xn[:] = arr if s.xcols is None else arr[:, s.xcols]
             yn[:] = arr if s.ycols is None else arr[:, s.ycols]
             return
         x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
-        arr = s.sources.read_rows(lo, hi)
+        arr = s.sources.read_rows(lo, hi, check=False)
         hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
         hy = (
             hx

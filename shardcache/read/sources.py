@@ -263,12 +263,25 @@ class Sources:
             raise IndexError(f"row {row} outside the {self.n_rows} rows of the stream's caches")
         return self.caches[k], int(self.row_bounds[k])
 
-    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+    def read_rows(self, start: int, stop: int, out: np.ndarray | None = None, *, check: bool = True) -> np.ndarray:
         """Rows ``[start, stop)`` (inside one symbol of one cache) of its ``features`` (``Cache.read_rows``)."""
         cache, off = self._one(start)
-        if out is None:
-            return cache.read_rows(start - off, stop - off)
-        return cache.read_rows(start - off, stop - off, out)
+        return cache.read_rows(start - off, stop - off, out, check=check)
+
+    def check_same(self) -> None:
+        """``Cache.check_same`` of every cache: none was replaced since it was opened."""
+        for cache in self.caches:
+            cache.check_same()
+
+    def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """``Cache.will_read`` of the row ranges ``[starts[k], stops[k])`` (each inside one symbol of one cache)."""
+        starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        src = self.source_of(starts)
+        for k, cache in enumerate(self.caches):
+            mine = src == k
+            if mine.any():
+                off = int(self.row_bounds[k])
+                cache.will_read(starts[mine] - off, stops[mine] - off)
 
     def region_stop(self, row: int) -> int:
         """End of the rows of the symbol holding ``row``: reads must stop there."""
