@@ -137,17 +137,20 @@ class Spills:
         return out
 
 
-def _cluster(work: ShardWork, spills: Spills, ci: int, offset: int, n: int) -> pa.Table:
-    """Rows ``[offset, offset + n)`` of cluster ``ci``."""
+_Slice = tuple[str, int, int]  # rows ``[offset, offset + n)`` of a spill file: (path, offset, n)
+
+
+def _cluster(work: ShardWork, ci: int, offset: int, n: int) -> _Slice:
+    """Where rows ``[offset, offset + n)`` of cluster ``ci`` are."""
     job, part, first = work.clusters[ci].tolist()
-    return spills.rows(cluster_path(work.staging, job, part), first + offset, n)
+    return cluster_path(work.staging, job, part), first + offset, n
 
 
-def _lead(work: ShardWork, spills: Spills, row: int) -> pa.Table | dict[str, np.ndarray] | None:
-    """The raw bar at ``row``: a one-row slice of its cluster, or a kept tail as one-row columns; None if neither."""
+def _lead(work: ShardWork, row: int) -> _Slice | dict[str, np.ndarray] | None:
+    """The raw bar at ``row``: where it is in its cluster, or a kept tail as one-row columns; None if neither."""
     ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
     if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
-        return _cluster(work, spills, ci, row - int(work.first_row[ci]), 1)
+        return _cluster(work, ci, row - int(work.first_row[ci]), 1)
     tail = work.tails.get(row)
     if tail is None:
         return None
@@ -155,6 +158,16 @@ def _lead(work: ShardWork, spills: Spills, row: int) -> pa.Table | dict[str, np.
         "ts": np.asarray([tail["ts"]], dtype=np.int64),
         **{c: np.asarray([tail[c]], dtype=np.float64) for c in work.read_columns},
     }
+
+
+def _add(parts: list[_Slice | dict[str, np.ndarray]], piece: _Slice | dict[str, np.ndarray]) -> None:
+    """Append ``piece`` to ``parts``, as a longer slice when it goes on where the last slice of the same file
+    ends (a batch of small symbols is a few runs of consecutive rows of a few files, read as such)."""
+    last = parts[-1] if parts else None
+    if isinstance(piece, tuple) and isinstance(last, tuple) and last[0] == piece[0] and sum(last[1:]) == piece[1]:
+        parts[-1] = (last[0], last[1], last[2] + piece[2])
+    else:
+        parts.append(piece)
 
 
 def _columns(
@@ -207,26 +220,27 @@ def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spill
     """Features, timestamps and segment ids of rows ``[a, b)`` of each ``(shard, a, b)`` of ``spans`` (all in
     the clusters), computed in one pass over the batch: each span as it would be alone (with its leading
     row, a segment start at its first row), so the values are those of a shard computed by itself."""
-    pieces: list[pa.Table | dict[str, np.ndarray]] = []
+    parts: list[_Slice | dict[str, np.ndarray]] = []
     rows, firsts, leads, n = [], [], [], 0
     for _, a, b in spans:
-        lead = _lead(work, spills, a - 1) if a > 0 else None
+        lead = _lead(work, a - 1) if a > 0 else None
         if lead is not None:
-            pieces.append(lead)
+            _add(parts, lead)
             leads.append(n)
         firsts.append(n)
-        rows.append(np.arange(a - (lead is not None), b, dtype=np.int64))
-        n += len(rows[-1])
+        rows.append((a - (lead is not None), b))
+        n += b - rows[-1][0]
         ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
         row = a
         while row < b:
             first = int(work.first_row[ci])
             take = min(b, first + int(work.counts[ci])) - row
-            pieces.append(_cluster(work, spills, ci, row - first, take))
+            _add(parts, _cluster(work, ci, row - first, take))
             row += take
             ci += 1
-    ts, cols = _columns(work, pieces)
-    at_rows = np.concatenate(rows)
+    ts, cols = _columns(work, [p if isinstance(p, dict) else spills.rows(*p) for p in parts])
+    lo, hi = np.asarray(rows, dtype=np.int64).reshape(-1, 2).T
+    at_rows = np.arange(n, dtype=np.int64) + np.repeat(lo - (np.cumsum(hi - lo) - (hi - lo)), hi - lo)
     seg = np.searchsorted(work.segments[:, 1], at_rows, side="right") - 1
     starts = np.zeros(n, dtype=bool)
     starts[1:] = seg[1:] != seg[:-1]
@@ -274,22 +288,23 @@ def shard_batches(writer: CacheWriter, shards: Sequence[int]) -> list[list[int]]
 
 def shard_stats(work: ShardWork, shards: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-feature (count, mean, M2) of each shard's train-split rows: one row per shard of ``shards``
-    (the driver merges them shard by shard, as it would one task's each)."""
+    (the driver merges them shard by shard, as it would one task's each), computed for every shard of
+    the batch at once (thousands of small symbols' shards cost one pass, not one each)."""
     rows = batch_rows(work, [(s, *work.writer.shard_bounds(s)) for s in shards], Spills())
-    split = work.segment_split[rows.seg]
-    parts = [_moments(work, rows.feats[rows.of(k)], split[rows.of(k)]) for k in range(len(shards))]
-    n, mean, m2 = (np.stack(x) for x in zip(*parts))
-    return n, mean, m2
-
-
-def _moments(work: ShardWork, feats: np.ndarray, split: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(count, mean, M2) of one shard's train-split rows."""
+    sizes = np.diff(rows.at)
+    keep = np.ones(len(rows.seg), dtype=bool)
     if work.train_split is not None:
-        feats = feats[split == work.train_split]
-    x = feats.astype(np.float64)
-    n = np.full(x.shape[1], len(x), dtype=np.float64)
-    mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
-    m2 = ((x - mean) ** 2).sum(axis=0)
+        keep = work.segment_split[rows.seg] == work.train_split
+    x = rows.feats[keep].astype(np.float64)
+    count = np.bincount(np.repeat(np.arange(len(shards)), sizes)[keep], minlength=len(shards))
+    first = np.cumsum(count) - count  # each shard's first kept row in ``x``
+    some = count > 0
+    mean = np.zeros((len(shards), x.shape[1]))
+    m2 = np.zeros_like(mean)
+    if some.any():  # sums row after row, shard by shard: what ``x.mean(axis=0)`` adds for one shard
+        mean[some] = np.add.reduceat(x, first[some], axis=0) / count[some, None]
+        m2[some] = np.add.reduceat((x - np.repeat(mean, count, axis=0)) ** 2, first[some], axis=0)
+    n = np.repeat(count.astype(np.float64)[:, None], x.shape[1], axis=1)
     return n, mean, m2
 
 
