@@ -68,6 +68,7 @@ class _Handles:
     group: zarr.Group
     arrays: dict[tuple[int, str], zarr.Array[Any]] = field(default_factory=dict)
     decoders: dict[int, ShardDecoder] = field(default_factory=dict)
+    templates: dict[int, ShardDecoder] = field(default_factory=dict)  # by inner-chunk rows: what others copy
     pid: int = field(default_factory=os.getpid)  # fsspec async clients (s3fs) do not survive a fork
 
 
@@ -279,31 +280,35 @@ class Cache:
 
     def _decoder(self, i: int) -> ShardDecoder:
         """Symbol ``i``'s shard decoder, made from the manifest (its layout and the symbol's rows) and the root
-        index (its inner chunks' rows): no read."""
+        index (its inner chunks' rows): no read. The first of each inner-chunk size is made from the layout,
+        the others copy it (``ShardDecoder.like``): a first epoch of 2,000 symbols makes 2,000."""
         h = self.handles
         dec = h.decoders.get(i)
         if dec is None:
             root = h.group.store_path
             group = self.manifest.groups[i]  # not ``groups``: a copy of every symbol's
             path = f"{root.path}/{group}/features" if root.path else f"{group}/features"
-            layout = self.manifest.layout
-            try:
-                dec = ShardDecoder.from_layout(
-                    root.store,
-                    path,
-                    n_rows=int(self.bars_per_symbol[i]),
-                    n_features=self.n_features,
-                    shard_rows=int(layout.shard_rows),
-                    chunk_rows=int(self.symbol_chunks[i]),  # a short symbol's inner chunks are smaller
-                    codec=layout.codec,
-                    local=self.local,
-                    space=self.local_space if self.local is not None else "",
-                )
-            except (ValueError, TypeError) as exc:  # an edited manifest's layout
-                raise CacheError(
-                    f"{self.url}: the manifest's layout cannot be read ({describe_damage(exc)}); rebuild the cache"
-                ) from None
-            h.decoders[i] = dec
+            chunk_rows = int(self.symbol_chunks[i])  # a short symbol's inner chunks are smaller
+            template = h.templates.get(chunk_rows)
+            if template is None:
+                layout = self.manifest.layout
+                try:
+                    template = h.templates[chunk_rows] = ShardDecoder.from_layout(
+                        root.store,
+                        path,
+                        n_rows=int(self.bars_per_symbol[i]),
+                        n_features=self.n_features,
+                        shard_rows=int(layout.shard_rows),
+                        chunk_rows=chunk_rows,
+                        codec=layout.codec,
+                        local=self.local,
+                        space=self.local_space if self.local is not None else "",
+                    )
+                except (ValueError, TypeError) as exc:  # an edited manifest's layout
+                    raise CacheError(
+                        f"{self.url}: the manifest's layout cannot be read ({describe_damage(exc)}); rebuild the cache"
+                    ) from None
+            dec = h.decoders[i] = template.like(path, int(self.bars_per_symbol[i]))
         return dec
 
     # -- manifest views ------------------------------------------------------------------
