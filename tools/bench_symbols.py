@@ -9,7 +9,9 @@ For each layout (``--symbols``, many first), on local disk and on a moto S3 serv
   first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
   each step timed in the process, and the wall time of the whole process (interpreter start included);
 * **epoch**: one whole epoch of that stream through ``loader(0)`` and ``loader(2)`` (two DataLoader
-  workers), seconds inside the process from ``iter`` to the last batch; on S3 also two runs of
+  workers), seconds inside the process from ``iter`` to the last batch; locally also ``loader(0)`` with
+  the cache's files dropped from the page cache first (``POSIX_FADV_DONTNEED`` on each: a cache read
+  long after it was written, or by another node's disk cache gone cold); on S3 also two runs of
   ``loader(2)`` through one named ``cache_dir`` (the node-local shard cache): the first fills it, the
   second (a new process) reads from it;
 * **info / ls / verify**: the wall time of ``python -m shardcache.cli info|ls|verify CACHE``.
@@ -124,6 +126,17 @@ def _objects(out: str, options: dict | None) -> int:
     return len(s3fs.S3FileSystem(**options).find(out))
 
 
+def _drop_from_page_cache(out: str) -> None:
+    """Every file of the local cache ``out`` out of the page cache: the next epoch reads them from disk."""
+    for folder, _, files in os.walk(out):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def measure(
     src: str, out: str, options: dict | None, env: dict[str, str], moto: Moto | None = None
 ) -> tuple[dict[str, str], dict[str, Counts], dict[str, int]]:
@@ -156,6 +169,10 @@ def measure(
     for workers in (0, 2):
         _, text = run(f"epoch, loader({workers})", ["-c", EPOCH, out, opts, str(workers)])
         row[f"epoch, loader({workers}) (s)"] = f"{json.loads(text)['seconds']:.2f}"
+    if options is None and hasattr(os, "posix_fadvise"):
+        _drop_from_page_cache(out)
+        _, text = run("epoch, loader(0), cold", ["-c", EPOCH, out, opts, "0"])
+        row["epoch, loader(0), files not in the page cache (s)"] = f"{json.loads(text)['seconds']:.2f}"
     if moto:
         with tempfile.TemporaryDirectory(prefix="bench-symbols-local-") as folder:
             for when in ("first run", "next run"):
