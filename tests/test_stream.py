@@ -271,7 +271,7 @@ def test_one_zarr_call_per_block(reads, stream_cache):
 @pytest.mark.parametrize("fast", [True, False])
 def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, stream_cache, fast):
     """Decoder threads are for reads that wait (object storage): once small blocks are seen to read in
-    well under FAST_READ, the gather thread reads each itself when a run needs it (issue 21: handing
+    well under FAST_READ, the gather thread reads each itself (issue 21: handing
     thousands of small symbols' shards to decoders cost more in thread switches than the reads), and
     the batches are the same wherever a block was read."""
     import shardcache.read.reader as reader_mod
@@ -294,6 +294,38 @@ def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, 
         assert not here[0] and sum(not h for h in here) <= ds.mix and all(here[ds.mix :])
     else:
         assert not any(here)
+
+
+def test_small_blocks_are_read_ahead_before_a_run_is_handed_over(monkeypatch, tmp_path):
+    """The gather thread reads small blocks of later pools before it hands over the run it gathered, as far as
+    the capacity allows, not only when a run needs them: the consumer is then waiting for the run, not
+    working through batches and wanting the GIL (issue 21: an epoch of 2,000 small symbols 17% faster)."""
+    import shardcache.read.reader as reader_mod
+
+    bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
+    monkeypatch.setattr(reader_mod, "FAST_READ", 60.0)  # every small block read here, however busy the machine
+    events, read, gather = [], reader_mod.Reader._read, reader_mod.Reader._gather
+
+    def reading(self, pool, k):
+        events.append(("read", pool.layout.pool))
+        return read(self, pool, k)
+
+    def gathering(self, run):
+        events.append(("gather", run.pools[-1]))
+        return gather(self, run)
+
+    monkeypatch.setattr(reader_mod.Reader, "_read", reading)
+    monkeypatch.setattr(reader_mod.Reader, "_gather", gathering)
+    with WindowStream(cache, 10, split="all", batch_size=16, decoders=2) as ds:
+        n = sum(len(b.x) for b in ds)
+    assert n == ds.read_spec.ranges.total()
+    gathers = [i for i, e in enumerate(events) if e[0] == "gather"]
+    assert len(gathers) > 4
+    ahead = [
+        any(e[0] == "read" and e[1] > events[i][1] for e in events[:i]) for i in gathers[1:-1]
+    ]  # before a run is gathered, blocks of pools after its own were read
+    assert sum(ahead) >= len(ahead) // 2, events
 
 
 def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
