@@ -299,7 +299,7 @@ def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, 
 def test_small_blocks_are_read_ahead_before_a_run_is_handed_over(monkeypatch, tmp_path):
     """The gather thread reads small blocks of later pools before it hands over the run it gathered, as far as
     the capacity allows, not only when a run needs them: the consumer is then waiting for the run, not
-    working through batches and wanting the GIL (issue 21: an epoch of 2,000 small symbols 17% faster)."""
+    working through batches and wanting the GIL (issue 21)."""
     import shardcache.read.reader as reader_mod
 
     bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)

@@ -16,7 +16,7 @@ thousands of small symbols' shards handed to decoders one by one cost more in th
 GIL hand-overs than their reads (issue 21), while reads that wait (object storage) keep going to
 the decoders, several at once. The gather thread reads them ahead, as far as the capacity allows,
 before it hands over the run it gathered: while the consumer waits for that run rather than while
-it works through batches and wants the GIL (an epoch of 2,000 small symbols 17% faster). The files of each batch of
+it works through batches and wants the GIL (docs/scale-notes.md, section 11). The files of each batch of
 pools laid out together are asked of the OS before any of them is read (``Cache.will_read``), so small
 files gone cold come from disk together; whether any cache was replaced is checked once per pool,
 after its reads (``Cache.check_same``). ``close()`` joins every thread it started.
