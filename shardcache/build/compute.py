@@ -164,7 +164,7 @@ def _add(parts: list[_Slice | dict[str, np.ndarray]], piece: _Slice | dict[str, 
     """Append ``piece`` to ``parts``, as a longer slice when it goes on where the last slice of the same file
     ends (a batch of small symbols is a few runs of consecutive rows of a few files, read as such)."""
     last = parts[-1] if parts else None
-    if isinstance(piece, tuple) and isinstance(last, tuple) and last[0] == piece[0] and sum(last[1:]) == piece[1]:
+    if isinstance(piece, tuple) and isinstance(last, tuple) and last[0] == piece[0] and last[1] + last[2] == piece[1]:
         parts[-1] = (last[0], last[1], last[2] + piece[2])
     else:
         parts.append(piece)
@@ -228,8 +228,8 @@ def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spill
             _add(parts, lead)
             leads.append(n)
         firsts.append(n)
-        rows.append((a - (lead is not None), b))
-        n += b - rows[-1][0]
+        rows.append(a - (lead is not None))  # the span's first row, its lead row if it has one
+        n += b - rows[-1]
         ci = int(np.searchsorted(work.first_row, a, side="right")) - 1
         row = a
         while row < b:
@@ -239,8 +239,8 @@ def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spill
             row += take
             ci += 1
     ts, cols = _columns(work, [p if isinstance(p, dict) else spills.rows(*p) for p in parts])
-    lo, hi = np.asarray(rows, dtype=np.int64).reshape(-1, 2).T
-    at_rows = np.arange(n, dtype=np.int64) + np.repeat(lo - (np.cumsum(hi - lo) - (hi - lo)), hi - lo)
+    at = np.asarray(firsts, dtype=np.int64)  # where each span's rows begin in the batch
+    at_rows = np.arange(n, dtype=np.int64) + np.repeat(np.asarray(rows, dtype=np.int64) - at, np.diff(at, append=n))
     seg = np.searchsorted(work.segments[:, 1], at_rows, side="right") - 1
     starts = np.zeros(n, dtype=bool)
     starts[1:] = seg[1:] != seg[:-1]

@@ -495,10 +495,12 @@ class Cache:
         if self.local is not None or not isinstance(root.store, LocalStore) or not hasattr(os, "posix_fadvise"):
             return
         folder = os.path.join(str(root.store.root), root.path)
-        last = np.maximum(np.asarray(stops, dtype=np.int64) - 1, starts)
-        for shard in spanned_shards(np.asarray(starts, dtype=np.int64), last, self.shard_rows).tolist():
+        starts = np.asarray(starts, dtype=np.int64)
+        shards = spanned_shards(starts, np.maximum(np.asarray(stops, dtype=np.int64) - 1, starts), self.shard_rows)
+        symbol, row = self.locate(shards * self.shard_rows)  # every shard's symbol at once, not one search each
+        for i, k in zip(symbol.tolist(), (row // self.shard_rows).tolist()):
             try:
-                fd = os.open(os.path.join(folder, self.shard_key(shard)), os.O_RDONLY)
+                fd = os.open(os.path.join(folder, chunk_key(i, "features", k)), os.O_RDONLY)
             except OSError:
                 continue  # a missing shard is for its read to report
             try:
