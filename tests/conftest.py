@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from helpers import Bars, make_cache, synthetic_bars
 
-from shardcache.format.cache import Cache
-
 # ---- the two tiers: `pytest -m "not slow"` (make test-fast) and everything (make test, CI) ----
 # A test is slow when it spawns DDP ranks, runs a notebook kernel, measures memory in subprocesses,
 # loops SIGKILLs or needs the S3 server: each costs seconds, and together they were 2/3 of the suite.
@@ -179,13 +177,9 @@ def s3_bucket(s3_endpoint):
 # ---- counting reads (shardcache/format/cache.py) ----------------------------------------------
 @pytest.fixture
 def reads(monkeypatch):
-    """Every ``Cache.read_rows`` call, as ``(start, stop)``."""
+    """Every block a ``Cache`` reads (``read_rows`` or ``read_many``), as ``(start, stop)``."""
+    from helpers.stream import spy_block_reads
+
     calls = []
-    real = Cache.read_rows
-
-    def counted(self, start, stop, out=None, **kw):
-        calls.append((start, stop))
-        return real(self, start, stop, out, **kw)
-
-    monkeypatch.setattr(Cache, "read_rows", counted)
+    spy_block_reads(monkeypatch, lambda cache, start, stop: calls.append((start, stop)))
     return calls

@@ -150,6 +150,39 @@ def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):
         cache.read_rows(a, int(bases[3]) + 1)
 
 
+def test_read_many_reads_what_read_rows_reads_and_checks_once(cache, bars, monkeypatch):
+    """``read_many`` (a reader's group of small blocks) fills each block as ``read_rows`` does, refuses a block
+    outside one symbol before reading any, and checks that the cache was not replaced once after them all."""
+    bases = cache.bases
+    starts = np.array([int(bases[i]) + k for i in range(4) for k in (0, 7)], dtype=np.int64)
+    stops = np.minimum(starts + 40, np.repeat(bases[:4] + cache.bars_per_symbol, 2))
+    outs = [np.full((int(b - a), 3), np.nan, np.float32) for a, b in zip(starts, stops)]
+    checks = []
+    real = type(cache).check_same
+    monkeypatch.setattr(type(cache), "check_same", lambda self: checks.append(1) or real(self))
+    cache.read_many(starts, stops, outs)
+    for a, b, out in zip(starts.tolist(), stops.tolist(), outs):
+        np.testing.assert_array_equal(out, bars.features[a:b])
+    assert len(checks) == 1
+    cache.read_many(starts, stops, outs, check=False)
+    assert len(checks) == 1
+    far = [np.empty((int(bases[3]) + 1 - int(bases[2]) - 10, 3), np.float32)]
+    with pytest.raises(IndexError, match="inside one symbol"):
+        cache.read_many(np.array([int(bases[2]) + 10]), np.array([int(bases[3]) + 1]), far)
+
+
+def test_read_many_names_a_missing_shard(cache, tmp_path):
+    import shutil
+
+    out = tmp_path / "c.zarr"
+    shutil.copytree(cache.url, out)
+    shutil.rmtree(out / "symbols" / "2")
+    c = open_cache(out)
+    a = np.array([0, int(c.bases[2])], dtype=np.int64)
+    with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c.0.0\) is missing"):
+        c.read_many(a, a + 2, [np.empty((2, 3), np.float32), np.empty((2, 3), np.float32)])
+
+
 def test_shard_keys_name_real_objects(cache):
     for shard, a, _ in cache.shard_table.tolist():
         i, local = cache.shard_symbol(shard)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import brute_starts, make_cache, synthetic_bars
-from helpers.stream import rows_of
+from helpers.stream import rows_of, spy_block_reads
 from numpy.lib.stride_tricks import sliding_window_view
 
 import shardcache.read.stream as stream_mod
@@ -279,13 +279,8 @@ def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, 
     kw = dict(split="all", batch_size=16, meta=True, mix=2)
     want = [b.index for b in WindowStream(stream_cache, 10, decoders=0, **kw)]
     monkeypatch.setattr(reader_mod, "FAST_READ", 60.0 if fast else 0.0)
-    threads, real = [], Cache.read_rows
-
-    def spy(self, a, b, out=None, **kw):
-        threads.append(threading.current_thread().name)
-        return real(self, a, b, out, **kw)
-
-    monkeypatch.setattr(Cache, "read_rows", spy)
+    threads = []
+    spy_block_reads(monkeypatch, lambda cache, a, b: threads.append(threading.current_thread().name))
     with WindowStream(stream_cache, 10, decoders=2, **kw) as ds:
         got = [b.index for b in ds]
     assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
@@ -305,19 +300,20 @@ def test_small_blocks_are_read_ahead_before_a_run_is_handed_over(monkeypatch, tm
     bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
     monkeypatch.setattr(reader_mod, "FAST_READ", 60.0)  # every small block read here, however busy the machine
-    events, read, gather = [], reader_mod.Reader._read, reader_mod.Reader._gather
-
-    def reading(self, pool, k):
-        events.append(("read", pool.layout.pool))
-        return read(self, pool, k)
+    events, gather = [], reader_mod.Reader._gather
 
     def gathering(self, run):
         events.append(("gather", run.pools[-1]))
         return gather(self, run)
 
-    monkeypatch.setattr(reader_mod.Reader, "_read", reading)
+    ds = WindowStream(cache, 10, split="all", batch_size=16, decoders=2)
+    plan = ds.plan()  # the pool of each shard, in the pass below
+    pool_of = dict(
+        zip(plan.shards.tolist(), np.repeat(np.arange(len(plan.pool_bounds) - 1), np.diff(plan.pool_bounds)))
+    )
+    spy_block_reads(monkeypatch, lambda c, a, b: events.append(("read", int(pool_of[a // c.shard_rows]))))
     monkeypatch.setattr(reader_mod.Reader, "_gather", gathering)
-    with WindowStream(cache, 10, split="all", batch_size=16, decoders=2) as ds:
+    with ds:
         n = sum(len(b.x) for b in ds)
     assert n == ds.read_spec.ranges.total()
     gathers = [i for i, e in enumerate(events) if e[0] == "gather"]
@@ -326,6 +322,30 @@ def test_small_blocks_are_read_ahead_before_a_run_is_handed_over(monkeypatch, tm
         any(e[0] == "read" and e[1] > events[i][1] for e in events[:i]) for i in gathers[1:-1]
     ]  # before a run is gathered, blocks of pools after its own were read
     assert sum(ahead) >= len(ahead) // 2, events
+
+
+def test_small_blocks_are_read_in_groups_and_checked_once_per_group(monkeypatch, tmp_path):
+    """Small blocks the gather thread reads go to ``Cache.read_many`` many at a time, and the caches are checked
+    for a replacement once per group, not once per pool (issue 21: thousands of small symbols' pools); the
+    batches are those of a reader that reads one block at a time."""
+    import shardcache.read.reader as reader_mod
+
+    bars = synthetic_bars(6000, 3, n_symbols=100, seed=5, shard_rows=128)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
+    kw = dict(split="all", batch_size=16, mix=2)
+    want = [b.x for b in WindowStream(cache, 10, decoders=2, **kw)]
+    monkeypatch.setattr(reader_mod, "FAST_READ", 60.0)  # every small block read here, however busy the machine
+    groups, checks, many, same = [], [], Cache.read_many, Cache.check_same
+    monkeypatch.setattr(
+        Cache, "read_many", lambda self, a, b, outs, **k: groups.append(len(a)) or many(self, a, b, outs, **k)
+    )
+    monkeypatch.setattr(Cache, "check_same", lambda self: checks.append(1) or same(self))
+    with WindowStream(cache, 10, decoders=2, **kw) as ds:
+        got = [b.x for b in ds]
+        pools = len(ds.plan(0).pool_bounds) - 1
+    assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
+    assert pools > 20 and max(groups) > 4 and sum(groups) >= pools  # most blocks read in groups of several
+    assert len(checks) <= len(groups) + ds.mix + 2 < pools  # once per group (and per pool read by the decoders)
 
 
 def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
@@ -353,18 +373,17 @@ def test_an_epoch_asks_the_os_for_its_shard_files_before_reading_them(monkeypatc
     bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
     want = [b.index for b in WindowStream(cache, 10, split="all", batch_size=16, meta=True)]
-    events, real_hint, real_read = [], os.posix_fadvise, Cache.read_rows
+    events, real_hint = [], os.posix_fadvise
 
     def hint(fd, offset, length, advice):
         events.append(("hint", os.fstat(fd).st_ino, advice))
         return real_hint(fd, offset, length, advice)
 
-    def read(self, a, b, out=None, **kw):
+    def read(self, a, b):
         events.append(("read", os.stat(tmp_path / "c.zarr" / self.shard_key(a // self.shard_rows)).st_ino, None))
-        return real_read(self, a, b, out, **kw)
 
     monkeypatch.setattr(os, "posix_fadvise", hint)
-    monkeypatch.setattr(Cache, "read_rows", read)
+    spy_block_reads(monkeypatch, read)
     with WindowStream(cache, 10, split="all", batch_size=16, meta=True) as ds:
         got = [b.index for b in ds]
     assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
@@ -386,13 +405,18 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     with pytest.raises(ValueError, match="memory_budget"):
         WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=need * block - 1)
     peak = []
-    real = stream_mod.Reader._decode
+    real, group = stream_mod.Reader._decode, stream_mod.Reader._read_group
 
     def watched(self, pool, k):
         real(self, pool, k)
         peak.append((self.used, self.capacity))
 
+    def watched_group(self):
+        group(self)
+        peak.append((self.used, self.capacity))
+
     monkeypatch.setattr(stream_mod.Reader, "_decode", watched)
+    monkeypatch.setattr(stream_mod.Reader, "_read_group", watched_group)
     budget = need * block
     n = sum(len(x) for x, _ in WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=budget))
     assert n == ds.plan().n_windows and max(u for u, _ in peak) <= budget

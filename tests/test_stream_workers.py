@@ -15,7 +15,7 @@ from helpers import brute_starts, make_cache, run_helper, synthetic_bars
 from helpers.stream import rows_of
 from torch.utils.data import DataLoader, get_worker_info
 
-from shardcache.format.cache import Cache
+from shardcache.format.decode import ShardDecoder
 from shardcache.read.stream import WindowStream
 
 KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}
@@ -149,20 +149,20 @@ def test_reader_decodes_up_to_decoders_blocks_at_once(monkeypatch, stream_cache,
     """Slow reads (as from object storage) overlap, at most ``decoders`` at once, in the same order;
     closing the stream mid-epoch joins every decoder."""
     lock, active, peak = threading.Lock(), [0], [0]
-    real = Cache.read_rows
+    real = ShardDecoder.read  # every block's read, one at a time or grouped (``Cache.read_many``)
 
-    def slow(self, a, b, out=None, **kw):
+    def slow(self, a, b, out=None):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         try:
             time.sleep(0.05)
-            return real(self, a, b, out, **kw)
+            return real(self, a, b, out)
         finally:
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(Cache, "read_rows", slow)
+    monkeypatch.setattr(ShardDecoder, "read", slow)
     with WindowStream(stream_cache, meta=True, prefetch=3, decoders=decoders, **KW) as ds:
         assert same(indices(ds), epoch0[0])
     if decoders < 2:

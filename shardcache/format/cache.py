@@ -470,8 +470,38 @@ class Cache:
         base = int(self.bases[i]) if 0 <= i < len(self.bars_per_symbol) else 0
         if i < 0 or i >= len(self.bars_per_symbol) or stop > base + int(self.bars_per_symbol[i]) or stop < start:
             raise IndexError(f"rows [{start}, {stop}) are not inside one symbol's rows")
+        block = self._read_symbol(i, base, start, stop, out)
+        if check:
+            self.check_same()
+        return block
+
+    def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
+        """``read_rows`` of virtual rows ``[starts[k], stops[k])`` (each inside one symbol) into ``outs[k]``, for
+        many blocks at once: their symbols found in one search, and one ``check_same`` after them all (with
+        ``check``). What a reader of thousands of small symbols' shards calls (issue 21): per block, only its
+        read is left."""
+        starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        sym = np.searchsorted(self.bases, starts, side="right") - 1
+        at = np.clip(sym, 0, max(len(self.bars_per_symbol) - 1, 0))
+        base = self.bases[at]
+        bad = (
+            (sym < 0)
+            | (sym >= len(self.bars_per_symbol))
+            | (stops < starts)
+            | (stops > base + self.bars_per_symbol[at])
+        )
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise IndexError(f"rows [{int(starts[k])}, {int(stops[k])}) are not inside one symbol's rows")
+        for i, b, a, z, out in zip(sym.tolist(), base.tolist(), starts.tolist(), stops.tolist(), outs):
+            self._read_symbol(i, b, a, z, out)
+        if check:
+            self.check_same()
+
+    def _read_symbol(self, i: int, base: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        """Virtual rows ``[start, stop)`` of symbol ``i`` (its first row ``base``), checked as ``read_rows`` says."""
         try:
-            block = self._decoder(i).read(start - base, stop - base, out)
+            return self._decoder(i).read(start - base, stop - base, out)
         except (MissingShard, ChunkError) as exc:
             assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
             self.check_same()  # a swap between an index and its chunks' reads: "replaced", not damaged
@@ -481,9 +511,6 @@ class Cache:
                 f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
                 "`shardcache verify` lists every damaged shard; rebuild the cache"
             ) from None
-        if check:
-            self.check_same()
-        return block
 
     def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """Ask the OS to fetch the shard files of virtual rows ``[starts[k], stops[k])`` ahead of their reads,

@@ -26,10 +26,10 @@ buffer costs its page faults again on every read).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import stat
+import struct
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
@@ -57,6 +57,8 @@ _scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
 _CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
 _WHOLE = OffsetByteRequest(0)  # a whole object, asked for as a range: one request from s3fs
+_CRC = struct.Struct("<I")  # a crc32c as stored after the bytes it checks
+_ENTRY = struct.Struct("<QQ")  # a shard index entry: the chunk's offset and size in the shard object
 
 
 class MissingShard(LookupError):
@@ -73,8 +75,8 @@ class ChunkError(ValueError):
 
 def _check_crc(data: np.ndarray, what: str) -> np.ndarray:
     """``data`` (uint8) without its trailing crc32c, which must match."""
-    body, stored = data[:-4], data[-4:].tobytes()
-    if np.uint32(google_crc32c.value(body)).tobytes() != stored:
+    body = data[:-4]
+    if len(data) < 4 or google_crc32c.value(body) != _CRC.unpack_from(data.data, len(data) - 4)[0]:
         raise ChunkError(f"crc32c checksum mismatch in {what}")
     return body
 
@@ -136,6 +138,16 @@ def _ranges_work(store: Store) -> bool:
     return not isinstance(store.fs, WholeFileCacheFileSystem)
 
 
+def _rows_scratch(rows: int, features: int) -> np.ndarray:
+    """This thread's float32 ``(rows, features)`` array for one inner chunk decoded in part (valid until its next
+    use): made once per thread and shape, not once per read."""
+    key = (rows, features)
+    kept = getattr(_scratch, "rows", None)
+    if kept is None or kept.shape != key:
+        kept = _scratch.rows = np.empty(key, dtype=np.float32)
+    return kept
+
+
 def _buffer(n: int) -> np.ndarray:
     """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``_KEEP``."""
     if n > _KEEP:
@@ -160,12 +172,12 @@ def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | Non
         if stat.S_ISDIR(st.st_mode):
             return None
         size = st.st_size
-        if isinstance(byte_range, SuffixByteRequest):
-            start, stop = max(size - byte_range.suffix, 0), size
-        elif isinstance(byte_range, RangeByteRequest):
-            start, stop = byte_range.start, min(byte_range.end, size)
-        else:
+        if byte_range is None:
             start, stop = 0, size
+        elif isinstance(byte_range, SuffixByteRequest):
+            start, stop = max(size - byte_range.suffix, 0), size
+        else:
+            start, stop = byte_range.start, min(byte_range.end, size)
         out = _buffer(max(stop - start, 0))
         if start:
             os.lseek(fd, start, os.SEEK_SET)
@@ -218,7 +230,8 @@ class ShardDecoder:
     def like(self, path: str, n_rows: int) -> Self:
         """The decoder of another array of this store and layout, ``n_rows`` long, at ``path`` (another
         symbol's ``features``): made without parsing metadata again."""
-        dec = copy.copy(self)
+        dec = object.__new__(type(self))
+        dec.__dict__.update(self.__dict__)  # a shallow copy, without ``copy.copy``'s generic protocol
         dec.prefix, dec.n_rows = path, int(n_rows)
         return dec
 
@@ -310,7 +323,7 @@ class ShardDecoder:
     def _get(self, key: str, byte_range: RangeByteRequest | SuffixByteRequest | None = None) -> np.ndarray | None:
         """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if the object is absent."""
         if self.root is not None:
-            return _read_file(os.path.join(self.root, key), byte_range)
+            return _read_file(f"{self.root}/{key}", byte_range)
         request = _WHOLE if byte_range is None else byte_range
         buf = sync(self.store.get(key, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.as_numpy_array()
@@ -348,8 +361,10 @@ class ShardDecoder:
             if raw is None:
                 raise MissingShard(key)
         # (offset, size) of each chunk read, as ints: a copy (a local read buffer is reused by the next read)
-        index = np.frombuffer(_check_crc(raw, "the shard index"), dtype="<u8").reshape(self.chunks, 2)
-        need = index[c0:c1].tolist()
+        index = _check_crc(raw, "the shard index")
+        if len(raw) != self.index_bytes:
+            raise ChunkError(f"the shard index is {len(raw)} bytes, not {self.index_bytes}")
+        need = [_ENTRY.unpack_from(index.data, 16 * c) for c in range(c0, c1)]
         if any(off == _EMPTY for off, _ in need):
             raise ChunkError("an inner chunk is missing from the shard index")
         if whole is None:  # the needed chunks as one byte range
@@ -360,7 +375,6 @@ class ShardDecoder:
             base = first
         else:
             span, base = whole, 0
-        scratch = None
         for c, (off, n) in enumerate(need, c0):
             off -= base
             r0, r1 = c * self.chunk_rows, (c + 1) * self.chunk_rows
@@ -368,8 +382,7 @@ class ShardDecoder:
             if a <= r0 and r1 <= b:  # the whole chunk: straight into place
                 self._decode(body, out[r0 - a : r1 - a], c)
             else:
-                if scratch is None:
-                    scratch = np.empty((self.chunk_rows, self.n_features), dtype=np.float32)
+                scratch = _rows_scratch(self.chunk_rows, self.n_features)
                 self._decode(body, scratch, c)
                 lo, hi = max(a, r0), min(b, r1)
                 out[lo - a : hi - a] = scratch[lo - r0 : hi - r0]

@@ -28,7 +28,7 @@ from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
 from .options import Batch, LocalCopy, window_spec
-from .reader import ReadSpec
+from .readspec import ReadSpec
 from .sources import CacheInput, Sources
 
 __all__ = ["WindowDataset"]

@@ -11,7 +11,8 @@ import weakref
 from typing import Any
 
 from ..errors import StreamClosedError
-from .reader import Reader, ReadSpec
+from .reader import Reader
+from .readspec import ReadSpec
 from .resident import Resident
 from .ship import WorkerRing, forget
 from .torch_adapter import shutdown_workers

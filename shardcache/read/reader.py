@@ -16,10 +16,13 @@ thousands of small symbols' shards handed to decoders one by one cost more in th
 GIL hand-overs than their reads (issue 21), while reads that wait (object storage) keep going to
 the decoders, several at once. The gather thread reads them ahead, as far as the capacity allows,
 before it hands over the run it gathered: while the consumer waits for that run rather than while
-it works through batches and wants the GIL (docs/scale-notes.md, section 11). The files of each batch of
-pools laid out together are asked of the OS before any of them is read (``Cache.will_read``), so small
-files gone cold come from disk together; whether any cache was replaced is checked once per pool,
-after its reads (``Cache.check_same``). ``close()`` joins every thread it started.
+it works through batches and wants the GIL (docs/scale-notes.md, section 11), and up to ``GROUP_BLOCKS``
+of them in one ``Sources.read_many`` call. The files of each batch of pools laid out together are asked
+of the OS before any of them is read (``Cache.will_read``), so small files gone cold come from disk
+together, and the shuffles of such a batch of small pools are made together, one after another (a
+pool's shuffle made between the copies of runs ran several times slower: section 12). Whether any
+cache was replaced is checked after the reads: once per group of small blocks, once per pool for
+blocks read one at a time (``Cache.check_same``). ``close()`` joins every thread it started.
 
 What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
 columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
@@ -64,14 +67,21 @@ import numpy as np
 import torch
 
 from ..errors import StreamClosedError
-from ..format.windows import Ranges, WindowSpec
-from .options import columns
 from .plan import EpochPlan, PoolLayout, Run, pool_layouts, reader_runs
+from .readspec import ReadSpec
 from .resident import Resident, mapped, window_view
 from .ship import Loan
-from .sources import Sources
 
-__all__ = ["FAST_READ", "RUNS_AHEAD", "RUN_BYTES", "SMALL_BLOCK", "ReadSpec", "Reader", "Ready", "one_thread_here"]
+__all__ = [
+    "FAST_READ",
+    "GROUP_BLOCKS",
+    "RUNS_AHEAD",
+    "RUN_BYTES",
+    "SMALL_BLOCK",
+    "Reader",
+    "Ready",
+    "one_thread_here",
+]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
 _GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
@@ -81,77 +91,8 @@ SMALL_BLOCK = 256 << 10  # decoded bytes of a block that the gather thread may r
 FAST_READ = 1e-3  # seconds a small block's read must take (the fastest of late) for that
 LAYOUT_WINDOWS = 1 << 16  # windows of the pools laid out together (``plan.pool_layouts``)
 SMALL_ARENA = 1 << 20  # bytes of a pool's arena below which it comes from the heap, not a map of its own
+GROUP_BLOCKS = 64  # small blocks the gather thread reads in one ``Sources.read_many`` call, at most
 _POLL = 0.1
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReadSpec:
-    """Everything a reader needs to know about its stream: the caches (``Sources``: one or several in
-    one row space) and their valid windows, the window (``WindowSpec``: its shape, its input and
-    target rows), the input/target columns (None: every column), the device, and whether batches
-    carry each window's source, symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
-
-    sources: Sources
-    ranges: Ranges
-    window: WindowSpec
-    xcols: list[int] | None
-    ycols: list[int] | None
-    nx: int
-    ny: int
-    device: torch.device
-    meta: bool
-
-    @classmethod
-    def of(cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool) -> ReadSpec:
-        """What a stream (or a ``WindowDataset``) of ``sources`` reads: columns checked first, then the
-        valid windows of their split, of which each cache must have at least one."""
-        xcols = columns(sources.caches[0], spec.features, "features")  # every cache has the same features
-        ycols = columns(sources.caches[0], spec.target, "target")
-        ranges = sources.ranges(spec)
-        return cls(
-            sources=sources,
-            ranges=ranges,
-            window=spec,
-            xcols=xcols,
-            ycols=ycols,
-            nx=len(xcols) if xcols is not None else sources.n_features,
-            ny=len(ycols) if ycols is not None else sources.n_features,
-            device=device,
-            meta=bool(meta),
-        )
-
-    @property
-    def same_columns(self) -> bool:
-        """Inputs and targets are every column: one arena serves both."""
-        return self.xcols is None and self.ycols is None
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one decoded bar in a pool's arena(s)."""
-        return 4 * (self.nx if self.same_columns else self.nx + self.ny)
-
-    def x_shape(self, n: int) -> tuple[int, int, int]:
-        """The shape of ``n`` windows' inputs."""
-        return (n, self.window.seq_len, self.nx)
-
-    def y_shape(self, n: int) -> tuple[int, ...]:
-        """The shape of ``n`` windows' targets."""
-        return self.window.y_shape(n, self.ny)
-
-    @property
-    def window_bytes(self) -> int:
-        """Bytes of one window in a batch: its inputs and its targets (float32)."""
-        return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
-
-    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's), ``target_time``
-        (each target bar's) and ``source`` of the windows starting at rows ``starts``."""
-        source, symbol, local = self.sources.locate(starts)
-        index = np.stack([symbol, local], axis=1)
-        targets = self.window.target_rows(starts)
-        both = self.sources.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
-        time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
-        return tuple(torch.from_numpy(m) for m in (index, symbol, time, target_time, source))
 
 
 class _Pool:
@@ -179,7 +120,7 @@ class _Pool:
             self.xn, self.yn = self.x.numpy(), self.y.numpy()
         self.submitted = 0
         self.nbytes = 0
-        self.checked = False  # every block read, and the caches found not replaced since they were opened
+        self.unchecked = 0  # blocks read with no check that the caches were not replaced after them
         self.pending: list[Future[None]] = []
         self.events: list[Any] = []  # CUDA: one per block copied to the device
         self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
@@ -335,6 +276,8 @@ class Reader:
         )
         chunk = _GRAIN // (spec.window.seq_len * spec.nx)
         self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
+        # small blocks read on this thread go in groups (``_read_group``): straight into a CPU arena of every column
+        self.grouped = not self.cuda and spec.same_columns and resident is None
 
     # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -393,6 +336,9 @@ class Reader:
                         # their blocks' files asked of the OS together (``Cache.will_read``)
                         laid = list(layouts.values())
                         s.sources.will_read(np.concatenate([x.lo for x in laid]), np.concatenate([x.hi for x in laid]))
+                        if len(laid) > 1:  # small pools: their shuffles one after another, while that code is
+                            for x in laid:  # hot (3-5x faster than each between the copies of the runs before it)
+                                x.served()
                     layout = layouts.pop(g)
                     pool = self.pools[g] = _Pool(
                         layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
@@ -453,14 +399,19 @@ class Reader:
         if k < 0:  # a resident pool already decoded: reached, nothing to read
             self.upcoming = None
             return True
-        nbytes = int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
-        here = self.executor is None or (nbytes <= SMALL_BLOCK and self.small_read < FAST_READ)
+        nbytes = self._nbytes(pool, k)
+        small = nbytes <= SMALL_BLOCK
+        here = self.executor is None or (small and self.small_read < FAST_READ)
         if not force and self.used + nbytes > self.capacity:
             return False
+        if here and small and self.grouped:
+            self._read_group()
+            return True
         self.upcoming = None
         self.used += nbytes
         pool.nbytes += nbytes
         pool.submitted += 1
+        pool.unchecked += 1
         future = None
         if here or self.executor is None:
             self._decode(pool, k)
@@ -470,6 +421,35 @@ class Reader:
         if pool.todo is not None:
             self.inflight[int(pool.todo[k])] = future
         return True
+
+    def _nbytes(self, pool: _Pool, k: int) -> int:
+        """Decoded bytes of block ``k`` of ``pool``."""
+        return int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
+
+    def _read_group(self) -> None:
+        """Read the upcoming small block, and the small blocks after it in the schedule while they fit in the
+        capacity (up to ``GROUP_BLOCKS``), on this thread in one ``read_many`` straight into their arenas, and
+        check the caches once after them: per block only its read is left (issue 21)."""
+        group: list[tuple[_Pool, int]] = []
+        while self.upcoming is not None and len(group) < GROUP_BLOCKS:
+            pool, k = self.upcoming
+            nbytes = self._nbytes(pool, k) if k >= 0 else 0
+            if group and (k < 0 or nbytes > SMALL_BLOCK or self.used + nbytes > self.capacity):
+                break
+            self.used += nbytes
+            pool.nbytes += nbytes
+            pool.submitted += 1
+            group.append((pool, k))
+            self.upcoming = next(self.schedule, None)
+        if self.stop.is_set():
+            raise _Stopped
+        t0 = time.perf_counter()
+        lo = np.array([p.layout.lo[k] for p, k in group], dtype=np.int64)
+        hi = np.array([p.layout.hi[k] for p, k in group], dtype=np.int64)
+        at = [int(p.layout.at[k]) for p, k in group]
+        outs = [p.xn[a : a + n] for (p, _), a, n in zip(group, at, (hi - lo).tolist())]
+        self.spec.sources.read_many(lo, hi, outs)
+        self.small_read = min((time.perf_counter() - t0) / len(group), 1.5 * self.small_read)
 
     def _wait_decoded(self, g: int) -> None:
         """Block until every block of pool ``g`` is decoded (starting any not started yet)."""
@@ -484,9 +464,9 @@ class Reader:
                     raise _Stopped
             future.result()
         pool.pending.clear()
-        if not pool.checked:  # once after the pool's reads, not once per block (``Cache.read_rows``' check)
+        if pool.unchecked:  # once after the pool's reads, not once per block (``Cache.read_rows``' check)
             self.spec.sources.check_same()
-            pool.checked = True
+            pool.unchecked = 0
         r = self.resident
         if r is not None and self.cuda and pool.blocks is not None:  # copies of this pass or an earlier one
             pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]

@@ -34,7 +34,7 @@ from .options import Batch, MetaBatch
 from .plan import EpochPlan, PoolLayout
 
 if TYPE_CHECKING:
-    from .reader import ReadSpec
+    from .readspec import ReadSpec
 
 __all__ = ["BlockTable", "Resident", "mapped", "resident_bytes"]
 

@@ -268,6 +268,23 @@ class Sources:
         cache, off = self._one(start)
         return cache.read_rows(start - off, stop - off, out, check=check)
 
+    def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
+        """``read_rows`` of rows ``[starts[k], stops[k])`` into ``outs[k]`` for many blocks at once
+        (``Cache.read_many`` of each cache's blocks)."""
+        starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+        if len(self.caches) == 1:
+            return self.caches[0].read_many(starts, stops, outs, check=check)
+        src = self.source_of(starts)
+        outside = (src < 0) | (src >= len(self.caches))
+        if outside.any():
+            raise IndexError(f"row {int(starts[outside][0])} outside the {self.n_rows} rows of the stream's caches")
+        for k, cache in enumerate(self.caches):
+            mine = np.flatnonzero(src == k)
+            if len(mine):
+                off = int(self.row_bounds[k])
+                cache.read_many(starts[mine] - off, stops[mine] - off, [outs[j] for j in mine.tolist()], check=check)
+        return None
+
     def check_same(self) -> None:
         """``Cache.check_same`` of every cache: none was replaced since it was opened."""
         for cache in self.caches:

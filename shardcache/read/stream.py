@@ -124,7 +124,8 @@ from .options import (
 )
 from .passes import Pass, PassState, Planner, check_history, check_signature
 from .plan import EpochPlan
-from .reader import RUN_BYTES, RUNS_AHEAD, Reader, ReadSpec
+from .reader import RUN_BYTES, RUNS_AHEAD, Reader
+from .readspec import ReadSpec
 from .resident import resident_bytes
 from .ship import forget, ship
 from .sources import CacheInput, Sources

@@ -5,7 +5,35 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["check_windows", "ddp_mix_rank", "ddp_stream_made_before_init", "keys_of", "rows_of", "window_rows"]
+__all__ = [
+    "check_windows",
+    "ddp_mix_rank",
+    "ddp_stream_made_before_init",
+    "keys_of",
+    "rows_of",
+    "spy_block_reads",
+    "window_rows",
+]
+
+
+def spy_block_reads(monkeypatch, on_block) -> None:
+    """Call ``on_block(cache, start, stop)`` before every block a ``Cache`` reads, one at a time
+    (``read_rows``) or many at once (``read_many``, what a reader of small symbols' shards calls)."""
+    from shardcache.format.cache import Cache
+
+    one, many = Cache.read_rows, Cache.read_many
+
+    def read_rows(self, start, stop, out=None, **kw):
+        on_block(self, int(start), int(stop))
+        return one(self, start, stop, out, **kw)
+
+    def read_many(self, starts, stops, outs, **kw):
+        for a, b in zip(np.asarray(starts).tolist(), np.asarray(stops).tolist()):
+            on_block(self, a, b)
+        return many(self, starts, stops, outs, **kw)
+
+    monkeypatch.setattr(Cache, "read_rows", read_rows)
+    monkeypatch.setattr(Cache, "read_many", read_many)
 
 
 def _first_rows(cache) -> np.ndarray:

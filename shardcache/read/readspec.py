@@ -1,0 +1,86 @@
+"""``ReadSpec``: what a reader reads, made once by a ``WindowStream`` (or a ``WindowDataset``) from its
+caches and window: the valid windows, the input and target columns, the device, whether batches carry
+metadata, and the shapes and sizes that follow from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..format.windows import Ranges, WindowSpec
+from .options import columns
+from .sources import Sources
+
+__all__ = ["ReadSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadSpec:
+    """Everything a reader needs to know about its stream: the caches (``Sources``: one or several in
+    one row space) and their valid windows, the window (``WindowSpec``: its shape, its input and
+    target rows), the input/target columns (None: every column), the device, and whether batches
+    carry each window's source, symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
+
+    sources: Sources
+    ranges: Ranges
+    window: WindowSpec
+    xcols: list[int] | None
+    ycols: list[int] | None
+    nx: int
+    ny: int
+    device: torch.device
+    meta: bool
+
+    @classmethod
+    def of(cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool) -> ReadSpec:
+        """What a stream (or a ``WindowDataset``) of ``sources`` reads: columns checked first, then the
+        valid windows of their split, of which each cache must have at least one."""
+        xcols = columns(sources.caches[0], spec.features, "features")  # every cache has the same features
+        ycols = columns(sources.caches[0], spec.target, "target")
+        ranges = sources.ranges(spec)
+        return cls(
+            sources=sources,
+            ranges=ranges,
+            window=spec,
+            xcols=xcols,
+            ycols=ycols,
+            nx=len(xcols) if xcols is not None else sources.n_features,
+            ny=len(ycols) if ycols is not None else sources.n_features,
+            device=device,
+            meta=bool(meta),
+        )
+
+    @property
+    def same_columns(self) -> bool:
+        """Inputs and targets are every column: one arena serves both."""
+        return self.xcols is None and self.ycols is None
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one decoded bar in a pool's arena(s)."""
+        return 4 * (self.nx if self.same_columns else self.nx + self.ny)
+
+    def x_shape(self, n: int) -> tuple[int, int, int]:
+        """The shape of ``n`` windows' inputs."""
+        return (n, self.window.seq_len, self.nx)
+
+    def y_shape(self, n: int) -> tuple[int, ...]:
+        """The shape of ``n`` windows' targets."""
+        return self.window.y_shape(n, self.ny)
+
+    @property
+    def window_bytes(self) -> int:
+        """Bytes of one window in a batch: its inputs and its targets (float32)."""
+        return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
+
+    def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's), ``target_time``
+        (each target bar's) and ``source`` of the windows starting at rows ``starts``."""
+        source, symbol, local = self.sources.locate(starts)
+        index = np.stack([symbol, local], axis=1)
+        targets = self.window.target_rows(starts)
+        both = self.sources.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
+        time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
+        return tuple(torch.from_numpy(m) for m in (index, symbol, time, target_time, source))
