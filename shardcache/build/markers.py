@@ -37,8 +37,9 @@ class Unreadable(ValueError):
 def encode(value: Any) -> tuple[str, bytes]:
     """``value`` as a marker file: its suffix (``.json`` or ``.npz``) and bytes."""
     arrays: list[np.ndarray] = []
-    tree = _tree(value, arrays)
-    text = json.dumps({"marker": FORMAT, "digest": _digest(tree, arrays), "value": tree}).encode()
+    canonical = _canonical(_tree(value, arrays))  # made once: hashed, then written as the value itself
+    digest = _digest_of(canonical, arrays)
+    text = f'{{"marker": {FORMAT}, "digest": "{digest}", "value": {canonical}}}'.encode()
     if not arrays:
         return ".json", text
     buf = io.BytesIO()
@@ -70,9 +71,19 @@ def decode(data: bytes, kind: Any = Any) -> Any:
         raise Unreadable(f"damaged ({type(exc).__name__})") from None
 
 
+def _canonical(tree: Any) -> str:
+    """The JSON text of a marker's value that its digest hashes (sorted keys, no spaces)."""
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"))
+
+
 def _digest(tree: Any, arrays: list[np.ndarray]) -> str:
     """A hash of the value and its arrays: a flipped byte that still parses is caught here."""
-    h = hashlib.sha256(json.dumps(tree, sort_keys=True, separators=(",", ":")).encode())
+    return _digest_of(_canonical(tree), arrays)
+
+
+def _digest_of(canonical: str, arrays: list[np.ndarray]) -> str:
+    """``_digest`` of a value given as its canonical text."""
+    h = hashlib.sha256(canonical.encode())
     for a in arrays:
         h.update(repr((a.dtype.descr, a.shape)).encode())
         h.update(np.ascontiguousarray(a).tobytes())
