@@ -28,6 +28,7 @@ from shardcache.build import builder, merge, scan, staging
 from shardcache.build.builder import build_cache
 from shardcache.build.sample import make_sample, make_sample_parquet, write_dbn
 from shardcache.cli import build_cache_main, main
+from shardcache.format import objects as objects_mod
 from shardcache.format.writer import CacheWriter
 from shardcache.inspect.verify import compare_caches, verify_cache
 
@@ -82,7 +83,7 @@ BATCH_KILL_POINTS = {
     "merge: batch 1 clustered, not recorded": lambda: _after(merge, "_merge", lambda a: a[0].index == 1),
     "stats: batch 1 done, not recorded": lambda: _after(builder, "shard_stats", lambda a: a[1][0] == 8),
     "write: batch 1's first shard written, the rest not": lambda: _after(
-        CacheWriter, "write_shard", lambda a: a[1] == 8
+        objects_mod, "_write_file", lambda a: a[0].endswith(os.path.join("symbols", "8", "time", "c.0"))
     ),
     "write: batch 1 written, not recorded": lambda: _after(builder, "write_shards", lambda a: a[1][0] == 8),
 }
@@ -472,15 +473,16 @@ def test_disk_full_during_a_build(files, mounts, capsys):
 
 
 def _disk_full_at_shard_5(monkeypatch):
-    """Make writing shard 5 fail with ENOSPC; return the real ``write_shard`` to restore."""
-    real = CacheWriter.write_shard
+    """Make writing shard 5 (and the shards written with it) fail with ENOSPC; return the real
+    ``write_shards`` to restore."""
+    real = CacheWriter.write_shards
 
-    def full(self, shard, *args):
-        if shard == 5:
+    def full(self, items):
+        if any(shard == 5 for shard, *_ in items):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{self.url}/features/c.5.0")
-        return real(self, shard, *args)
+        return real(self, items)
 
-    monkeypatch.setattr(CacheWriter, "write_shard", full)
+    monkeypatch.setattr(CacheWriter, "write_shards", full)
     return real
 
 
@@ -495,7 +497,7 @@ def test_disk_full_while_writing_a_shard_then_resume(files, clean, tmp_path, mon
     staged.mkdir(parents=True, exist_ok=True)
     (staged / f"c.5.0.{'ab' * 16}.partial").write_bytes(b"x" * 70_000)
     (staged / f"zarr.json.{'cd' * 16}.partial").write_bytes(b"{")  # a document's
-    monkeypatch.setattr(CacheWriter, "write_shard", real)
+    monkeypatch.setattr(CacheWriter, "write_shards", real)
     assert compare_caches(clean, build_cache(files, out, resume=True, **OPTS)) == []  # bytes counted too
     assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]
 
@@ -517,7 +519,7 @@ def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_pa
         build_cache(files, url, **OPTS)
     with pytest.raises(CacheError, match="incomplete"):  # written in place, refused until complete
         open_cache(url)
-    monkeypatch.setattr(CacheWriter, "write_shard", real)
+    monkeypatch.setattr(CacheWriter, "write_shards", real)
     assert compare_caches(clean, build_cache(files, url, resume=True, **OPTS)) == []
     assert open_cache(url)._identity() is None
 

@@ -183,6 +183,21 @@ def test_read_many_names_a_missing_shard(cache, tmp_path):
         c.read_many(a, a + 2, [np.empty((2, 3), np.float32), np.empty((2, 3), np.float32)])
 
 
+def test_shards_written_together_are_the_shards_written_one_at_a_time(tmp_path):
+    """``CacheWriter.write_shards`` (a build task's shards, each step for all of them in turn) writes the same
+    objects, byte for byte, and the same root index as ``write_shard`` called for each shard."""
+    bars = synthetic_bars(3000, 3, n_symbols=25, seed=9, shard_rows=64)
+    one = make_cache(tmp_path / "one.zarr", bars, shard_rows=64, chunk_rows=16)
+    both = make_cache(tmp_path / "both.zarr", bars, shard_rows=64, chunk_rows=16, together=True)
+    files = sorted(p.relative_to(tmp_path / "one.zarr") for p in (tmp_path / "one.zarr").rglob("*") if p.is_file())
+    assert len(files) > 4 * 25 and files == sorted(
+        p.relative_to(tmp_path / "both.zarr") for p in (tmp_path / "both.zarr").rglob("*") if p.is_file()
+    )
+    for f in files:
+        assert (tmp_path / "one.zarr" / f).read_bytes() == (tmp_path / "both.zarr" / f).read_bytes(), f
+    np.testing.assert_array_equal(one.shard_index().table, both.shard_index().table)
+
+
 def test_shard_keys_name_real_objects(cache):
     for shard, a, _ in cache.shard_table.tolist():
         i, local = cache.shard_symbol(shard)

@@ -326,7 +326,7 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
 
 def write_shards(work: ShardWork, shards: list[int]) -> list[ShardRecord]:
     """Compute and normalize the rows of ``shards`` together, then write each shard whole (with the rows
-    an append keeps), one after the other; their rows of the root index."""
+    an append keeps), all in one ``CacheWriter.write_shards``; their rows of the root index."""
     spans = []
     for shard in shards:
         a, b = work.writer.shard_bounds(shard)
@@ -337,12 +337,12 @@ def write_shards(work: ShardWork, shards: list[int]) -> list[ShardRecord]:
         with np.errstate(over="ignore", invalid="ignore"):
             feats = ((feats - work.mean) / work.std).astype(np.float32)
         _check_finite(work, rows, feats, "overflows float32 after z-scoring")
-    records = []
+    items = []
     for k, (shard, c, _) in enumerate(spans):
         block, ts = feats[rows.of(k)], rows.ts[rows.of(k)]
         a = work.writer.shard_bounds(shard)[0]
         if c > a:
             old_feats, old_ts = work.writer.read(a, c)
             block, ts = np.concatenate([old_feats, block]), np.concatenate([old_ts, ts])
-        records.append(work.writer.write_shard(shard, block, ts))
-    return records
+        items.append((shard, block, ts))
+    return work.writer.write_shards(items)

@@ -133,11 +133,13 @@ def make_cache(
     shard_rows: int,
     chunk_rows: int,
     codec: str = "blosc-lz4",
+    together: bool = False,
 ) -> Cache:
     """Write ``bars`` as a complete format-4 cache with the real ``CacheWriter`` and open it.
 
     Each symbol's rows are those its segments cover. The cache's virtual rows are ``bars``'
-    rows when ``bars`` was made with the same ``shard_rows`` (or has one symbol).
+    rows when ``bars`` was made with the same ``shard_rows`` (or has one symbol). Shards are written
+    one ``write_shard`` at a time, or with ``together`` all in one ``write_shards`` (what a build's task does).
     """
     if bars.shard_rows not in (None, shard_rows):
         raise ValueError(f"bars laid out for {bars.shard_rows}-row shards, not {shard_rows}")
@@ -155,11 +157,12 @@ def make_cache(
         chunk_rows=chunk_rows,
         codec=codec,
     )
-    records = []
+    items = []
     for s in writer.shard_ids:
         i, a, b = writer.shard_symbol(s)
         rows = slice(int(first[i]) + a, int(first[i]) + b)
-        records.append(writer.write_shard(s, bars.features[rows], bars.ts[rows]))
+        items.append((s, bars.features[rows], bars.ts[rows]))
+    records = writer.write_shards(items) if together else [writer.write_shard(*item) for item in items]
     virtual = seg.copy()
     virtual[:, 1:] += (writer.bases[:-1] - first)[seg[:, 0]][:, None]
     manifest = Manifest(
