@@ -53,6 +53,7 @@ __all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk", "decode
 
 _EMPTY = 2**64 - 1
 _KEEP = 32 << 20  # a thread keeps its read buffer up to this size
+_KEEP_ROWS = 1 << 20  # and its scratch for a partly read inner chunk up to this size
 _scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
 _CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
@@ -140,7 +141,10 @@ def _ranges_work(store: Store) -> bool:
 
 def _rows_scratch(rows: int, features: int) -> np.ndarray:
     """This thread's float32 ``(rows, features)`` array for one inner chunk decoded in part (valid until its next
-    use): made once per thread and shape, not once per read."""
+    use): made once per thread and shape, not once per read (a small symbol's shard ends in one), where it is
+    small (``_KEEP_ROWS`` bytes); a new array otherwise, which is not kept."""
+    if rows * features * 4 > _KEEP_ROWS:
+        return np.empty((rows, features), dtype=np.float32)
     key = (rows, features)
     kept = getattr(_scratch, "rows", None)
     if kept is None or kept.shape != key:
