@@ -38,7 +38,7 @@ def encode(value: Any) -> tuple[str, bytes]:
     """``value`` as a marker file: its suffix (``.json`` or ``.npz``) and bytes."""
     arrays: list[np.ndarray] = []
     canonical = _canonical(_tree(value, arrays))  # made once: hashed, then written as the value itself
-    digest = _digest_of(canonical, arrays)
+    digest = _digest(canonical, arrays)
     text = f'{{"marker": {FORMAT}, "digest": "{digest}", "value": {canonical}}}'.encode()
     if not arrays:
         return ".json", text
@@ -62,7 +62,7 @@ def decode(data: bytes, kind: Any = Any) -> Any:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("marker") != FORMAT or "value" not in doc:
             raise Unreadable("unknown marker format")
-        if doc.get("digest") != _digest(doc["value"], [arrays[str(k)] for k in range(len(arrays))]):
+        if doc.get("digest") != _digest(_canonical(doc["value"]), [arrays[str(k)] for k in range(len(arrays))]):
             raise Unreadable("damaged (digest)")
         return _value(doc["value"], kind, arrays)
     except Unreadable:
@@ -76,13 +76,8 @@ def _canonical(tree: Any) -> str:
     return json.dumps(tree, sort_keys=True, separators=(",", ":"))
 
 
-def _digest(tree: Any, arrays: list[np.ndarray]) -> str:
-    """A hash of the value and its arrays: a flipped byte that still parses is caught here."""
-    return _digest_of(_canonical(tree), arrays)
-
-
-def _digest_of(canonical: str, arrays: list[np.ndarray]) -> str:
-    """``_digest`` of a value given as its canonical text."""
+def _digest(canonical: str, arrays: list[np.ndarray]) -> str:
+    """A hash of the value (its ``_canonical`` text) and its arrays: a flipped byte that still parses is caught here."""
     h = hashlib.sha256(canonical.encode())
     for a in arrays:
         h.update(repr((a.dtype.descr, a.shape)).encode())

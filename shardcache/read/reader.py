@@ -432,9 +432,9 @@ class Reader:
         check the caches once after them: per block only its read is left (issue 21)."""
         group: list[tuple[_Pool, int]] = []
         while self.upcoming is not None and len(group) < GROUP_BLOCKS:
-            pool, k = self.upcoming
-            nbytes = self._nbytes(pool, k) if k >= 0 else 0
-            if group and (k < 0 or nbytes > SMALL_BLOCK or self.used + nbytes > self.capacity):
+            pool, k = self.upcoming  # never a resident pool's -1: groups are not read for a resident arena
+            nbytes = self._nbytes(pool, k)
+            if group and (nbytes > SMALL_BLOCK or self.used + nbytes > self.capacity):
                 break
             self.used += nbytes
             pool.nbytes += nbytes

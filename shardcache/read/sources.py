@@ -273,7 +273,8 @@ class Sources:
         (``Cache.read_many`` of each cache's blocks)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
         if len(self.caches) == 1:
-            return self.caches[0].read_many(starts, stops, outs, check=check)
+            self.caches[0].read_many(starts, stops, outs, check=check)
+            return
         src = self.source_of(starts)
         outside = (src < 0) | (src >= len(self.caches))
         if outside.any():
@@ -283,7 +284,6 @@ class Sources:
             if len(mine):
                 off = int(self.row_bounds[k])
                 cache.read_many(starts[mine] - off, stops[mine] - off, [outs[j] for j in mine.tolist()], check=check)
-        return None
 
     def check_same(self) -> None:
         """``Cache.check_same`` of every cache: none was replaced since it was opened."""
