@@ -144,7 +144,7 @@ def test_records_read_counts_the_records_not_the_bars(tmp_path, capsys, schema, 
 
 
 # -- no silent skips ----------------------------------------------------------------------------------
-LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.parq, *.pq, *.csv, *.csv.gz in any letter case"
+LOOKED_FOR = "looked for *.dbn, *.dbn.zst, *.parquet, *.parq, *.pq, *.csv, *.csv.gz, *.csv.zst in any letter case"
 
 
 def _warned(caplog) -> list[str]:

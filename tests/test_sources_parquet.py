@@ -100,7 +100,7 @@ def test_named_columns(tmp_path: Path) -> None:
         (
             {},
             {"when": [T0], "close": [1.0]},
-            r"x\.parquet: no timestamp column \(looked for ts_event, timestamp, time, ts, datetime; use --ts-column\)$",
+            r"x\.parquet: no timestamp column \(looked for ts_event, timestamp, time, ts, datetime; columns are: when, close; use --ts-column\)$",
         ),
         ({"ts_column": "stamp"}, {"ts": [T0], "close": [1.0]}, r"no timestamp column 'stamp' \(columns are: ts, close"),
         (

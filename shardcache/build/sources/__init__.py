@@ -18,8 +18,8 @@ DBN pieces end with one more column, ``instrument`` (int64 instrument id), so th
 continuous symbol's series where it rolls from one contract to the next.
 
 Which reader opens a file is decided by its first bytes (``PAR1`` for Parquet, ``DBN`` or
-a zstd frame for DBN; text named ``*.csv`` or ``*.csv.gz`` is CSV), so a misnamed file is
-still read or refused plainly. Files may be
+a zstd frame for DBN; a file named ``*.csv``, ``*.csv.gz`` or ``*.csv.zst`` is CSV, plain or
+compressed), so a misnamed file is still read or refused plainly. Files may be
 local paths or fsspec URLs (``s3://bucket/prefix/*.dbn.zst``), see :mod:`.files`.
 """
 
@@ -60,7 +60,8 @@ __all__ = [
     "parse_duration",
 ]
 
-INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".parq", ".pq", ".csv", ".csv.gz")
+INPUT_SUFFIXES = (".dbn", ".dbn.zst", ".parquet", ".parq", ".pq", ".csv", ".csv.gz", ".csv.zst")
+_CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.zst")
 _LOOKED_FOR = "looked for " + ", ".join(f"*{s}" for s in INPUT_SUFFIXES) + " in any letter case"
 log = logging.getLogger("shardcache")
 
@@ -220,14 +221,14 @@ def open_source(
     if head.startswith(PARQUET_MAGIC):
         return ParquetSource(path, **tabular)
     lower = path.lower()
+    if lower.endswith(_CSV_SUFFIXES) and not head.startswith(DBN_MAGIC):  # zstd-compressed CSV included
+        return CsvSource(path, csv_delimiter=csv_delimiter, **tabular)
     if head.startswith((DBN_MAGIC, ZSTD_MAGIC)):
         return DbnSource(path, bar=bar, columns=columns, storage_options=storage_options)
     if lower.endswith((".parquet", ".parq", ".pq")):
         raise SourceError(path, "not a Parquet file (bad magic bytes)")
     if ".dbn" in lower:
         raise SourceError(path, "not a DBN file (bad magic bytes)")
-    if lower.endswith((".csv", ".csv.gz")):
-        return CsvSource(path, csv_delimiter=csv_delimiter, **tabular)
     raise SourceError(path, "not a DBN, Parquet or CSV file (unrecognised magic bytes; CSV files must end in .csv)")
 
 

@@ -12,7 +12,14 @@ read block by block (``open_csv``), never whole. Dialects:
 * numbers written with thousands separators (``"1,100.25"``) or a decimal comma (``1100,25``,
   ``1.100,25``) are read as numbers when the first block shows which mark is the decimal one;
   a column that does not show it (``"1,100"`` alone: 1100 or 1.1?) is refused by name;
-* gzip is recognised by its magic bytes, whatever the file's name;
+* gzip, zstd and bz2 are recognised by their magic bytes, whatever the file's name (``.csv``,
+  ``.csv.gz``, ``.csv.zst``);
+* blanks around the header's names are dropped (``' ts , open '`` names ``ts`` and ``open``);
+* leading ``#`` comment lines are skipped (``pyarrow.csv`` has no comment option, so one further
+  down is bad data);
+* a nameless last column with no value in the first block (a comma ending every line) is left out;
+  a nameless column elsewhere is refused by its position;
+* UTF-16 text (told by its byte-order mark) is refused: write UTF-8;
 * a file with a header and no rows is refused as such.
 """
 
@@ -29,12 +36,15 @@ import pyarrow.csv as pcsv
 from ...errors import SourceError, one_line
 from ...format.build_options import DELIMITERS, parse_delimiter
 from .files import open_input
+from .base import ZSTD_MAGIC
 from .table import TabularSource
 
 __all__ = ["CsvSource", "sniff_delimiter"]
 
 _BLOCK = 4 << 20  # bytes per block: bounds a piece's memory
 GZIP_MAGIC = b"\x1f\x8b"
+_COMPRESSED = {GZIP_MAGIC: "gzip", ZSTD_MAGIC: "zstd", b"BZh": "bz2"}  # magic bytes -> pyarrow codec
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 _SAMPLE = 4096  # distinct texts of a column looked at to tell how its numbers are written
 
 # how a number may be written in a text column (the first block's texts tell which marks a file uses)
@@ -82,27 +92,40 @@ class CsvSource(TabularSource):
 
     def __init__(self, path: str, *, csv_delimiter: str | None = None, **tabular: Any) -> None:
         self._delimiter = parse_delimiter(csv_delimiter)
-        self._gzip = False
+        self._compression: str | None = None  # pyarrow codec told by the file's magic bytes
+        self._skip = 0  # leading comment lines
+        self._names: list[str] | None = None  # the header's names, blanks dropped (None: as pyarrow reads them)
         self._decimal = "."  # the file's decimal mark; the other of "." and "," separates thousands
         self._number_text: set[str] = set()  # columns read as text and turned into numbers here
         super().__init__(path, **tabular)
 
     def _stream(self) -> pa.NativeFile:
         raw = open_input(self.path, self.storage_options)
-        return pa.input_stream(pa.PythonFile(raw, mode="r"), compression="gzip" if self._gzip else None)
+        return pa.input_stream(pa.PythonFile(raw, mode="r"), compression=self._compression)
 
     def _schema(self) -> pa.Schema:
         """The columns and types ``pyarrow.csv`` infers from the header and the first block, with the
         columns of numbers written with separators typed float64 (see the module docstring)."""
         with open_input(self.path, self.storage_options) as fh:
-            self._gzip = fh.read(2) == GZIP_MAGIC
+            magic = fh.read(4)
+        self._compression = next((c for m, c in _COMPRESSED.items() if magic.startswith(m)), None)
+        try:
+            with self._stream() as stream:
+                head = stream.read(1 << 16)
+        except (pa.ArrowException, OSError) as exc:
+            raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+        if head.startswith(_UTF16_BOMS):
+            raise SourceError(self.path, "UTF-16 text; write it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)")
+        lines = head.split(b"\n")
+        while self._skip < len(lines) - 1 and lines[self._skip].lstrip(b"\xef\xbb\xbf").startswith(b"#"):
+            self._skip += 1
+        header = lines[self._skip].decode("utf-8", "replace")
         if self._delimiter is None:
-            try:
-                with self._stream() as stream:
-                    head = stream.read(1 << 16)
-            except (pa.ArrowException, OSError) as exc:
-                raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
-            self._delimiter = sniff_delimiter(head.split(b"\n", 1)[0].decode("utf-8", "replace"))
+            self._delimiter = sniff_delimiter(header)
+        with self._reader() as reader:
+            names = reader.schema.names
+        if any(n != n.strip() for n in names):
+            self._names = [n.strip() for n in names]
         with self._reader() as reader:
             schema = reader.schema
             try:
@@ -114,9 +137,10 @@ class CsvSource(TabularSource):
             except (pa.ArrowException, OSError) as exc:
                 raise SourceError(self.path, f"bad CSV data in its first block ({one_line(exc)})") from None
         self._find_number_text(schema, first)
-        return pa.schema(
-            [(n, pa.float64() if n in self._number_text else t) for n, t in zip(schema.names, schema.types)]
-        )
+        fields = [(n, pa.float64() if n in self._number_text else t) for n, t in zip(schema.names, schema.types)]
+        if len(fields) > 1 and fields[-1][0] == "" and first.column(len(fields) - 1).null_count == first.num_rows:
+            fields.pop()  # a comma ending every line: an empty, nameless last column
+        return pa.schema(fields)
 
     def _find_number_text(self, schema: pa.Schema, first: pa.RecordBatch) -> None:
         """Which text columns hold numbers with separators, and the file's decimal mark; refuse a file
@@ -167,7 +191,11 @@ class CsvSource(TabularSource):
         try:
             return pcsv.open_csv(
                 stream,
-                read_options=pcsv.ReadOptions(block_size=_BLOCK),
+                read_options=pcsv.ReadOptions(
+                    block_size=_BLOCK,
+                    skip_rows=self._skip + (self._names is not None),
+                    column_names=self._names,
+                ),
                 parse_options=pcsv.ParseOptions(delimiter=self._delimiter),
                 convert_options=convert,
             )

@@ -5,7 +5,7 @@ Columns, from the file's Arrow schema:
 * **timestamp**: ``ts_column``, else the column whose name (ignoring case) is one of
   :data:`TS_NAMES`. Timestamp types of any unit and time zone (stored as UTC), dates
   (midnight UTC), ISO-8601 text (a zone or offset converted, none taken as UTC) and
-  integers are accepted; an integer column's unit (s, ms, us or ns since
+  integers are accepted, dictionary-encoded or not; an integer column's unit (s, ms, us or ns since
   the epoch) is read from its values, the only unit that puts them in 1980-2100.
 * **symbol**: ``symbol_column``, else the column named (ignoring case) one of
   :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats, trimmed of
@@ -16,7 +16,8 @@ Columns, from the file's Arrow schema:
   those. ``Open``/``HIGH``... are matched ignoring case, as the timestamp is. Integer,
   decimal and boolean columns become float64, float16 becomes float32.
 
-Refused with one line naming the columns: two columns with one name (or names equal
+Refused with one line naming the columns: a nameless column (by its position), a text column
+named as a value (``close`` of strings), two columns with one name (or names equal
 ignoring case), two timestamp or two symbol candidates (``ts_event`` beside a numeric
 ``ts``), integers above 2**53 in a value column (float64 cannot hold them exactly), a
 column with no value at all (entirely null or NaN) and symbols that are not text.
@@ -59,6 +60,8 @@ def _is_numeric(t: pa.DataType) -> bool:
 
 
 def _is_time(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     types = pa.types
     return bool(
         types.is_timestamp(t)
@@ -110,7 +113,11 @@ class TabularSource(Source):
         self._types = {f.name: f.type for f in schema}
         found = self._find(ts_column, TS_NAMES, "timestamp", "--ts-column", names)
         if found is None:
-            raise SourceError(path, f"no timestamp column (looked for {', '.join(TS_NAMES)}; use --ts-column)")
+            raise SourceError(
+                path,
+                f"no timestamp column (looked for {', '.join(TS_NAMES)}; columns are: {_listing(names)}; "
+                "use --ts-column)",
+            )
         self.ts_column: str = found
         ts_type = self._types[self.ts_column]
         if not _is_time(ts_type):
@@ -145,6 +152,12 @@ class TabularSource(Source):
             for n in names:
                 if n not in keys and n not in lookalikes and _is_numeric(self._types[n]):
                     self._source_name[_canonical(n)] = n
+                elif n.lower() in _KNOWN and not _is_numeric(self._types[n]):
+                    raise SourceError(
+                        path,
+                        f"column '{n}' holds text ({self._types[n]}), not numbers; fix its values, "
+                        "or pick the other columns with --columns",
+                    )
             if not self._source_name:
                 raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
         # value columns of whole numbers, read as floats by a reader (CSV) that cannot know a later block's type
@@ -158,7 +171,15 @@ class TabularSource(Source):
         raise NotImplementedError
 
     def _check_names(self, names: list[str]) -> None:
-        """Refuse two columns whose names are equal, or equal ignoring case (``Close`` and ``close``)."""
+        """Refuse a nameless column, and two columns whose names are equal, or equal ignoring case (``Close`` and
+        ``close``)."""
+        nameless = next((i for i, n in enumerate(names) if not n.strip()), None)
+        if nameless is not None:
+            raise SourceError(
+                self.path,
+                f"column {nameless + 1} of {len(names)} has no name; name it in the header, "
+                "or leave it out of the file",
+            )
         seen = Counter(n for n in names)
         twice = [n for n, k in seen.items() if k > 1]
         if twice:
@@ -276,7 +297,10 @@ class TabularSource(Source):
         return col.cast(pa.string())
 
     def _ts_ns(self, col: pa.Array) -> np.ndarray:
-        """A timestamp, date, text or integer column as int64 ns; nulls and overflows as -1 (out of range)."""
+        """A timestamp, date, text or integer column (dictionary-encoded or not) as int64 ns; nulls and overflows
+        as -1 (out of range)."""
+        if pa.types.is_dictionary(col.type):
+            col = col.dictionary_decode()
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col = self._parse_times(col)
         t = col.type
@@ -402,7 +426,7 @@ def _symbol_from_path(path: str) -> str:
         if sep and key.lower() in SYMBOL_NAMES and value:
             return value
     name = os.path.basename(path)
-    for suffix in (".parquet", ".parq", ".pq", ".csv.gz", ".csv"):
+    for suffix in (".parquet", ".parq", ".pq", ".csv.gz", ".csv.zst", ".csv"):
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
