@@ -47,8 +47,10 @@ def test_no_timestamp_column_lists_the_columns_found(tmp_path, capsys):
     path.write_text(_text(_rows(), ["when", *HEADER[1:]]))
     code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
     assert code == 2 and err == [
-        f"build-cache: error: {path}: no timestamp column (looked for ts_event, timestamp, time, ts, datetime; "
-        "columns are: when, open, high, low, close, volume; use --ts-column)"
+        (
+            f"build-cache: error: {path}: no timestamp column (looked for ts_event, timestamp, time, ts, datetime; "
+            "columns are: when, open, high, low, close, volume; use --ts-column)"
+        )
     ]
 
 
@@ -82,8 +84,10 @@ def test_a_nameless_column_with_values_is_refused_by_position(tmp_path, capsys, 
     path.write_text(_text(rows, header))
     code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
     assert code == 2 and err == [
-        f"build-cache: error: {path}: column {where} of {len(header)} has no name; name it in the header, "
-        "or leave it out of the file"
+        (
+            f"build-cache: error: {path}: column {where} of {len(header)} has no name; name it in the header, "
+            "or leave it out of the file"
+        )
     ]
 
 
@@ -93,8 +97,10 @@ def test_a_text_close_is_named_as_text(tmp_path, capsys):
     path.write_text(_text(rows))
     code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
     assert code == 2 and err == [
-        f"build-cache: error: {path}: column 'close' holds text (string), not numbers; fix its values, "
-        "or pick the other columns with --columns"
+        (
+            f"build-cache: error: {path}: column 'close' holds text (string), not numbers; fix its values, "
+            "or pick the other columns with --columns"
+        )
     ]
 
 

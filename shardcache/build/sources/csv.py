@@ -35,8 +35,8 @@ import pyarrow.csv as pcsv
 
 from ...errors import SourceError, one_line
 from ...format.build_options import DELIMITERS, parse_delimiter
-from .files import open_input
 from .base import ZSTD_MAGIC
+from .files import open_input
 from .table import TabularSource
 
 __all__ = ["CsvSource", "sniff_delimiter"]
