@@ -144,3 +144,11 @@ def test_dictionary_encoded_iso_timestamps_in_parquet_are_read(tmp_path, expecte
     pq.write_table(table, path)
     assert pa.types.is_dictionary(pq.read_schema(path).field("ts").type)
     _built(path, expected)
+
+
+def test_zstd_dbn_named_csv_is_named_as_dbn(tmp_path, capsys):
+    path = tmp_path / "bars.csv"
+    with pa.CompressedOutputStream(str(path), "zstd") as out:
+        out.write(b"DBN\x02" + bytes(60))
+    code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
+    assert code == 2 and err == [f"build-cache: error: {path}: DBN data, not CSV text; name it .dbn or .dbn.zst"]

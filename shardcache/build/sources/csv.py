@@ -35,7 +35,7 @@ import pyarrow.csv as pcsv
 
 from ...errors import SourceError, one_line
 from ...format.build_options import DELIMITERS, parse_delimiter
-from .base import ZSTD_MAGIC
+from .base import DBN_MAGIC, ZSTD_MAGIC
 from .files import open_input
 from .table import TabularSource
 
@@ -114,6 +114,8 @@ class CsvSource(TabularSource):
                 head = stream.read(1 << 16)
         except (pa.ArrowException, OSError) as exc:
             raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+        if head.startswith(DBN_MAGIC):
+            raise SourceError(self.path, "DBN data, not CSV text; name it .dbn or .dbn.zst")
         if head.startswith(_UTF16_BOMS):
             raise SourceError(self.path, "UTF-16 text; write it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)")
         lines = head.split(b"\n")
