@@ -152,3 +152,15 @@ def test_zstd_dbn_named_csv_is_named_as_dbn(tmp_path, capsys):
         out.write(b"DBN\x02" + bytes(60))
     code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
     assert code == 2 and err == [f"build-cache: error: {path}: DBN data, not CSV text; name it .dbn or .dbn.zst"]
+
+
+def test_a_comment_line_further_down_is_named(tmp_path, capsys):
+    lines = _text(_rows()).splitlines()
+    path = tmp_path / "x.csv"
+    path.write_text("\n".join([*lines[:11], "# a note", *lines[11:]]) + "\n")
+    code, err = _cli(capsys, path, "--out", tmp_path / "c.zarr")
+    assert code == 2 and len(err) == 1
+    assert err[0] == (
+        f"build-cache: error: {path}: not a readable CSV file (CSV parse error: Expected 6 columns, got 1: "
+        "# a note; a '#' comment line past the header: remove it)"
+    )

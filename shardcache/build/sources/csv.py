@@ -68,6 +68,12 @@ def sniff_delimiter(header: str) -> str:
     return max(counts, key=lambda d: counts[d])
 
 
+def _parse_error(exc: BaseException) -> str:
+    """``pyarrow.csv``'s error in one line, saying so when the bad row is a ``#`` comment line past the header."""
+    msg = one_line(exc)
+    return msg + ("; a '#' comment line past the header: remove it" if re.search(r"columns, got 1: *#", msg) else "")
+
+
 def _marks(text: str) -> tuple[set[str], bool] | None:
     """What one text says about the decimal mark: the marks it proves (``.``/``,``) and whether it is
     ambiguous (``1,100``: thousands or a decimal comma); None when it is not a number."""
@@ -113,7 +119,7 @@ class CsvSource(TabularSource):
             with self._stream() as stream:
                 head = stream.read(1 << 16)
         except (pa.ArrowException, OSError) as exc:
-            raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+            raise SourceError(self.path, f"not a readable CSV file ({_parse_error(exc)})") from None
         if head.startswith(DBN_MAGIC):
             raise SourceError(self.path, "DBN data, not CSV text; name it .dbn or .dbn.zst")
         if head.startswith(_UTF16_BOMS):
@@ -137,7 +143,7 @@ class CsvSource(TabularSource):
                     self.path, f"has a header ({', '.join(schema.names)}) and no rows: nothing to build"
                 ) from None
             except (pa.ArrowException, OSError) as exc:
-                raise SourceError(self.path, f"bad CSV data in its first block ({one_line(exc)})") from None
+                raise SourceError(self.path, f"bad CSV data in its first block ({_parse_error(exc)})") from None
         self._find_number_text(schema, first)
         fields = [(n, pa.float64() if n in self._number_text else t) for n, t in zip(schema.names, schema.types)]
         if len(fields) > 1 and fields[-1][0] == "" and first.column(len(fields) - 1).null_count == first.num_rows:
@@ -203,7 +209,7 @@ class CsvSource(TabularSource):
             )
         except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
             stream.close()
-            raise SourceError(self.path, f"not a readable CSV file ({one_line(exc)})") from None
+            raise SourceError(self.path, f"not a readable CSV file ({_parse_error(exc)})") from None
 
     def _value(self, name: str, col: pa.Array) -> pa.Array:
         actual = self._source_name[name]
@@ -240,4 +246,4 @@ class CsvSource(TabularSource):
                         done += part.num_rows
                         yield part
         except (pa.ArrowException, OSError) as exc:
-            raise SourceError(self.path, f"bad CSV data after {done} rows ({one_line(exc)})") from None
+            raise SourceError(self.path, f"bad CSV data after {done} rows ({_parse_error(exc)})") from None
