@@ -23,8 +23,9 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardcache demo
 
 # strict: a warning (a broken link or anchor, a docstring mkdocstrings cannot read) fails the build
+# (no --quiet: it drops the warnings before strict mode counts them, and the build passed)
 docs: $(VENV)/.installed
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # mypy strict on shardcache/ (its config in pyproject.toml); ruff's lint and its formatting on the code,
 # the tools and the tests: any finding fails the target, and `make test` with it

@@ -59,6 +59,7 @@ SLOW_TESTS = {  # file -> test function -> why
     "test_docs.py": {  # the fast tier checks every page's blocks and markers without running them
         "test_blocks_run_as_written": "every block of a page: builds, trainings, servers and a DDP job",
         "test_readme_figures_are_a_run_of_the_full_sample": "shardcache demo on the 360-day sample",
+        "test_the_docs_gate_fails_on_a_broken_anchor": "two strict builds of the site",
     },
     "test_append_during_reads.py": {
         "test_opening_a_cache_500_times_while_appends_run_never_sees_a_mixed_state": "an append loop in a subprocess",

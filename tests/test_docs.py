@@ -316,3 +316,24 @@ def test_readme_figures_are_a_run_of_the_full_sample(full_demo, small_demo):
     for what, value in figures.items():
         assert f"{value:,}" in text, f"{what}: {value:,} is not in the README"
     assert f"{every * 60 * 256 * 4 / 1e9:.1f} GB" in text  # every window as 60 x 256 float32 tensors
+
+
+def test_the_docs_gate_fails_on_a_broken_anchor(tmp_path):
+    """``make docs`` itself (the Makefile's command, strict mode) fails once a page links to an anchor
+    that is not there, and passes on the pages as they are."""
+    for name in ("Makefile", "mkdocs.yml", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    (tmp_path / "shardcache").symlink_to(ROOT / "shardcache")  # the reference pages read its docstrings
+    venv = Path(sys.prefix)
+    make = ["make", "-s", "docs", f"VENV={venv}"]
+    if not (venv / ".installed").exists():
+        make.insert(1, "-o")
+        make.insert(2, f"{venv}/.installed")
+    clean = subprocess.run(make, check=False, cwd=tmp_path, capture_output=True, text=True)
+    assert clean.returncode == 0, clean.stderr
+    page = tmp_path / "docs" / "scaling.md"
+    page.write_text(page.read_text() + "\nSee [nowhere](performance.md#no-such-heading).\n")
+    broken = subprocess.run(make, check=False, cwd=tmp_path, capture_output=True, text=True)
+    assert broken.returncode != 0
+    assert "no-such-heading" in broken.stdout + broken.stderr
