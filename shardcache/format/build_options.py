@@ -48,8 +48,8 @@ def parse_delimiter(value: str | None) -> str | None:
 class BuildOptions:
     """How a cache is built: features, normalization, splits, segment gaps, input columns, layout.
 
-    ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars) (an int is nanoseconds, kept as
-    a duration); ``normalize="zscore"`` standardizes every feature with train-split statistics, or
+    ``max_gap="auto"`` cuts segments at gaps above max(1 h, 5 bars), or at a duration in the CLI's
+    forms (``"300s"``, ``"5m"``; ``0`` never cuts); ``normalize="zscore"`` standardizes every feature with train-split statistics, or
     with those of the cache ``stats_from`` (whose split cut times are then kept too);
     ``split_cuts_ns`` fixes ``split``'s cut times instead of resolving its fractions (what
     ``--stats recompute`` keeps of its cache). ``seq_len``/``horizon`` only size the summary's
@@ -174,7 +174,7 @@ class BuildOptions:
         if gap == "None":  # recorded from max_gap=None (auto) before the options were checked here
             given["max_gap"] = "auto"
         elif isinstance(gap, str) and gap.isdigit():  # an int (ns) recorded as its text
-            given["max_gap"] = int(gap)
+            given["max_gap"] = format_duration(int(gap)) if int(gap) else "0"
         return cls(**given)
 
 
@@ -216,23 +216,29 @@ def _max_gap(value: Any) -> str:
     """``max_gap`` as its text (``auto``, a duration; an int of ns as the duration it is), checked."""
     if value is None:
         return "auto"
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise OptionError("max_gap", value, "must be 0 (never cut) or more")
-        return format_duration(value) if value else "0"
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if value != 0:  # the CLI's forms: a bare number has no unit (300 would be 300 ns)
+            raise OptionError(
+                "max_gap",
+                int(value),
+                "a bare number has no unit: write 'auto', a duration such as '300s' or '5m', or 0",
+            )
+        return "0"
     if not isinstance(value, str):
         raise OptionTypeError(f"max_gap={value!r}: must be 'auto', a duration such as 5m or 1h, or 0")
-    if value != "auto" and _signed_duration("max_gap", value) < 0:
+    if value.strip().lower() == "auto":
+        return "auto"
+    if _signed_duration("max_gap", value, "'auto', ") < 0:
         raise OptionError("max_gap", value, "must be 0 (never cut) or more")
     return value
 
 
-def _signed_duration(name: str, text: str) -> int:
+def _signed_duration(name: str, text: str, also: str = "") -> int:
     """``text`` as ns, a leading ``-`` kept (so the option can say which values it takes); one line if malformed."""
     body = str(text).strip()
     negative = body.startswith("-") and body[1:2].isdigit()
     try:
         ns = parse_duration(body[1:] if negative else body)
     except ValueError as exc:
-        raise OptionError(name, text, str(exc)) from None
+        raise OptionError(name, text, str(exc).replace("use a whole", f"use {also}a whole")) from None
     return -ns if negative else ns

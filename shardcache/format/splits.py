@@ -9,6 +9,7 @@ as ``BuildOptions`` checks the option and the manifest records the names and cut
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,7 +54,9 @@ class SplitSpec:
 
 def parse_split(text: str | None) -> SplitSpec:
     """Parse ``none``, ``train=0.8,val=0.1,test=0.1`` or ``val=2024-06-01,test=2024-09-01``."""
-    if text is None or text.strip() in ("", "none"):
+    if text is not None and not text.strip():
+        raise OptionError("split", text, "is empty: write none, NAME=FRACTION pairs or NAME=DATE pairs")
+    if text is None or text.strip() == "none":
         return SplitSpec(["all"])
     pairs = []
     for part in text.split(","):
@@ -69,8 +72,8 @@ def parse_split(text: str | None) -> SplitSpec:
     except ValueError:
         fractions = None
     if fractions is not None:
-        if any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-            raise OptionError("split", text, "fractions must be positive and sum to 1")
+        if not all(math.isfinite(f) and f > 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+            raise OptionError("split", text, "fractions must be finite, positive and sum to 1")
         return SplitSpec(names, fractions=fractions, text=text)
     if "train" in names:
         raise OptionError(

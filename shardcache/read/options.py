@@ -190,6 +190,8 @@ class LocalCopy:
         if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
             raise OptionTypeError(f"cache_dir={cache_dir!r}: must be a folder path (a str or os.PathLike)")
         directory = None if cache_dir is None else os.fspath(cache_dir)
+        if directory is not None and not directory.strip():
+            raise OptionError("cache_dir", directory, "is empty: give a folder for the node-local copies, or None")
         if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
             raise OptionError("cache_dir", directory, "is a file, not a folder")
         limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")

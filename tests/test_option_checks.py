@@ -1,0 +1,74 @@
+"""Options checked where they enter, the same in the API and the CLI (issue 30): a duration in the
+CLI's forms, finite split fractions, no empty ``--split`` or ``cache_dir``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ohlcv_files import ohlcv, write_parquet
+
+from shardcache.build.builder import build_cache
+from shardcache.cli import build_cache_main
+from shardcache.errors import OptionError
+from shardcache.format.cache import open_cache
+from shardcache.read.stream import WindowStream
+
+
+@pytest.fixture
+def es(tmp_path) -> str:
+    return write_parquet(tmp_path / "ES.parquet", ohlcv(3000))
+
+
+def _cli(capsys, *argv) -> tuple[int, list[str]]:
+    code = build_cache_main([str(a) for a in argv])
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("gap", [300, np.int64(300)])
+def test_a_bare_number_max_gap_is_refused_in_the_api_as_in_the_cli(es, tmp_path, capsys, gap):
+    with pytest.raises(OptionError, match=r"max_gap=300: a bare number has no unit: write 'auto', .*'300s'"):
+        build_cache([es], tmp_path / "c.zarr", max_gap=gap)
+    assert not (tmp_path / "c.zarr").exists()
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--max-gap", "300")
+    assert code == 2 and len(err) == 1 and "--max-gap '300'" in err[0] and not (tmp_path / "c.zarr").exists()
+
+
+def test_the_api_takes_the_cli_duration_and_auto_in_any_case(es, tmp_path):
+    build_cache([es], tmp_path / "a.zarr", max_gap="300s")
+    assert open_cache(tmp_path / "a.zarr").manifest.build.max_gap_ns == 300 * 10**9
+    assert open_cache(tmp_path / "a.zarr").manifest.build.options.max_gap == "300s"
+    build_cache([es], tmp_path / "b.zarr", max_gap="AUTO")
+    assert open_cache(tmp_path / "b.zarr").manifest.build.options.max_gap == "auto"
+
+
+def test_a_malformed_max_gap_names_auto_among_its_forms(es, tmp_path, capsys):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--max-gap", "often")
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("build-cache: error: --max-gap 'often': bad duration 'often': use 'auto', a whole number")
+
+
+@pytest.mark.parametrize("split", ["train=nan,val=nan", "train=inf,val=0.1", "train=0.9,val=nan"])
+def test_split_fractions_must_be_finite(es, tmp_path, capsys, split):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--split", split)
+    assert (code, err) == (
+        2,
+        [f"build-cache: error: --split '{split}': fractions must be finite, positive and sum to 1"],
+    )
+    with pytest.raises(OptionError, match="fractions must be finite"):
+        build_cache([es], tmp_path / "c.zarr", split=split)
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_an_empty_split_is_refused_not_taken_as_none(es, tmp_path, capsys):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--split", "")
+    assert code == 2 and len(err) == 1 and err[0].startswith("build-cache: error: --split '': is empty: write none")
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_an_empty_cache_dir_is_refused_before_anything_is_written(es, tmp_path, monkeypatch):
+    build_cache([es], tmp_path / "c.zarr", split=None)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OptionError, match=r"cache_dir='': is empty: give a folder"):
+        WindowStream(str(tmp_path / "c.zarr"), seq_len=8, batch_size=4, cache_dir="")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
