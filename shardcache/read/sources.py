@@ -372,9 +372,8 @@ def _check_distinct(caches: Sequence[Cache], urls: list[str]) -> None:
         raise OptionError(
             "caches",
             urls,
-            f"caches[{k}] {urls[k]} is caches[{j}] {urls[j]} again ({how}); the stream would mix the cache with "
-            "itself and serve its windows twice: give each cache once ({weights} sets how much of one an epoch serves)",
-            {"weights": None},
+            f"caches[{k}] {urls[k]} is caches[{j}] {urls[j]} again ({how}): the stream would serve each of its "
+            "windows twice; give each cache once (weights= sets how much of a cache an epoch serves)",
         )
 
 
