@@ -80,7 +80,7 @@ def test_the_same_cache_under_another_name_or_as_a_copy_is_refused_naming_both(b
     assert set(keys_of(stream)[:, 0].tolist()) == {0, 1}
 
 
-def test_a_copy_appended_to_or_rebuilt_is_another_cache(built, tmp_path):
+def test_a_rebuild_of_the_same_inputs_is_another_cache_and_a_copy_the_same(built, tmp_path):
     es = Path(built["es"].url)
     again = build_cache(built["dbn"]["ESH3"], tmp_path / "again.zarr", **BUILD)  # the same inputs, another build
     assert again.manifest.identity != built["es"].manifest.identity
@@ -95,7 +95,7 @@ def test_a_z_scored_cache_mixed_with_a_raw_one_is_refused(built):
         text = refusal([es, raw], make)
         assert (
             f"{es} is z-scored (normalize='zscore') but {raw} is raw (normalize='none'): the model would see each "
-            "feature on two scales; build every cache with the same normalize" in text
+            "feature on two scales; build every cache with the same build-cache --normalize" in text
         )
     assert f"{es} is z-scored" in refusal([raw, es])  # either order
 

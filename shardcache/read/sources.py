@@ -389,8 +389,7 @@ def _check_normalized(caches: Sequence[Cache], urls: list[str]) -> None:
         urls,
         f"{urls[z]} is z-scored (normalize={caches[z].manifest.normalize!r}) but {urls[r]} is raw "
         f"(normalize={caches[r].manifest.normalize!r}): the model would see each feature on two scales; "
-        "build every cache with the same {normalize} (and --stats-from one of them to share its statistics)",
-        {"normalize": None},
+        "build every cache with the same build-cache --normalize (and --stats-from one of them to share its statistics)",
     )
 
 
