@@ -152,7 +152,7 @@ def test_no_pool_spans_two_cycles_of_a_source():
         ({"weights": (1,)}, OptionError, "1 weight"),
         ({"weights": (1, -1)}, OptionError, ">= 0"),
         ({"weights": (1, float("nan"))}, OptionError, "finite"),
-        ({"weights": (True, 1)}, OptionError, "finite number"),
+        ({"weights": (True, 1)}, OptionError, "True and False are not weights"),
         ({"weights": (0, 0)}, OptionError, "above 0"),
         ({"weights": "0.5,0.5"}, OptionTypeError, "one number per cache"),
         ({"epoch_windows": 10}, OptionError, "epoch_windows=10: applies with weights;"),

@@ -13,14 +13,17 @@ The on-disk contract (format 4) is the JSON document ``to_json`` writes and ``fr
 ``from_json`` refuses formats 1 to 3, a newer format, an incomplete cache and a document missing a
 field, naming it. Per-symbol parts (``symbols``, ``groups``, ``bars_per_symbol``, ``rolls``, ``tails``)
 stay the JSON lists and dicts they are read as: opening a cache of thousands of symbols builds no
-object per symbol.
+object per symbol. ``Manifest.identity`` is a digest of that JSON: the cache's identity under any name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -246,6 +249,14 @@ class Manifest:
     def normalize(self) -> str:
         """``zscore`` or ``none``: the build option, also recorded at the root for plain zarr readers."""
         return self.build.options.normalize
+
+    @cached_property
+    def identity(self) -> str:
+        """What the cache is, whatever its name: a digest of the manifest's canonical text (``to_json``,
+        keys sorted). A link, a ``file://`` URL or a copy of a cache has its identity; another build
+        (another ``created`` and ``build.fingerprint``) or an append (its counts and tails) has another."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=True)
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
     def replace(self, **changes: Any) -> Manifest:
         """This manifest with ``changes`` (an append's counts, say)."""

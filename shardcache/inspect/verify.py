@@ -13,7 +13,8 @@ concerns (``symbols/3/features/c.0.0``, ``symbols/3/time/c.0``, ``symbols/3/feat
   from its row of the root ``shards`` index;
 * a symbol's timestamps that do not strictly increase;
 * a ``zarr.json`` that is not the one ``build-cache`` writes for the manifest's layout and the
-  symbol's length (``format.metadata``: its shape, chunking, codecs, dimension names);
+  symbol's length (``format.metadata``: its shape, chunking, codecs, dimension names); documents that
+  are one hard-linked file are one problem naming the symbols that share it (``inspect.shared``);
 * a root segment index whose segments do not tile each symbol's rows in order, or split ids
   outside the manifest's splits.
 
@@ -41,6 +42,7 @@ from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_shard
 from ..format.layout import chunk_codec, chunk_key, describe_damage, shard_digest
 from ..format.metadata import SymbolDocuments, symbol_documents
 from ..format.objects import Objects
+from .shared import join_shared
 
 __all__ = ["Problem", "VerifyReport", "compare_caches", "verify_cache"]
 
@@ -53,6 +55,7 @@ class Problem:
 
     key: str
     problem: str
+    shared: tuple[str, ...] = ()  # the documents that are one hard-linked file with ``key`` (``join_shared``)
 
     def __str__(self) -> str:
         return f"{self.key}: {self.problem}"
@@ -87,7 +90,10 @@ class VerifyReport:
             "rows": self.rows,
             "digests_checked": self.digests_checked,
             "bad_shards": self.bad_shards,
-            "problems": [{"key": p.key, "problem": p.problem} for p in self.problems],
+            "problems": [
+                {"key": p.key, "problem": p.problem, **({"shared": list(p.shared)} if p.shared else {})}
+                for p in self.problems
+            ],
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -342,6 +348,7 @@ def verify_cache(
                     prev = check.times(got[chunk_key(i, "time", k)], i, shard, a, b, prev)
                     bar.update()
     cache.check_same()
+    problems = join_shared(problems, objects.root, cache.manifest.groups, cache.manifest.symbols)
     return VerifyReport(
         path=cache.url,
         shards=cache.n_shards,

@@ -59,12 +59,14 @@ class Mixture:
                     {"weights": None},
                 )
             return cls()
-        if isinstance(weights, str | bytes) or not isinstance(weights, Sequence | np.ndarray):
-            raise OptionTypeError(f"weights={weights!r}: give one number per cache, such as (0.75, 0.25)")
-        values = list(weights)
+        values = _numbers(weights)
         if len(values) != n_sources:
             raise OptionError(
                 "weights", weights, f"{len(values)} weight(s) for {n_sources} cache(s): give one per cache"
+            )
+        if any(isinstance(w, bool | np.bool_) for w in values):
+            raise OptionError(
+                "weights", weights, "True and False are not weights: give one number per cache, such as (1, 0)"
             )
         if not all(_is_real(w) and math.isfinite(float(w)) and float(w) >= 0 for w in values):
             raise OptionError("weights", weights, "each weight must be a finite number >= 0")
@@ -87,6 +89,17 @@ class Mixture:
             "weights": None if self.weights is None else list(self.weights),
             "epoch_windows": self.epoch_windows,
         }
+
+
+def _numbers(weights: Any) -> list[Any]:
+    """The weights as a list, whatever sequence of numbers holds them: a list, a tuple, a 1-D numpy
+    array or torch tensor (anything with ``tolist``, which gives Python numbers); other types refused."""
+    if isinstance(weights, str | bytes) or not (isinstance(weights, Sequence) or hasattr(weights, "tolist")):
+        raise OptionTypeError(f"weights={weights!r}: give one number per cache, such as (0.75, 0.25)")
+    values = weights if isinstance(weights, Sequence) else weights.tolist()
+    if not isinstance(values, list | tuple):  # a 0-d array or tensor: one number, not one per cache
+        raise OptionTypeError(f"weights={weights!r}: give one number per cache, such as (0.75, 0.25)")
+    return list(values)
 
 
 def _is_real(w: Any) -> bool:

@@ -10,7 +10,8 @@ with its source again. One cache is the row space it always was: offset 0, its o
 Which windows each cache serves: ``split`` names a split every cache must have. The split must
 cover the same time range in every cache (else one cache's training bars would lie in another's
 validation period), unless ``split_times`` re-cuts every cache at the same times (``SplitTimes``).
-Each cache keeps its own normalization statistics; ``stats`` says whether they differ.
+Each cache keeps its own normalization statistics; ``stats`` says whether they differ. A z-scored cache
+with a raw one is refused, and so is one cache given twice under any name (``Manifest.identity``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Sources:
         self.caches = tuple(caches)
         self.urls = [c.url for c in self.caches]
         _check_features(self.caches, self.urls)
+        _check_normalized(self.caches, self.urls)
         self.shard_rows = math.gcd(*(c.shard_rows for c in self.caches))
         self.row_bounds = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
         self.split_times = split_times
@@ -207,11 +209,11 @@ class Sources:
     @property
     def stats(self) -> str:
         """The caches' normalization statistics: ``"shared"`` (one set, or one cache), ``"differ"`` (each
-        cache z-scored with its own), ``"none"`` (not normalized) or ``"mixed"`` (some caches normalized)."""
+        cache z-scored with its own) or ``"none"`` (not normalized; a z-scored cache with a raw one is refused)."""
         kept = {_stats_key(c) for c in self.caches}
         if len(kept) == 1:
             return "none" if None in kept else "shared"
-        return "mixed" if None in kept else "differ"
+        return "differ"
 
     # -- windows -----------------------------------------------------------------------------
     def ranges(self, spec: WindowSpec) -> Ranges:
@@ -356,14 +358,44 @@ def _per_cache(options: Any, items: list[Any]) -> list[dict[str, Any] | None]:
     )
 
 
+def _check_distinct(caches: Sequence[Cache], urls: list[str]) -> None:
+    """Refuse one cache given twice under any name (a link, a ``file://`` URL, another spelling of its
+    path, a copy): caches are told apart by ``Manifest.identity``, not by how they are written."""
+    if len(caches) < 2:
+        return
+    seen: dict[str, int] = {}
+    for k, cache in enumerate(caches):
+        j = seen.setdefault(cache.manifest.identity, k)
+        if j == k:
+            continue
+        how = "given twice" if urls[j] == urls[k] else "another name for it, or a copy: the same manifest"
+        raise OptionError(
+            "caches",
+            urls,
+            f"caches[{k}] {urls[k]} is caches[{j}] {urls[j]} again ({how}): the stream would serve each of its "
+            "windows twice; give each cache once (weights= sets how much of a cache an epoch serves)",
+        )
+
+
+def _check_normalized(caches: Sequence[Cache], urls: list[str]) -> None:
+    """Refuse z-scored caches mixed with raw ones: one feature would reach the model on two scales (a
+    z-scored log return near 1, a raw one near 0.0004), which no later step can tell apart."""
+    raw = [_stats_key(c) is None for c in caches]
+    if all(raw) or not any(raw):
+        return
+    z, r = raw.index(False), raw.index(True)
+    raise OptionError(
+        "caches",
+        urls,
+        f"{urls[z]} is z-scored (normalize={caches[z].manifest.normalize!r}) but {urls[r]} is raw "
+        f"(normalize={caches[r].manifest.normalize!r}): the model would see each feature on two scales; "
+        "build every cache with the same build-cache --normalize (and --stats-from one of them to share its statistics)",
+    )
+
+
 def _check_features(caches: Sequence[Cache], urls: list[str]) -> None:
     """Every cache must have the first one's feature names in the same order; else one line naming the difference."""
-    seen: dict[str, int] = {}
-    for cache, url in zip(caches, urls):
-        key = os.path.abspath(url) if "://" not in url else url
-        if key in seen:
-            raise OptionError("caches", urls, f"{url} is given twice (caches[{seen[key]}] and again)")
-        seen[key] = len(seen)
+    _check_distinct(caches, urls)
     want = caches[0].feature_names
     for cache, url in zip(caches[1:], urls[1:]):
         have = cache.feature_names

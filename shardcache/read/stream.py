@@ -477,7 +477,7 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
 
     def info(self) -> dict[str, Any]:
         """The caches streamed: each one's URL, windows, windows per epoch and statistics, and whether
-        the caches' statistics differ (``stats``: ``shared``, ``differ``, ``none`` or ``mixed``)."""
+        the caches' statistics differ (``stats``: ``shared``, ``differ`` or ``none``)."""
         s, shares = self.sources, self.planner.shares
         windows = np.diff(self.read_spec.ranges.count_below(s.row_bounds)).tolist()
         return {

@@ -1,0 +1,65 @@
+"""Documents that are one file: ``verify``'s findings in hard-linked ``zarr.json`` documents, joined.
+
+On a local disk the builder stores symbol documents of equal bytes as hard links to one file
+(``format.objects``), so an editor that writes one in place changes every symbol sharing it. Reported
+per document, that is a list of problems that look unrelated; ``join_shared`` makes it one problem
+naming the file, the symbols that share it and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .verify import Problem
+
+__all__ = ["FIX", "join_shared"]
+
+FIX = (
+    "rebuild the cache (build-cache --overwrite); to edit one symbol's document, copy it apart first "
+    "(cp zarr.json zarr.json.new && mv zarr.json.new zarr.json)"
+)
+DOCS = ("zarr.json", "features/zarr.json", "time/zarr.json")  # a symbol's documents, under its group
+
+
+def join_shared(
+    problems: list[Problem], root: str | None, groups: Sequence[str], symbols: Sequence[str]
+) -> list[Problem]:
+    """``problems`` with the findings in documents that are one hard-linked file (a local cache at
+    ``root``; None: an object store, which has no links) replaced by one problem at the first of them."""
+    if root is None:
+        return problems
+    owner = {f"{g}/{d}": (s, d) for g, s in zip(groups, symbols) for d in DOCS}
+    files: dict[tuple[int, int], list[int]] = {}
+    for k, p in enumerate(problems):
+        doc = p.key if p.key in owner else f"{p.key}/zarr.json"  # a wrong shape is named by its array
+        if doc not in owner:
+            continue
+        try:
+            st = os.stat(os.path.join(root, doc))
+        except OSError:
+            continue
+        if st.st_nlink > 1:
+            files.setdefault((st.st_dev, st.st_ino), []).append(k)
+    drop: set[int] = set()
+    joined: dict[int, Problem] = {}
+    for members in files.values():
+        if len(members) < 2:
+            continue
+        docs = [p.key if p.key in owner else f"{p.key}/zarr.json" for p in (problems[k] for k in members)]
+        names = [owner[d][0] for d in docs]
+        kinds = sorted({owner[d][1].removesuffix("zarr.json").strip("/") or "group" for d in docs})
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        first = problems[members[0]]
+        joined[members[0]] = replace(
+            first,
+            key=docs[0],
+            problem=f"one file, hard-linked as the {'/'.join(kinds)} document of {len(names)} symbols ({shown}): "
+            f"{first.problem}; it was changed in place, which changes every symbol sharing it: {FIX}",
+            shared=tuple(docs),
+        )
+        drop.update(members)
+    return [joined.get(k, p) for k, p in enumerate(problems) if k in joined or k not in drop]
