@@ -72,3 +72,18 @@ def test_an_empty_cache_dir_is_refused_before_anything_is_written(es, tmp_path, 
     with pytest.raises(OptionError, match=r"cache_dir='': is empty: give a folder"):
         WindowStream(str(tmp_path / "c.zarr"), seq_len=8, batch_size=4, cache_dir="")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_stats_from_a_cache_of_another_bar_size_is_refused(es, tmp_path, capsys):
+    one = build_cache([es], tmp_path / "1m.zarr", progress=False)
+    five = write_parquet(tmp_path / "ES5.parquet", ohlcv(600, step_s=300, seed=1))
+    code, err = _cli(capsys, five, "--out", tmp_path / "5m.zarr", "--stats-from", one.url)
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"build-cache: error: --stats-from '{one.url}': its bars are 1m, this build's are 5m")
+    assert not (tmp_path / "5m.zarr").exists()
+    with pytest.raises(OptionError, match="^stats_from=.*: its bars are 1m, this build's are 5m"):
+        build_cache([five], tmp_path / "r.zarr", stats_from=one, progress=False)
+    assert not (tmp_path / "r.zarr").exists()
+    again = write_parquet(tmp_path / "ES2.parquet", ohlcv(900, seed=2))
+    same = build_cache([again], tmp_path / "s.zarr", stats_from=one, progress=False)
+    assert same.manifest.build.bar_ns == 60 * 10**9

@@ -125,6 +125,8 @@ def _build(
         stage, srcs, staging.root, inputs.read_columns, sketch=bool(spec.fractions) and frozen is None
     )
     bar_ns = check_bar_sizes(srcs, scanned.steps, options.bar)
+    if frozen is not None:
+        _check_frozen_bar(frozen, bar_ns)
     resampled = _resampled(srcs)
     inputs.sources.clear()  # the readers' state is not needed again: let it go before the merge
     del srcs
@@ -305,6 +307,19 @@ def _frozen(options: BuildOptions, storage_options: dict[str, Any] | None, names
             f"{options.normalize} and {options.split}",
         )
     return cache
+
+
+def _check_frozen_bar(frozen: Cache, bar_ns: int | None) -> None:
+    """Refuse statistics from a cache of another bar size: a 5-minute return's spread is not a
+    1-minute one's, so z-scores with them would be silently wrong."""
+    kept = frozen.manifest.build.bar_ns
+    if kept is not None and bar_ns is not None and kept != bar_ns:
+        raise OptionError(
+            "stats_from",
+            frozen.url,
+            f"its bars are {format_duration(kept)}, this build's are {format_duration(bar_ns)}: "
+            "statistics of another bar size would z-score these bars wrongly; pass a cache of the same bar size",
+        )
 
 
 @contextlib.contextmanager
