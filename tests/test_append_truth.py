@@ -168,3 +168,24 @@ def test_a_killed_object_store_append_run_again_records_its_inputs_once(point, t
     assert verify_cache(url, options).ok
     again = append_cache(files[3:], url, resume=True, storage_options=options, progress=False)  # finished: a no-op
     assert len(again.history()["appends"]) == 1 and again.manifest == cache.manifest
+
+
+def test_recompute_refuses_a_recorded_input_that_changed(tmp_path, capsys):
+    """A recorded input replaced by other bars: ``--stats recompute`` would rebuild the cache from it
+    and lose the bars it held, so it is refused as ``--resume`` refuses a changed input, the cache untouched."""
+    files = make_sample(tmp_path / "dbn", days=4, seed=5)
+    out = tmp_path / "c.zarr"
+    n_bars = build_cache(files[:3], out, shard_rows=1024, chunk_rows=128, workers=1, progress=False).n_bars
+    before = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    other = make_sample(tmp_path / "other", days=1, seed=9)[0]
+    os.replace(other, files[0])  # another day's bars under the recorded name
+    code, _out, err = cli(capsys, str(files[3]), "--append", "--stats", "recompute", "--out", str(out))
+    assert code == 2
+    want = (
+        f"build-cache: error: {files[0]}: an input of {out} changed since it was built (size or modification "
+        "time); --stats recompute rebuilds from every recorded input and would replace the cache's bars from it: "
+        "put the original back, or use --stats frozen to append without reading it"
+    )
+    assert err.strip().splitlines() == [want]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == before
+    assert open_cache(out).n_bars == n_bars

@@ -68,6 +68,7 @@ from .compute import ShardWork, shard_batches, write_shards
 from .merge import Merged, merge_symbols, place_clusters
 from .run import RunOptions, settings
 from .scan import Inputs, Scanned, Stage, open_inputs, scan_inputs
+from .sources.files import stat_input
 from .staging import Staging, digest, fingerprint, prepare
 from .summary import grown
 
@@ -279,8 +280,26 @@ def _rebuild(cache: Cache, sources: Any, out: str, run: RunOptions) -> Cache:
             f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
             "(use --stats frozen to append without it)"
         )
+    changed = next((s["path"] for s in cache.history().get("sources", []) if _changed(s, run.storage_options)), None)
+    if changed is not None:
+        raise ShardcacheError(
+            f"{changed}: an input of {out} changed since it was built (size or modification time); --stats "
+            "recompute rebuilds from every recorded input and would replace the cache's bars from it: put the "
+            "original back, or use --stats frozen to append without reading it"
+        )
     options = cache.manifest.build.options.replace(stats_from=None, split_cuts_ns=cache.manifest.splits.cuts_ns)
     return build_cache([*old, *new], out, options, run=dataclasses.replace(run, overwrite=True))
+
+
+def _changed(recorded: dict[str, Any], storage_options: dict[str, Any] | None) -> bool:
+    """Whether an input the history recorded (``Source.describe``) is no longer what it was."""
+    if "size" not in recorded:
+        return False
+    path = recorded["path"]
+    if "mtime" in recorded:
+        st = os.stat(local_path(path))
+        return (st.st_size, st.st_mtime) != (recorded["size"], recorded["mtime"])
+    return stat_input(path, storage_options) != (recorded["size"], recorded.get("version"))
 
 
 def append_cache(
