@@ -11,15 +11,16 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
 from .errors import CacheError, ShardcacheError, SourceError
-from .format.build_options import BuildOptions
-from .format.cache import Cache, open_cache
-from .format.manifest import Manifest
 
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and IDEs should see it
+    from ._version import __version__
+    from .format.build_options import BuildOptions
+    from .format.cache import Cache, open_cache
+    from .format.manifest import Manifest
     from .build.append import append_cache
     from .build.builder import build_cache
     from .build.run import RunOptions
@@ -49,27 +50,30 @@ __all__ = [
 ]
 
 
+_LAZY = {  # name: the module that defines it
+    "__version__": "_version",
+    "BuildOptions": "format.build_options",
+    "Cache": "format.cache",
+    "open_cache": "format.cache",
+    "Manifest": "format.manifest",
+    "WindowStream": "read.stream",
+    "WindowDataset": "read.stream",
+    "WindowSpec": "read.stream",
+    "build_cache": "build.builder",
+    "append_cache": "build.append",
+    "RunOptions": "build.run",
+    "info": "inspect.views",
+    "open_symbol": "inspect.views",
+    "open_symbols": "inspect.views",
+    "shards": "inspect.views",
+    "to_xarray": "inspect.views",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """Load on first use: build workers never import torch (~150 MiB), training processes
-    never import the builder's dask and pyarrow stack (~40 MiB)."""
-    if name in ("WindowStream", "WindowDataset", "WindowSpec"):
-        from .read import stream
-
-        return getattr(stream, name)
-    if name == "build_cache":
-        from .build.builder import build_cache
-
-        return build_cache
-    if name in ("info", "open_symbol", "open_symbols", "shards", "to_xarray"):
-        from .inspect import views
-
-        return getattr(views, name)
-    if name == "RunOptions":
-        from .build.run import RunOptions
-
-        return RunOptions
-    if name == "append_cache":
-        from .build.append import append_cache
-
-        return append_cache
-    raise AttributeError(f"module 'shardcache' has no attribute {name!r}")
+    """Load on first use: build workers never import torch (~150 MiB), training processes never
+    import the builder's dask and pyarrow stack (~40 MiB), and the command line starts (and takes
+    Ctrl-C) before zarr is imported."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'shardcache' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

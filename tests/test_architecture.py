@@ -29,6 +29,7 @@ PACKAGE = ROOT / "shardcache"
 WINGS = {
     "": "top",
     "cli": "top",
+    "entry": "top",
     "errors": "shared",
     "_version": "shared",
     "format": "format",

@@ -1,0 +1,75 @@
+"""Ctrl-C at any moment of a build, while the command line is still importing its modules too,
+prints "interrupted" and exits 130 with no traceback, and leaves no cache that looks complete (issue 30).
+
+A real SIGINT is sent at chosen moments: by the child itself as it starts importing a given module
+(deterministic, however loaded the machine), or from here while the build runs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from ohlcv_files import ohlcv, write_parquet
+
+ENTRY = "import sys; from shardcache.entry import build_cache_main; sys.exit(build_cache_main())"
+# the child sends itself SIGINT when it first imports MODULE (sys.argv[1]), then runs the entry point
+AT_IMPORT = """
+import os, signal, sys
+MODULE = sys.argv.pop(1)
+class _Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, _Interrupt())
+from shardcache.entry import build_cache_main
+sys.exit(build_cache_main())
+"""
+
+
+def _check(proc: subprocess.Popen, out: Path) -> None:
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert (proc.returncode, err.strip().splitlines()[-1]) == (130, "build-cache: interrupted"), err
+    assert not (out / "zarr.json").exists()  # nothing published: a rerun builds or resumes it
+
+
+@pytest.fixture
+def bars(tmp_path) -> str:
+    return write_parquet(tmp_path / "ES.parquet", ohlcv(200_000))
+
+
+@pytest.mark.parametrize("module", ["shardcache.cli", "numpy", "zarr", "shardcache.build.builder", "pyarrow", "dask"])
+def test_ctrl_c_while_the_command_line_imports(tmp_path, bars, module):
+    out = tmp_path / "c.zarr"
+    cmd = [sys.executable, "-c", AT_IMPORT, module, bars, "--out", str(out)]
+    _check(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), out)
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.0, 1.5])
+def test_ctrl_c_during_the_build(tmp_path, bars, delay):
+    out = tmp_path / "c.zarr"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENTRY, bars, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(delay)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        _check(proc, out)
+    else:  # finished before the signal on a fast machine: nothing was interrupted
+        assert proc.returncode == 0
+
+
+def test_the_console_scripts_are_the_interruptible_entry_points():
+    with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as fh:
+        scripts = tomllib.load(fh)["project"]["scripts"]
+    assert scripts == {"shardcache": "shardcache.entry:main", "build-cache": "shardcache.entry:build_cache_main"}
