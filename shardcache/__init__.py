@@ -18,12 +18,12 @@ from .errors import CacheError, ShardcacheError, SourceError
 
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and IDEs should see it
     from ._version import __version__
-    from .format.build_options import BuildOptions
-    from .format.cache import Cache, open_cache
-    from .format.manifest import Manifest
     from .build.append import append_cache
     from .build.builder import build_cache
     from .build.run import RunOptions
+    from .format.build_options import BuildOptions
+    from .format.cache import Cache, open_cache
+    from .format.manifest import Manifest
     from .inspect.views import info, open_symbol, shards, to_xarray
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
