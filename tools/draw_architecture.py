@@ -25,7 +25,7 @@ PACKAGE = ROOT / "shardcache"
 
 # left to right: a wing imports only wings to its right
 WINGS = (  # (name, title, what it is, its files and folders)
-    ("top", "on top", "cli.py, the package face", ("cli.py", "__init__.py")),
+    ("top", "on top", "cli.py, entry.py, the package face", ("cli.py", "entry.py", "__init__.py")),
     ("inspect", "inspect/", "views of a cache, verify", ("inspect/",)),
     ("build", "build/", "sources -> one cache", ("build/",)),
     ("read", "read/", "windows: numpy + torch", ("read/",)),
