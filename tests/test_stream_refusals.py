@@ -79,7 +79,7 @@ def _parquet_bars(tmp_path):
     return first, later
 
 
-def test_a_state_from_another_cache_or_before_an_append_is_refused(tmp_path):
+def test_a_state_from_another_build_or_before_an_append_to_its_windows_is_refused(tmp_path):
     first, later = _parquet_bars(tmp_path)
     out = tmp_path / "c.zarr"
     build_raw(first, out, shard_rows=128, chunk_rows=64)
@@ -89,13 +89,24 @@ def test_a_state_from_another_cache_or_before_an_append_is_refused(tmp_path):
     it = iter(s)
     next(it)
     state = json.loads(json.dumps(s.state_dict()))
-    assert state["cache"].startswith("500 bars #")
-    with pytest.raises(StateError, match=r"cache: saved '500 bars #\w+', now '500 bars #\w+'"):
+    assert state["cache"]["windows"].startswith("480 #")
+    with pytest.raises(
+        StateError,
+        match=r"^state_dict cannot resume on .*other\.zarr: it is another build than the one the state was saved on",
+    ) as e:
         WindowStream(other, 20, **kw).load_state_dict(state)  # another build of the same bars
+    assert "resume at the next epoch with stream.set_epoch(1), or from the start" in str(e.value)
     append_cache([later], out, progress=False)
     grown = WindowStream(out, 20, **kw)
-    with pytest.raises(StateError, match=r"n_windows: saved 480, now 780, cache: saved '500 bars #\w+', now '800"):
+    with pytest.raises(
+        StateError,
+        match=r"c\.zarr: the cache's windows changed since it was saved \(480 then, 780 now: an append added",
+    ):
         grown.load_state_dict(state)
+    assert grown.state_dict()["history"] == []  # nothing loaded
+    old = {**state, "cache": "500 bars #29273e803d26"}  # how shardcache 0.2 named a cache
+    with pytest.raises(StateError, match=r"saved by an earlier shardcache, which names a cache by its bar count"):
+        WindowStream(out, 20, **kw).load_state_dict(old)
 
 
 def test_a_state_saved_before_the_cache_field_still_resumes(stream_cache):

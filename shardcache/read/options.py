@@ -8,8 +8,6 @@ settings that decide which batches an epoch has (``PlanSettings``) and how a str
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
@@ -39,7 +37,6 @@ __all__ = [
     "LocalCopy",
     "MetaBatch",
     "PlanSettings",
-    "cache_digest",
     "check_device",
     "check_split",
     "columns",
@@ -255,14 +252,6 @@ def check_split(cache: Cache, split: str | None) -> str | None:
     if split not in (None, "all"):
         cache.split_id(split)  # an unknown split fails here, naming the cache's
     return split
-
-
-def cache_digest(cache: Cache) -> str:
-    """Names a cache's content as a stream reads it, for a ``state_dict``: its bar count (an append
-    changes it) and a digest of its build fingerprint, features, symbols and segment table."""
-    h = hashlib.sha256(json.dumps([cache.manifest.build.fingerprint, cache.feature_names, cache.symbols]).encode())
-    h.update(np.ascontiguousarray(cache.local_segments, dtype=np.int64).tobytes())
-    return f"{cache.n_bars} bars #{h.hexdigest()[:12]}"
 
 
 def no_windows_error(

@@ -105,6 +105,7 @@ from ..errors import OptionError, OptionTypeError, SeveralCachesError, StateErro
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
 from .dataset import WindowDataset
+from .identity import check_reads, reads_of
 from .lifetime import StreamResources
 from .loader import StreamLoader
 from .mixture import Mixture
@@ -116,7 +117,6 @@ from .options import (
     LocalCopy,
     MetaBatch,
     PlanSettings,
-    cache_digest,
     count,
     parse_budget,
     rank_world,
@@ -322,7 +322,10 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         missing = [k for k in ("epoch", "history") if k not in state]
         if missing:
             raise StateError(f"state_dict has no {' or '.join(missing)}: not a WindowStream state_dict")
-        check_signature(state, self._signature())
+        mine = self._signature()
+        if "cache" in state and all(state.get(k) == v for k, v in mine.items() if k not in ("cache", "n_windows")):
+            check_reads(state["cache"], self._reads, self.sources.caches, self.split, state["epoch"])
+        check_signature(state, mine)
         epoch = state["epoch"]
         if isinstance(epoch, bool | np.bool_) or not isinstance(epoch, int | np.integer) or not 0 <= epoch < MAX_COUNT:
             raise StateError(f"state_dict epoch {epoch!r}: must be an int >= 0 (below 2**62)")
@@ -342,14 +345,14 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             "split": self.split,
             **self.order.signature(),
             "n_windows": self.planner.n_windows,
-            "cache": self._cache_digest,
+            "cache": self._reads[0] if len(self._reads) == 1 else self._reads,
             **{k: v for k, v in mixed.items() if v is not None},
         }
 
     @functools.cached_property
-    def _cache_digest(self) -> str | list[str]:
-        digests = [cache_digest(c) for c in self.sources.caches]
-        return digests[0] if len(digests) == 1 else digests
+    def _reads(self) -> list[dict[str, str]]:
+        """Per cache, what this stream's plan reads (``shardcache.read.identity``)."""
+        return reads_of(self.sources.caches, self.sources.row_bounds, self.read_spec.ranges)
 
     def begin_pass(self) -> Pass:
         """Begin the next pass in this process, as ``iter()`` does (and a ``loader()`` before its
