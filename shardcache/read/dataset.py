@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
 from ..format.windows import WindowSpec
-from .options import Batch, LocalCopy, window_spec
+from .options import Batch, LocalCopy, MetaBatch, window_spec
 from .readspec import ReadSpec
 from .sources import CacheInput, Sources
 
@@ -37,7 +37,7 @@ _LRU_BLOCKS = 4
 _INDEX_FORMS = "an int, a slice, or a sequence of ints (a list, a numpy array, a 1-d integer tensor)"
 
 
-class WindowDataset(Dataset[Batch]):
+class WindowDataset(Dataset[Batch | MetaBatch]):
     """Map-style windows in row order: ``ds[i]`` is ``Batch(x [seq_len, F], y [T])`` of the ``i``-th
     valid window (``y [len(horizon), T]`` for a sequence of horizons); negative ``i`` counts from
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
@@ -45,7 +45,12 @@ class WindowDataset(Dataset[Batch]):
     Takes the caches and window settings of ``WindowStream`` (keyword-only after ``seq_len``, the
     same split rule) and its ``cache_dir``/``cache_limit``; over several caches the index runs through
     cache 0's windows, then cache 1's (``offsets``, ``locate``). Keeps the last few decoded shard
-    blocks, so nearby indices cost no zarr call.
+    blocks, so nearby indices cost no zarr call. With ``meta=True`` items are ``MetaBatch``: each
+    window's place and times exactly as the stream gives them, for lining predictions up with bars.
+
+    Its order is the stream's: a ``WindowStream`` of the same caches and settings with
+    ``shuffle=False``, one rank, no ``weights`` and ``drop_last=False`` serves ``ds[0]``, ``ds[1]``,
+    ... ``ds[len(ds) - 1]`` in that order, ``batch_size`` at a time.
     """
 
     def __init__(
@@ -62,13 +67,14 @@ class WindowDataset(Dataset[Batch]):
         storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        meta: bool = False,
     ) -> None:
         self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
         local = LocalCopy.of(Sources.given(caches), cache_dir, cache_limit)
         # a temporary local copy (``sources.temporary``) lives as long as this dataset: removed when it is
         # collected, or at exit
         self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times, local=local)
-        self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=False)
+        self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=meta)
         self._ranges = self._read.ranges
         self._n = self._ranges.total()
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
@@ -101,12 +107,17 @@ class WindowDataset(Dataset[Batch]):
         k = int(np.searchsorted(self.offsets, pos, side="right")) - 1
         return k, pos - int(self.offsets[k])
 
-    def __getitem__(self, index: Any) -> Batch:
+    @property
+    def meta(self) -> bool:
+        """Whether items are ``MetaBatch``: the stream's metadata of each window (``meta=True``)."""
+        return self._read.meta
+
+    def __getitem__(self, index: Any) -> Batch | MetaBatch:
         """One window (an int index), or the windows of a slice or a sequence of ints, stacked."""
         i = _scalar(index, sequence_ok=True)
         if i is not None:
             b = self._gather(self._positions(np.asarray([i])))
-            return Batch(b.x[0], b.y[0])
+            return type(b)(*(field[0] for field in b))
         if isinstance(index, slice):
             try:
                 return self._gather(np.arange(*index.indices(self._n), dtype=np.int64))
@@ -114,11 +125,11 @@ class WindowDataset(Dataset[Batch]):
                 raise _refused(index, "a slice's bounds must be ints or None") from None
         return self._gather(self._positions(_index_array(index)))
 
-    def __getitems__(self, indices: Sequence[int]) -> list[Batch]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Batch | MetaBatch]:
         """The windows of ``indices`` as a list of samples, gathered together (torch's DataLoader
         calls this with each batch's indices and collates the list)."""
         b = self[indices]
-        return [Batch(x, y) for x, y in zip(b.x, b.y)]
+        return [type(b)(*fields) for fields in zip(*b)]
 
     def _positions(self, pos: np.ndarray) -> np.ndarray:
         """``pos`` (int64) checked against the window count, negatives counted from the end."""
@@ -127,9 +138,9 @@ class WindowDataset(Dataset[Batch]):
             raise IndexError(f"window {int(pos[np.argmax(bad)])} out of range for {self._n} windows")
         return pos % self._n if len(pos) else pos
 
-    def _gather(self, pos: np.ndarray) -> Batch:
+    def _gather(self, pos: np.ndarray) -> Batch | MetaBatch:
         """Windows at positions ``pos`` (checked), stacked: each shard's block read once, its windows
-        copied out of it together."""
+        copied out of it together; with ``meta``, their metadata as the stream gives it."""
         r, n = self._read, len(pos)
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
         x = np.empty(r.x_shape(n), np.float32)
@@ -143,6 +154,8 @@ class WindowDataset(Dataset[Batch]):
             ix, iy = self.spec.input_rows(local), self.spec.target_rows(local)
             x[sel] = block[ix] if r.xcols is None else block[ix[..., None], r.xcols]
             y[sel] = block[iy] if r.ycols is None else block[iy[..., None], r.ycols]
+        if r.meta:
+            return MetaBatch(torch.from_numpy(x), torch.from_numpy(y), *r.window_meta(rows))
         return Batch(torch.from_numpy(x), torch.from_numpy(y))
 
     def _block(self, shard: int) -> tuple[int, np.ndarray]:
