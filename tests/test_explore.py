@@ -245,3 +245,17 @@ def test_ls_reads_the_root_index_and_names_its_damage_in_one_line(cache_path, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"shardcache: error: {broken}: the shard index (shards) is damaged: ")
     assert err[0].endswith("; rebuild the cache")
+
+
+def test_to_xarray_lists_symbols_in_the_caches_order(tmp_path):
+    pytest.importorskip("xarray")
+    bars = make_bars({f"S{i}": 150 for i in range(12)}, n_features=2, seed=3)
+    cache = build_raw(write_parquet(tmp_path / "b.parquet", bars), tmp_path / "c.zarr", shard_rows=128, chunk_rows=64)
+    tree = to_xarray(cache)
+    names = [g.split("/")[1] for g in cache.manifest.groups]
+    assert list(tree["symbols"].children) == names  # not the store's listing, not text order ('10' < '2')
+    assert [tree["symbols"][k].symbol.item() for k in tree["symbols"].children] == cache.symbols
+    for path in cache.manifest.groups:
+        np.testing.assert_array_equal(
+            tree[path].features.values, open_symbol(cache, tree[path].symbol.item()).features.values
+        )

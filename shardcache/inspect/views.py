@@ -287,4 +287,19 @@ def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
     for i, path in enumerate(cache.groups):
         node = cast("xarray.DataTree", tree[path])  # a symbol's path names a node, never a variable
         tree[path] = _labelled(node.to_dataset(inherit=False), cache, i, split=False, names=False)
+    _in_symbol_order(tree, cache.groups)
     return tree
+
+
+def _in_symbol_order(tree: xarray.DataTree, groups: Sequence[str]) -> None:
+    """Put each symbol's node among its siblings in the cache's symbol order (``groups``): the store lists
+    groups in no order (``['3', '5', '2', ...]``), and ``symbols/10`` sorts before ``symbols/2`` as text."""
+    names: dict[str, list[str]] = {}
+    for g in groups:
+        parent, _, name = g.rpartition("/")
+        names.setdefault(parent, []).append(name)
+    for parent, order in names.items():
+        node = cast("xarray.DataTree", tree[parent]) if parent else tree
+        kids = dict(node.children)
+        ordered = [*(k for k in order if k in kids), *(k for k in kids if k not in set(order))]
+        node.children = {k: kids[k].copy() for k in ordered}
