@@ -155,7 +155,9 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         help="normalize with CACHE's statistics and split at its cut times instead of computing them",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="print nothing but warnings and errors: no progress, no summary"
+    )
 
 
 def _explicit(argv: Sequence[str]) -> set[str]:
@@ -201,7 +203,8 @@ def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
     cache = append_cache(args.sources, args.out, stats=args.stats or "frozen", run=run)
     windows = cache.manifest.counts.windows
-    _print_info(info(cache, windows.seq_len, windows.horizon), args.json)
+    if args.json or not args.quiet:
+        _print_info(info(cache, windows.seq_len, windows.horizon), args.json)
     return 0
 
 
@@ -217,7 +220,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.stats is not None:
         raise ShardcacheError("--stats applies to --append; for a new build use --stats-from CACHE")
     cache = build_cache(args.sources, args.out, options, run=run)
-    _print_info(info(cache, options.seq_len, options.horizon), args.json)
+    if args.json or not args.quiet:  # --json asks for the summary as a document: -q does not drop it
+        _print_info(info(cache, options.seq_len, options.horizon), args.json)
     return 0
 
 

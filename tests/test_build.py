@@ -214,7 +214,7 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
     assert "skipped_symbols" not in cache.manifest.counts.to_json()
     assert n_windows(cache, 60, horizon=1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
     assert n_windows(cache, 5, horizon=1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
-    r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "-q", "--seq-len", "100")
+    r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "--seq-len", "100")
     assert r.returncode == 0 and "LONG, TINY" in r.stdout and "skipped" not in r.stdout
 
 
@@ -438,7 +438,8 @@ def test_bad_input_one_line_error(case, small_sample, tmp_path):
 
 def test_existing_output_needs_overwrite(small_sample, tmp_path):
     out = tmp_path / "c.zarr"
-    assert run_cli(str(small_sample[0]), "--out", str(out), "-q").returncode == 0
+    quiet = run_cli(str(small_sample[0]), "--out", str(out), "-q")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")  # -q: nothing printed on success
     r = run_cli(str(small_sample[0]), "--out", str(out), "-q")
     assert r.returncode == 2 and "--overwrite" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     one_day = open_cache(out).n_bars

@@ -420,10 +420,10 @@ def test_zscore_needs_train_bars_and_a_train_split(tmp_path, capsys, caplog):
     path = str(write_dbn(tmp_path / "a.dbn", "ohlcv-1m", bars(ts, np.linspace(10, 11, 100), 7), symbols={7: "ESH4"}))
     assert "the train split has no bars" in refused(capsys, tmp_path / "a.zarr", path, "--split", "val=1999-01-01")
     assert "a split named train" in refused(capsys, tmp_path / "b.zarr", path, "--split", "a=0.5,b=0.5")
-    rc, out, _err = cli(capsys, path, "--out", str(tmp_path / "c.zarr"), "-q", "--split", "val=2099-01-01")
+    rc, out, _err = cli(capsys, path, "--out", str(tmp_path / "c.zarr"), "--split", "val=2099-01-01")
     assert rc == 0 and "split val has no bars" in caplog.text
     assert "mean and std of the train split" in out
-    rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "d.zarr"), "-q")
+    rc, out, _ = cli(capsys, path, "--out", str(tmp_path / "d.zarr"))
     assert rc == 0 and "mean and std of all bars" in out
     rc, out, _ = cli(
         capsys, path, "--out", str(tmp_path / "e.zarr"), "-q", "--split", "a=0.5,b=0.5", "--normalize", "none"
