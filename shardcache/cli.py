@@ -111,7 +111,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
     p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
     p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
-    p.add_argument("--codec", choices=CODECS, default=default["codec"])
+    p.add_argument(
+        "--codec",
+        choices=CODECS,
+        default=default["codec"],
+        help="the features' compression: blosc-lz4 (default: Blosc shuffle + LZ4), zstd, lz4 or none",
+    )
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument(
         "--scheduler",
@@ -456,38 +461,45 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if n == expected else 1
 
 
+_CACHE_HELP = "the cache: a directory or an fsspec URL (s3://...)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="shardcache", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(
+        prog="shardcache",
+        description="Build, inspect and check shardcache caches (shardcache build is build-cache); "
+        "COMMAND --help for each command's options.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of:")
     b = sub.add_parser("build", help="build a cache (same as build-cache)")
     _add_build_args(b)
     b.set_defaults(func=_cmd_build)
     i = sub.add_parser("info", help="summarize a cache")
-    i.add_argument("cache")
-    i.add_argument("--seq-len", type=int, default=60)
-    i.add_argument("--horizon", type=int, default=1)
-    i.add_argument("--json", action="store_true")
+    i.add_argument("cache", help=_CACHE_HELP)
+    i.add_argument("--seq-len", type=int, default=60, help="input bars per window, for the window counts (60)")
+    i.add_argument("--horizon", type=int, default=1, help="target bars ahead, for the window counts (1)")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
     _add_storage_arg(i)
     i.set_defaults(func=_cmd_info, quiet=True)
     ls = sub.add_parser("ls", help="list the shards: rows, symbols, time range, stored bytes, ratio")
-    ls.add_argument("cache")
+    ls.add_argument("cache", help=_CACHE_HELP)
     ls.add_argument("--json", action="store_true", help="print the table as JSON")
     _add_storage_arg(ls)
     ls.set_defaults(func=_cmd_ls, quiet=True)
     v = sub.add_parser("verify", help="re-read every shard: checksums, digests, timestamps, segments")
-    v.add_argument("cache")
+    v.add_argument("cache", help=_CACHE_HELP)
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_storage_arg(v)
     v.set_defaults(func=_cmd_verify, quiet=True)
     s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
-    s.add_argument("out")
-    s.add_argument("--days", type=int, default=360)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("out", help="folder to write the daily .dbn.zst files into")
+    s.add_argument("--days", type=int, default=360, help="trading days to generate, from 2023-01-02 (360)")
+    s.add_argument("--seed", type=int, default=0, help="random seed of the synthetic prices (0)")
     s.set_defaults(func=_cmd_sample, quiet=False)
     d = sub.add_parser("demo", help="generate the sample, build it, stream one epoch and report")
-    d.add_argument("--dir", default="data/sample")
-    d.add_argument("--days", type=int, default=360)
-    d.add_argument("--seq-len", type=int, default=60)
+    d.add_argument("--dir", default="data/sample", help="folder for the DBN files and cache.zarr (data/sample)")
+    d.add_argument("--days", type=int, default=360, help="trading days of the sample (360)")
+    d.add_argument("--seq-len", type=int, default=60, help="input bars per window of the streamed epoch (60)")
     d.set_defaults(func=_cmd_demo, quiet=False)
     return p
 
