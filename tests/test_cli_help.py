@@ -14,7 +14,7 @@ import pytest
 from shardcache.cli import _add_build_args, _parser
 
 BIN = Path(sys.executable).parent
-MARKUP = re.compile(r"``|:(func|class|meth|mod|attr):|^\.\. |`[^`]+`_", re.M)
+MARKUP = re.compile(r"``|:(func|class|meth|mod|attr):|^\.\. |`[^`]+`_", re.MULTILINE)
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
