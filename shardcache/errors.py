@@ -82,7 +82,9 @@ class SourceError(ShardcacheError, ValueError):
 
     def __init__(self, path: object, problem: str) -> None:
         self.path = str(path)
+        """The input file."""
         self.problem = problem
+        """What is wrong with it."""
         super().__init__(f"{self.path}: {problem}")
 
     def __reduce__(self) -> tuple[type, tuple[str, str]]:  # picklable across dask workers

@@ -24,11 +24,17 @@ class RunOptions:
     the output, ``resume`` an interrupted run, fsspec ``storage_options``, a ``progress`` display."""
 
     workers: int | None = None
+    """Local dask threads (None: one per core)."""
     scheduler: Any = None
+    """A dask.distributed scheduler address or Client (None: ``DASK_SCHEDULER_ADDRESS``, else local threads)."""
     overwrite: bool = False
+    """Replace a cache already at the output (it stays readable until the new one is swapped in)."""
     resume: bool = False
+    """Finish an interrupted run from its finished tasks (same inputs and options)."""
     storage_options: dict[str, Any] | None = None
+    """fsspec options for the inputs and the output (``{'endpoint_url': ...}``)."""
     progress: bool = True
+    """Show a progress display (on stderr)."""
 
     def __post_init__(self) -> None:
         if self.workers is not None:
@@ -40,6 +46,7 @@ class RunOptions:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
+        """The settings' names, in order."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
 

@@ -97,6 +97,9 @@ class Cache:
     ``WindowStream`` used with ``num_workers > 0``.
     """
 
+    manifest: Manifest
+    """The cache's root attributes (``attrs['shardcache']``) read into typed parts."""
+
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         self.url = os.fspath(url)
         self.storage_options = storage_options
@@ -332,10 +335,12 @@ class Cache:
     # -- manifest views ------------------------------------------------------------------
     @property
     def feature_names(self) -> list[str]:
+        """Feature names, in column order."""
         return list(self.manifest.feature_names)
 
     @property
     def symbols(self) -> list[str]:
+        """Symbol names, in the cache's order."""
         return list(self.manifest.symbols)
 
     @property
@@ -345,6 +350,7 @@ class Cache:
 
     @property
     def split_names(self) -> list[str]:
+        """Split names in time order (``['all']`` without splits)."""
         return list(self.manifest.splits.names)
 
     @property
@@ -357,18 +363,22 @@ class Cache:
 
     @property
     def n_bars(self) -> int:
+        """Bars stored, every symbol together."""
         return int(self.manifest.counts.bars)
 
     @property
     def n_features(self) -> int:
+        """Features per bar."""
         return len(self.manifest.feature_names)
 
     @property
     def shard_rows(self) -> int:
+        """Rows per shard."""
         return int(self.manifest.layout.shard_rows)
 
     @property
     def chunk_rows(self) -> int:
+        """Rows per inner chunk."""
         return int(self.manifest.layout.chunk_rows)
 
     @property

@@ -86,10 +86,14 @@ class Stats:
     """Z-score statistics per feature (in ``feature_names`` order) and the bars they were taken over."""
 
     mean: list[float]
+    """Each feature's mean over the statistics' bars."""
     std: list[float]
+    """Each feature's standard deviation over them."""
     count: int
+    """The bars they were computed over."""
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['stats']``)."""
         return {"mean": self.mean, "std": self.std, "count": self.count}
 
 
@@ -98,10 +102,15 @@ class Splits:
     """The split layout: its spec, names in time order, cut times and bars per split."""
 
     spec: str = "none"
+    """The ``--split`` given: ``none``, fractions or dates."""
     names: list[str] = field(default_factory=lambda: ["all"])
+    """Split names in time order (``['all']`` without splits)."""
     stats_split: str | None = None  # JSON "stats_from": where z-score statistics come from (train, all) or None
+    """The split z-score statistics come from (``train``, ``all``), or None."""
     cuts_ns: list[int] = field(default_factory=list)  # where each later split starts
+    """Where each later split starts (ns since the epoch, UTC)."""
     bars: dict[str, int] = field(default_factory=dict)
+    """Bars in each split."""
 
     @property
     def cuts(self) -> list[str]:
@@ -109,6 +118,7 @@ class Splits:
         return [str(np.datetime64(int(c), "ns")) for c in self.cuts_ns]
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['splits']``)."""
         return {
             "spec": self.spec,
             "names": self.names,
@@ -124,10 +134,14 @@ class Windows:
     """The summary's window count at the build's ``seq_len`` and ``horizon`` (stride 1, every split)."""
 
     seq_len: int = 60
+    """The ``seq_len`` the build's window count is for."""
     horizon: int = 1
+    """The ``horizon`` the build's window count is for."""
     count: int = 0
+    """Valid windows at that ``seq_len`` and ``horizon``, all splits."""
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``counts['windows']``)."""
         return {"seq_len": self.seq_len, "horizon": self.horizon, "count": self.count}
 
 
@@ -136,17 +150,28 @@ class Counts:
     """What the build (and each append) counted."""
 
     bars: int = 0
+    """Bars stored."""
     records_read: int = 0
+    """Records read from the inputs."""
     symbols: int = 0
+    """Symbols stored."""
     segments: int = 0
+    """Segments: runs of bars no window crosses (gaps, splits, rolls cut them)."""
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> records
+    """Records dropped, by reason."""
     reordered: int = 0  # records out of time order, sorted
+    """Records out of time order, sorted into place."""
     rolls: int = 0
+    """Contract rolls of continuous symbols."""
     resampled: dict[str, Any] | None = None  # {"from": [bar sizes], "to": bar size} when --bar resampled DBN bars
+    """With ``--bar``: the bar sizes read and the one stored."""
     unmapped: dict[str, int] | None = None  # DBN instruments with no symbol mapping (``checks.resolve_unmapped``)
+    """DBN instruments with no symbol mapping, by file."""
     windows: Windows = field(default_factory=Windows)
+    """The build's window count (``Windows``)."""
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['counts']``)."""
         out: dict[str, Any] = {
             "bars": self.bars,
             "records_read": self.records_read,
@@ -169,13 +194,17 @@ class Bytes:
     """Stored bytes of the features' shard objects against their raw float32 size."""
 
     stored: int = 0
+    """Bytes of the stored feature shards."""
     raw: int = 0
+    """Bytes of the same features decoded (float32)."""
 
     @property
     def ratio(self) -> float | None:
+        """``raw / stored`` (None when nothing is stored)."""
         return round(self.raw / self.stored, 3) if self.stored else None
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['bytes']``)."""
         return {"stored": self.stored, "raw": self.raw, "ratio": self.ratio}
 
 
@@ -184,11 +213,16 @@ class Layout:
     """Rows per shard and per inner chunk, the features' codec and the number of shards of all symbols."""
 
     shard_rows: int
+    """Rows per shard (one object per shard and symbol)."""
     chunk_rows: int
+    """Rows per inner chunk (the unit of compression inside a shard)."""
     codec: str = "blosc-lz4"
+    """The features' codec: ``blosc-lz4``, ``zstd``, ``lz4`` or ``none``."""
     shards: int = 0
+    """Shard objects of ``features``, all symbols together."""
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['layout']``)."""
         return {
             "shard_rows": self.shard_rows,
             "chunk_rows": self.chunk_rows,
@@ -203,12 +237,18 @@ class BuildRecord:
     run's worker threads (recorded, never an option)."""
 
     options: BuildOptions = field(default_factory=BuildOptions)
+    """The build's ``BuildOptions``, as given."""
     max_gap_ns: int = 0
+    """``max_gap`` resolved (ns): bars further apart start a new segment."""
     bar_ns: int | None = None
+    """The bar size (ns), as read or resampled to (None: unknown)."""
     fingerprint: str = ""  # ``staging.digest`` of the inputs, options and versions
+    """A digest of the inputs, options and versions: what a ``--resume`` must match."""
     workers: int | None = None
+    """Threads the build ran on (recorded, never an option)."""
 
     def to_json(self) -> dict[str, Any]:
+        """The stored form (``attrs['shardcache']['build']``)."""
         return {
             **self.options.to_json(),
             "max_gap_ns": self.max_gap_ns,

@@ -44,10 +44,15 @@ class WindowSpec:
     """
 
     seq_len: int
+    """Input bars per window."""
     horizon: int | tuple[int, ...] = 1
+    """Target bars after the last input bar: an int >= 0, or a tuple of them (one target each)."""
     stride: int = 1
+    """Rows between consecutive window starts of a segment (1: every window)."""
     features: tuple[str, ...] | None = None
+    """The input columns, by name (None: every feature)."""
     target: tuple[str, ...] | None = None
+    """The target columns, by name (None: every feature)."""
 
     def __post_init__(self) -> None:
         for name in ("features", "target"):

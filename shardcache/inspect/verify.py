@@ -66,14 +66,21 @@ class VerifyReport:
     """What ``verify_cache`` checked and found; ``ok`` when nothing is wrong."""
 
     path: str
+    """The cache verified."""
     shards: int
+    """Shard objects read."""
     rows: int
+    """Rows decoded."""
     digests_checked: int
+    """Shards whose digest was compared with the root index."""
     problems: list[Problem] = field(default_factory=list)
+    """Every problem found (none: the cache is intact)."""
     elapsed_s: float = 0.0
+    """Seconds the check took."""
 
     @property
     def ok(self) -> bool:
+        """Whether no problem was found."""
         return not self.problems
 
     @property

@@ -37,23 +37,36 @@ class ShardInfo:
     """One stored shard of one symbol's ``features``: its object, its rows and bars, its size."""
 
     symbol: str
+    """The shard's symbol."""
     symbol_id: int
+    """Its index into the cache's ``symbols``."""
     group: str
+    """The symbol's group path, relative to the root."""
     shard: int
+    """The shard's index among the symbol's shards."""
     key: str
+    """The shard object's key, relative to the root."""
     start: int
+    """First row of the shard in the symbol's arrays."""
     stop: int
+    """Row after its last."""
     first_ts: int
+    """Its first bar's time (ns since the epoch, UTC)."""
     last_ts: int
+    """Its last bar's time (ns since the epoch, UTC)."""
     raw_bytes: int
+    """Its features decoded (float32 bytes)."""
     stored_bytes: int | None
+    """Its object's size (None: the object is missing)."""
 
     @property
     def rows(self) -> int:
+        """Bars in the shard."""
         return self.stop - self.start
 
     @property
     def missing(self) -> bool:
+        """Whether the shard's object is missing."""
         return self.stored_bytes is None
 
     @property

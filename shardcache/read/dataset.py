@@ -78,13 +78,33 @@ class WindowDataset(Dataset[Batch | MetaBatch]):
         self._ranges = self._read.ranges
         self._n = self._ranges.total()
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
+        """Index of each cache's first window, then the total (``len(caches) + 1`` ints)."""
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
 
-    seq_len = property(lambda self: self.spec.seq_len)
-    horizon = property(lambda self: self.spec.horizon)
-    span = property(lambda self: self.spec.span)
-    caches = property(lambda self: self.sources.caches, doc="The caches indexed, in the order given.")
-    split = property(lambda self: self.sources.split)
+    @property
+    def seq_len(self) -> int:
+        """Input bars per window."""
+        return self.spec.seq_len
+
+    @property
+    def horizon(self) -> int | tuple[int, ...]:
+        """Target rows after a window's last input bar (a tuple: one target each)."""
+        return self.spec.horizon
+
+    @property
+    def span(self) -> int:
+        """Rows one window reads: its inputs and its furthest target."""
+        return self.spec.span
+
+    @property
+    def caches(self) -> tuple[Cache, ...]:
+        """The caches indexed, in the order given."""
+        return self.sources.caches
+
+    @property
+    def split(self) -> str | None:
+        """The split indexed (``None``: every bar)."""
+        return self.sources.split
 
     @property
     def cache(self) -> Cache:

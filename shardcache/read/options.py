@@ -62,7 +62,9 @@ class Batch(NamedTuple):
     """A batch: ``x`` float32 ``[B, seq_len, F]``, ``y`` float32 ``[B, T]`` (``[B, len(horizon), T]``)."""
 
     x: torch.Tensor
+    """Inputs, float32 ``[B, seq_len, F]``."""
     y: torch.Tensor
+    """Targets, float32 ``[B, T]`` (``[B, len(horizon), T]`` for a sequence of horizons)."""
 
 
 class MetaBatch(NamedTuple):
@@ -80,12 +82,19 @@ class MetaBatch(NamedTuple):
     """
 
     x: torch.Tensor
+    """Inputs, float32 ``[B, seq_len, F]``."""
     y: torch.Tensor
+    """Targets, float32 ``[B, T]`` (``[B, len(horizon), T]`` for a sequence of horizons)."""
     index: torch.Tensor  # type: ignore[assignment]  # the public field name shadows tuple.index
+    """``[B, 2]``: each window's symbol and the row of its first bar in that symbol's arrays."""
     symbol: torch.Tensor
+    """``[B]``: each window's symbol, an index into its cache's ``symbols``."""
     time: torch.Tensor
+    """``[B]``: ns since the epoch (UTC) of each window's last input bar."""
     target_time: torch.Tensor
+    """``[B]`` (``[B, len(horizon)]``): ns since the epoch (UTC) of each target bar."""
     source: torch.Tensor
+    """``[B]``: each window's cache, an index into the stream's ``caches``."""
 
 
 def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:

@@ -119,12 +119,14 @@ class Sources:
         self.temporary = temporary  # a temporary node-local copy of remote caches' shards, removed by its owner
         self.caches = tuple(caches)
         self.urls = [c.url for c in self.caches]
+        """Each cache's URL, in the order given."""
         _check_features(self.caches, self.urls)
         _check_normalized(self.caches, self.urls)
         self.shard_rows = math.gcd(*(c.shard_rows for c in self.caches))
         self.row_bounds = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
         self.split_times = split_times
         self.split = self._choose(split)
+        """The split read (``None``: every bar)."""
         self.tables: list[SegmentSource] = [c if split_times is None else split_times.table(c) for c in self.caches]
 
     @staticmethod

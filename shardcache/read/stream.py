@@ -216,22 +216,85 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
-    caches = property(lambda self: self.sources.caches, doc="The caches streamed, in the order given.")
-    split = property(lambda self: self.sources.split)
-    weights = property(lambda self: self.mixture.weights)
-    seq_len = property(lambda self: self.spec.seq_len)
-    horizon = property(lambda self: self.spec.horizon)
-    stride = property(lambda self: self.spec.stride)
-    span = property(lambda self: self.spec.span)
-    meta = property(lambda self: self.read_spec.meta)
-    batch_size = property(lambda self: self.order.batch_size)
-    shuffle = property(lambda self: self.order.shuffle)
-    seed = property(lambda self: self.order.seed)
-    mix = property(lambda self: self.order.mix)
-    drop_last = property(lambda self: self.order.drop_last)
-    prefetch = property(lambda self: self.settings.prefetch)
-    memory_budget = property(lambda self: self.settings.memory_budget)
-    device = property(lambda self: self.settings.device)
+    @property
+    def caches(self) -> tuple[Cache, ...]:
+        """The caches streamed, in the order given."""
+        return self.sources.caches
+
+    @property
+    def split(self) -> str | None:
+        """The split streamed (``None``: every bar)."""
+        return self.sources.split
+
+    @property
+    def weights(self) -> tuple[float, ...] | None:
+        """Each cache's share of an epoch's windows (``None``: every window once)."""
+        return self.mixture.weights
+
+    @property
+    def seq_len(self) -> int:
+        """Input bars per window."""
+        return self.spec.seq_len
+
+    @property
+    def horizon(self) -> int | tuple[int, ...]:
+        """Target rows after a window's last input bar (a tuple: one target each)."""
+        return self.spec.horizon
+
+    @property
+    def stride(self) -> int:
+        """Rows between consecutive window starts."""
+        return self.spec.stride
+
+    @property
+    def span(self) -> int:
+        """Rows one window reads: its inputs and its furthest target."""
+        return self.spec.span
+
+    @property
+    def meta(self) -> bool:
+        """Whether batches are ``MetaBatch`` (each window's place and times)."""
+        return self.read_spec.meta
+
+    @property
+    def batch_size(self) -> int:
+        """Windows per batch."""
+        return self.order.batch_size
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether each epoch is shuffled (shard order and within pools)."""
+        return self.order.shuffle
+
+    @property
+    def seed(self) -> int:
+        """The shuffle's seed: epoch ``e`` of seed ``s`` is the same on every run."""
+        return self.order.seed
+
+    @property
+    def mix(self) -> int:
+        """Shards whose windows one pool shuffles together."""
+        return self.order.mix
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether a last short batch is dropped."""
+        return self.order.drop_last
+
+    @property
+    def prefetch(self) -> int:
+        """Batches read ahead of the one served (the bound on memory)."""
+        return self.settings.prefetch
+
+    @property
+    def memory_budget(self) -> int | None:
+        """Bytes a resident split may hold decoded (``None``: streamed)."""
+        return self.settings.memory_budget
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches are made (``cuda`` gathers on the GPU)."""
+        return self.settings.device
 
     @property
     def cache(self) -> Cache:
@@ -261,15 +324,18 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
 
     @property
     def world(self) -> int:
+        """The world size (ranks), as a plan made now would use it."""
         return rank_world(self._dist_hint)[1]
 
     @property
     def resident(self) -> bool:
         """Whether in-process passes keep the split's decoded bars: ``memory_budget`` covers them."""
-        return self._resident_bytes is not None and self._resident_bytes <= self.memory_budget
+        need, budget = self._resident_bytes, self.memory_budget
+        return need is not None and budget is not None and need <= budget
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` ran: a closed stream serves no batch."""
         return self.resources.closed
 
     def check_open(self) -> None:
