@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -422,7 +423,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     import psutil
 
     from .build.builder import build_cache
-    from .build.sample import make_sample
+    from .build.sample import make_sample, sample_files
     from .build.tasks import tune_allocator
     from .inspect.views import info
     from .read.plan import valid_ranges
@@ -431,14 +432,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     _at_least_one(days=args.days, seq_len=args.seq_len)
     tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
-    if not os.path.isdir(data) or not os.listdir(data):
+    files = sample_files(data, days=args.days)  # a shorter sample is the longer one's first days
+    if all(f.is_file() for f in files):
+        there = len(list(Path(data).glob("*.dbn.zst")))
+        print(f"1. using the sample's first {len(files)} days of the {there} daily DBN files already in {data}")
+    else:
         t0 = time.perf_counter()
         files = make_sample(data, days=args.days)
         print(f"1. generated {len(files)} daily DBN files in {data} ({time.perf_counter() - t0:.1f} s)")
-    else:
-        print(f"1. using the DBN files already in {data}")
     t0 = time.perf_counter()
-    cache = build_cache(data, out, split="train=0.8,val=0.1,test=0.1", overwrite=True)
+    cache = build_cache([str(f) for f in files], out, split="train=0.8,val=0.1,test=0.1", overwrite=True)
     build_s = time.perf_counter() - t0
     print(f"2. built {out} in {build_s:.1f} s ({cache.n_bars / build_s:,.0f} bars/s)")
     print(format_info(info(cache, args.seq_len)))

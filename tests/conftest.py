@@ -68,7 +68,10 @@ SLOW_TESTS = {  # file -> test function -> why
         "test_every_shared_dbn_file_builds_or_is_refused_cleanly": "a build per shared DBN file",
         "test_default_sample_every_row_and_timestamp": "the full 360-day sample, decoded twice",
     },
-    "test_sample.py": {"test_default_sample_size": "the full 360-day sample"},
+    "test_sample.py": {
+        "test_default_sample_size": "the full 360-day sample",
+        "test_demo_days_always_gives_that_many_days": "three demo processes: generate, build, stream",
+    },
     "test_notebook.py": {  # also slow by their fixture (this_python_kernel); named so a rename is caught
         "test_notebook_runs_and_draws_its_figures": "a notebook kernel",
         "test_notebook_builds_a_small_cache_when_there_is_none": "a notebook kernel",

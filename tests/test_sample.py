@@ -166,3 +166,36 @@ def test_make_sample_parquet(tmp_path: Path) -> None:
         tmp_path / "again", n_bars=10_001, n_features=16, symbols=["A", "B", "C"], rows_per_file=3000
     )
     assert pq.read_table(again[3]).equals(tables[3])
+
+
+def _demo(work: Path, days: int) -> str:
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "shardcache"
+    r = subprocess.run(
+        [str(exe), "demo", "--dir", str(work), "--days", str(days), "--seq-len", "10"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_demo_days_always_gives_that_many_days(tmp_path):
+    from shardcache import open_cache
+    from shardcache.build.sample import sample_files
+
+    def bars_of(days: int) -> int:
+        return len(next(iter(bars(sample_files(tmp_path / "dbn", days=days)).values())))
+
+    assert "1. generated 3 daily DBN files" in _demo(tmp_path, 3)
+    assert open_cache(tmp_path / "cache.zarr").n_bars == bars_of(3)
+    later = _demo(tmp_path, 2)  # after a longer sample: its first 2 days, not all 3
+    assert "1. using the sample's first 2 days of the 3 daily DBN files already in" in later
+    assert open_cache(tmp_path / "cache.zarr").n_bars == bars_of(2) < bars_of(3)
+    assert "1. generated 4 daily DBN files" in _demo(tmp_path, 4)  # more days than are there: made
+    assert open_cache(tmp_path / "cache.zarr").n_bars == bars_of(4)
+    assert sorted((tmp_path / "dbn").iterdir()) == sample_files(tmp_path / "dbn", days=4)

@@ -32,7 +32,16 @@ from databento_dbn.metadata import MappingInterval
 from .sources.base import DAY_NS, TS_MAX
 from .sources.dbn import SCHEMAS, UNDEF_PRICE, record_dtype
 
-__all__ = ["CONTRACTS", "SYMBOLS", "Contract", "make_sample", "make_sample_parquet", "session_minutes", "write_dbn"]
+__all__ = [
+    "CONTRACTS",
+    "SYMBOLS",
+    "Contract",
+    "make_sample",
+    "make_sample_parquet",
+    "sample_files",
+    "session_minutes",
+    "write_dbn",
+]
 
 MINUTE_NS = 60_000_000_000
 SESSION_MINUTES = 23 * 60
@@ -141,9 +150,7 @@ def make_sample(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    first = dt.date.fromisoformat(start)
-    weekdays = (first + dt.timedelta(days=i) for i in range(7 * days))
-    dates = [d for d in weekdays if d.weekday() < 5][:days]
+    dates = _dates(days, start)
     contracts = _contracts(symbols)
     prices = [c.price for c in contracts]
     names = {c.instrument_id: c.symbol for c in contracts}
@@ -157,11 +164,27 @@ def make_sample(
             parts.append(recs)
         recs = np.concatenate(parts)
         recs = recs[np.lexsort((recs["instrument_id"], recs["ts_event"]))]
-        path = out / f"glbx-mdp3-{date:%Y%m%d}.ohlcv-1m.dbn.zst"
+        path = out / _name(date)
         written.append(write_dbn(path, "ohlcv-1m", recs, symbols=names))
         if progress is not None:
             progress(n, len(dates))
     return written
+
+
+def sample_files(out_dir: str | os.PathLike[str], *, days: int = 360, start: str = "2023-01-02") -> list[Path]:
+    """The files ``make_sample(out_dir, days=days, start=start)`` writes, without writing them: a shorter
+    sample is a prefix of a longer one, so these name its first ``days`` days."""
+    return [Path(out_dir) / _name(d) for d in _dates(days, start)]
+
+
+def _dates(days: int, start: str) -> list[dt.date]:
+    first = dt.date.fromisoformat(start)
+    weekdays = (first + dt.timedelta(days=i) for i in range(7 * days))
+    return [d for d in weekdays if d.weekday() < 5][:days]
+
+
+def _name(date: dt.date) -> str:
+    return f"glbx-mdp3-{date:%Y%m%d}.ohlcv-1m.dbn.zst"
 
 
 def _fixed_prices(values: np.ndarray) -> np.ndarray:
