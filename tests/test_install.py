@@ -204,3 +204,20 @@ def test_dask_workers_preloading_shardcache_tasks_are_tuned():
     ):
         assert list(client.run(tuned).values()) == [_glibc()]
     assert tasks._tuned is before  # the preload tunes the workers, never the driver
+
+
+def test_make_demo_installs_the_build_extra_only(tmp_path):
+    """``make demo`` (a real make, dry run) installs torch and ``.[build]`` into a fresh venv, saying so; a venv
+    that ``make test`` already filled is taken as it is; ``make test`` still installs everything."""
+    venv = tmp_path / "v"
+    dry = subprocess.run(["make", "-n", "demo", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "installing torch (CPU) and shardcache[build]" in dry.stdout
+    assert '-e ".[build]"' in dry.stdout and ".[test]" not in dry.stdout
+    full = subprocess.run(["make", "-n", "test", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert '-e ".[test]"' in full.stdout
+    venv.mkdir()
+    (venv / ".installed").touch()  # everything, newer than pyproject.toml
+    real = subprocess.run(
+        ["make", "-s", f"{venv}/.installed-demo", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert real.stdout == "" and (venv / ".installed-demo").exists()  # no install, no word
