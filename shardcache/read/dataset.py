@@ -29,7 +29,7 @@ from ..format.cache import Cache
 from ..format.windows import WindowSpec
 from .options import Batch, LocalCopy, MetaBatch, window_spec
 from .readspec import ReadSpec
-from .sources import CacheInput, Sources
+from .sources import CacheInput, ReadsWindows, Sources
 
 __all__ = ["WindowDataset"]
 
@@ -37,7 +37,7 @@ _LRU_BLOCKS = 4
 _INDEX_FORMS = "an int, a slice, or a sequence of ints (a list, a numpy array, a 1-d integer tensor)"
 
 
-class WindowDataset(Dataset[Batch | MetaBatch]):
+class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
     """Map-style windows in row order: ``ds[i]`` is ``Batch(x [seq_len, F], y [T])`` of the ``i``-th
     valid window (``y [len(horizon), T]`` for a sequence of horizons); negative ``i`` counts from
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
@@ -80,31 +80,6 @@ class WindowDataset(Dataset[Batch | MetaBatch]):
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         """Index of each cache's first window, then the total (``len(caches) + 1`` ints)."""
         self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
-
-    @property
-    def seq_len(self) -> int:
-        """Input bars per window."""
-        return self.spec.seq_len
-
-    @property
-    def horizon(self) -> int | tuple[int, ...]:
-        """Target rows after a window's last input bar (a tuple: one target each)."""
-        return self.spec.horizon
-
-    @property
-    def span(self) -> int:
-        """Rows one window reads: its inputs and its furthest target."""
-        return self.spec.span
-
-    @property
-    def caches(self) -> tuple[Cache, ...]:
-        """The caches indexed, in the order given."""
-        return self.sources.caches
-
-    @property
-    def split(self) -> str | None:
-        """The split indexed (``None``: every bar)."""
-        return self.sources.split
 
     @property
     def cache(self) -> Cache:

@@ -31,7 +31,7 @@ from ..format.splits import parse_split
 from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
 from .options import LocalCopy, check_split, no_windows_error, open_for_reading
 
-__all__ = ["CacheInput", "Sources", "SplitTimes"]
+__all__ = ["CacheInput", "ReadsWindows", "Sources", "SplitTimes"]
 
 CacheInput = Cache | str | os.PathLike[str]
 """One cache as a stream takes it: an open ``Cache``, or a path or fsspec URL to open."""
@@ -450,3 +450,36 @@ def _named(exc: ShardcacheError, url: str) -> ShardcacheError:
     if isinstance(exc, OptionError):
         return OptionError(exc.option, exc.value, f"{url}: {exc.problem}", exc.mentions)
     return CacheError(f"{url}: {exc}" if url not in str(exc) else str(exc))
+
+
+class ReadsWindows:
+    """The window settings (``spec``) and the caches read (``sources``) of a stream or a dataset, as the
+    properties both show."""
+
+    spec: WindowSpec
+    sources: Sources
+
+    @property
+    def seq_len(self) -> int:
+        """Input bars per window."""
+        return self.spec.seq_len
+
+    @property
+    def horizon(self) -> int | tuple[int, ...]:
+        """Target rows after a window's last input bar (a tuple: one target each)."""
+        return self.spec.horizon
+
+    @property
+    def span(self) -> int:
+        """Rows one window reads: its inputs and its furthest target."""
+        return self.spec.span
+
+    @property
+    def caches(self) -> tuple[Cache, ...]:
+        """The caches read, in the order given."""
+        return self.sources.caches
+
+    @property
+    def split(self) -> str | None:
+        """The split read (``None``: every bar)."""
+        return self.sources.split

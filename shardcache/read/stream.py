@@ -128,14 +128,14 @@ from .reader import RUN_BYTES, RUNS_AHEAD, Reader
 from .readspec import ReadSpec
 from .resident import resident_bytes
 from .ship import forget, ship
-from .sources import CacheInput, Sources
+from .sources import CacheInput, ReadsWindows, Sources
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
 
 _SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer iter()"
 
 
-class WindowStream(IterableDataset[Batch | MetaBatch]):
+class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     """Every valid window of a cache (one ``split``), shuffled by shard pools, as ready batches.
 
     ``WindowStream(cache, 60, split="train")``: ``seq_len`` (or a ``WindowSpec``) is the only
@@ -216,15 +216,6 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
             self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     # -- settings ------------------------------------------------------------------------
-    @property
-    def caches(self) -> tuple[Cache, ...]:
-        """The caches streamed, in the order given."""
-        return self.sources.caches
-
-    @property
-    def split(self) -> str | None:
-        """The split streamed (``None``: every bar)."""
-        return self.sources.split
 
     @property
     def weights(self) -> tuple[float, ...] | None:
@@ -232,24 +223,9 @@ class WindowStream(IterableDataset[Batch | MetaBatch]):
         return self.mixture.weights
 
     @property
-    def seq_len(self) -> int:
-        """Input bars per window."""
-        return self.spec.seq_len
-
-    @property
-    def horizon(self) -> int | tuple[int, ...]:
-        """Target rows after a window's last input bar (a tuple: one target each)."""
-        return self.spec.horizon
-
-    @property
     def stride(self) -> int:
         """Rows between consecutive window starts."""
         return self.spec.stride
-
-    @property
-    def span(self) -> int:
-        """Rows one window reads: its inputs and its furthest target."""
-        return self.spec.span
 
     @property
     def meta(self) -> bool:
