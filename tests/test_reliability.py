@@ -184,7 +184,7 @@ def test_cli_resume(files, clean, tmp_path, capsys):
         _in_child(_killed_build, "write: the batch of shard 4 written, not recorded", files, out, opts)
         == -signal.SIGKILL
     )
-    argv = [*map(str, files), "--out", str(out), "--shard-rows", "1024", "--chunk-rows", "128", "-q"]
+    argv = [*map(str, files), "--out", str(out), "--shard-rows", "1024", "--chunk-rows", "128"]
     code, err, _ = _cli(capsys, *argv)
     assert code == 2 and len(err) == 1 and "pass --resume to continue it or --overwrite to start again" in err[0]
     code, err, stdout = _cli(capsys, *argv, "--resume")
@@ -373,7 +373,7 @@ def test_bad_parquet_values_are_dropped_and_counted(tmp_path, capsys):
     path = tmp_path / "x.parquet"
     pq.write_table(pa.table({"ts": ts, "symbol": ["A"] * n, "close": close, "volume": volume}), path)
     out = tmp_path / "c.zarr"
-    code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--seq-len", "10", "-q")
+    code, err, stdout = _cli(capsys, str(path), "--out", str(out), "--seq-len", "10")
     assert code == 0, err
     assert open_cache(out).manifest.counts.dropped == {
         "non-finite price": 3,
