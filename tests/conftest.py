@@ -75,6 +75,7 @@ SLOW_TESTS = {  # file -> test function -> why
     "test_notebook.py": {  # also slow by their fixture (this_python_kernel); named so a rename is caught
         "test_notebook_runs_and_draws_its_figures": "a notebook kernel",
         "test_notebook_builds_a_small_cache_when_there_is_none": "a notebook kernel",
+        "test_jupyter_nbconvert_runs_it_from_another_folder_and_leaves_nothing_behind": "a notebook kernel",
     },
     "test_stream_ddp.py": {"test_ranks_are_disjoint_and_cover_the_epoch": "DDP ranks spawned"},
     "test_stream_mix.py": {

@@ -83,6 +83,24 @@ def test_every_block_is_code_that_runs_or_says_why_not():
     assert seen >= 20
 
 
+def test_every_training_recipe_sets_torchs_threads():
+    """The thread rule (getting-started.md, "Workers and threads"): a page's training loop or Trainer runs after
+    ``torch.set_num_threads`` in that page, or in a script ``torchrun`` starts (which sets ``OMP_NUM_THREADS=1``)."""
+    seen = 0
+    for page in PAGES:
+        bs = [b for b in blocks(page) if b.lang in RUN and not b.skip]
+        torchrun = {
+            w for b in bs if b.lang == "bash" for ln in b.code.splitlines() if "torchrun" in ln for w in ln.split()
+        }
+        threads_set = False
+        for b in bs:
+            threads_set = threads_set or "torch.set_num_threads(" in b.code
+            if b.lang == "python" and ("Trainer(" in b.code or ".backward()" in b.code):
+                seen += 1
+                assert threads_set or b.file in torchrun, f"{b}: trains before torch.set_num_threads"
+    assert seen >= 4
+
+
 def test_the_readme_is_short_and_its_links_lead_somewhere():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 400
@@ -212,7 +230,21 @@ def _runnable(page: str) -> bool:
     return any(b.lang in RUN and not b.skip for b in blocks(page))
 
 
-def run_page(page: str, sample: Path | None, work: Path, monkeypatch, root: Path = ROOT) -> tuple[dict, str]:
+def _env(work: Path, fresh_shell: bool) -> dict[str, str]:
+    """The environment bash blocks start in: the venv on PATH, or with ``fresh_shell`` a shell that never
+    activated it (the venv's bin off PATH) in a folder whose ``.venv`` is it, as ``make demo`` leaves a clone."""
+    env = {**os.environ, "TMPDIR": str(work / "tmp")}
+    if not fresh_shell:
+        return {**env, "PATH": f"{BIN}{os.pathsep}{env['PATH']}"}
+    (work / ".venv").symlink_to(BIN.parent, target_is_directory=True)
+    env.pop("VIRTUAL_ENV", None)
+    path = [d for d in env["PATH"].split(os.pathsep) if d and Path(d).resolve() != BIN.resolve()]
+    return {**env, "PATH": os.pathsep.join(path)}
+
+
+def run_page(
+    page: str, sample: Path | None, work: Path, monkeypatch, root: Path = ROOT, fresh_shell: bool = False
+) -> tuple[dict, str]:
     """Run every block of ``page`` in ``work`` (which gets ``data/sample``); the python scope and bash's output."""
     import torch
 
@@ -221,7 +253,7 @@ def run_page(page: str, sample: Path | None, work: Path, monkeypatch, root: Path
     (work / "tmp").mkdir()
     monkeypatch.chdir(work)
     monkeypatch.setattr(tempfile, "tempdir", str(work / "tmp"))  # what the blocks put in temp stays here
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(work / "tmp")}
+    env = _env(work, fresh_shell)
     scope: dict = {"__name__": "__main__"}
     groups: list[int] = []
     threads = torch.get_num_threads()  # a block may set them, as a user's script does
@@ -280,10 +312,25 @@ def test_a_page_that_does_not_do_what_it_says_fails(code, error, tmp_path, monke
         run_page("page.md", None, work, monkeypatch, root=tmp_path)
 
 
+def test_a_fresh_shell_has_the_commands_only_once_the_venv_is_activated(tmp_path, monkeypatch):
+    """The README's shell: ``shardcache`` is not found until ``.venv`` is activated, and then it is the venv's."""
+    bare, activated = tmp_path / "bare", tmp_path / "activated"
+    (tmp_path / "bare.md").write_text("```bash\nshardcache --help\n```\n")
+    (tmp_path / "activated.md").write_text(
+        "```bash\nsource .venv/bin/activate\n```\n\n```bash\nshardcache --help >/dev/null && command -v python\n```\n"
+    )
+    for work in (bare, activated):
+        work.mkdir()
+    with pytest.raises(AssertionError, match="exit 127"):
+        run_page("bare.md", None, bare, monkeypatch, root=tmp_path, fresh_shell=True)
+    _, out = run_page("activated.md", None, activated, monkeypatch, root=tmp_path, fresh_shell=True)
+    assert Path(out.split()[-1]).parent.resolve() == BIN.resolve()
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if _runnable(p)])
 def test_blocks_run_as_written(page, request, tmp_path, monkeypatch, capsys):
     sample = request.getfixturevalue("small_demo" if page in SMALL_PAGES else "full_demo")
-    scope, logs = run_page(page, sample, tmp_path, monkeypatch)
+    scope, logs = run_page(page, sample, tmp_path, monkeypatch, fresh_shell=page == "README.md")  # as a clone has it
     out = capsys.readouterr().out
     assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "checkpoints").exists()
     if "lstm" in scope:

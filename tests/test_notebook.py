@@ -76,4 +76,27 @@ def test_notebook_builds_a_small_cache_when_there_is_none(tmp_path, this_python_
     ).execute()
     text = "".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in nb.cells[-1].outputs)
     assert "built a 30-day sample cache" in text and "Cache(" in text
-    assert len(list(tmp_path.glob("shardcache-explore-*/cache.zarr/zarr.json"))) == 1
+    assert not list(tmp_path.glob("shardcache-explore-*"))  # removed when the kernel stopped
+
+
+def test_jupyter_nbconvert_runs_it_from_another_folder_and_leaves_nothing_behind(tmp_path, this_python_kernel):
+    """What people type: ``jupyter nbconvert --to html --execute``, from a folder with no cache, with no
+    ``SHARDCACHE_CACHE``: it builds its temporary cache, writes the page, and leaves no file but the page."""
+    import os
+    import subprocess
+
+    elsewhere, scratch = tmp_path / "elsewhere", tmp_path / "tmp"
+    elsewhere.mkdir(), scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SHARDCACHE_CACHE"}
+    env.update(TMPDIR=str(scratch), JUPYTER_PATH=os.environ["JUPYTER_PATH"])
+    jupyter = Path(sys.executable).with_name("jupyter")
+    out = subprocess.run(
+        [jupyter, "nbconvert", "--to", "html", "--execute", "--output-dir", str(elsewhere), str(NOTEBOOK)],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    page = (elsewhere / "explore_shards.html").read_text()
+    assert "built a 30-day sample cache" in page
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["explore_shards.html"]
+    assert not list(scratch.glob("shardcache-explore-*")), list(scratch.iterdir())
+    assert not (NOTEBOOK.parent / "explore_shards.html").exists()

@@ -53,3 +53,29 @@ def test_more_batches_than_an_epoch_is_refused_before_any_run(stream_cache, tmp_
     assert out.returncode != 0
     assert "--batches 100000 is more than the" in out.stderr
     assert not (tmp_path / "results").exists()
+
+
+def _spinners() -> set[int]:
+    import psutil
+
+    return {
+        p.pid for p in psutil.process_iter(["cmdline"]) if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
+    }
+
+
+def test_busy_runs_beside_spinning_processes_and_stops_them(stream_cache, tmp_path: Path) -> None:
+    """``--busy 1``: the header says so, the JSON records it, and no spinning process outlives the tool."""
+    before = _spinners()
+    out = _tool(
+        "--cache", str(stream_cache.url), "--batches", "2", "--rounds", "1", "--scenarios", "model", "model-1t",
+        "--busy", "1", "--work", str(tmp_path), "--json", str(tmp_path / "loop.json"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "1 spinning processes beside the runs (--busy)" in out.stdout
+    assert json.loads((tmp_path / "loop.json").read_text())["busy"] == 1
+    assert _spinners() <= before
+
+
+def test_a_negative_busy_is_refused(stream_cache, tmp_path: Path) -> None:
+    out = _tool("--cache", str(stream_cache.url), "--busy", "-1", "--work", str(tmp_path))
+    assert out.returncode != 0 and "--busy at least 0" in out.stderr

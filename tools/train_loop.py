@@ -29,23 +29,30 @@ runs it when the cache is missing); F=256 is ``data/bench/train-256.zarr`` built
 ``tools/bench_build.py``'s 665K-bar, 256-column Parquet table with ``--features raw`` and the
 demo's train/val/test split. ``--cache PATH`` uses an existing cache (with a train split) instead.
 
+``--busy N`` runs the whole comparison beside N processes that each spin on one core (another job
+sharing the machine), so the thread advice can be measured on a quiet and on a busy machine alike.
+
 Usage (from the repository root; about 8 minutes on 2 cores)::
 
     .venv/bin/python tools/train_loop.py --batches 150 --rounds 2
+    .venv/bin/python tools/train_loop.py --features 9 --batches 60 --busy 1   # a busy machine
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import itertools
 import json
+import multiprocessing
 import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +201,26 @@ def _run(spec: dict, work: Path) -> dict[str, Any]:
     return {**json.loads(out.read_text()), "round": spec["round"], "peak_rss": prof.peak_rss_tree}
 
 
+def _spin() -> None:
+    """A busy neighbour: one core's worth of pure-Python work, until it is terminated."""
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy(n: int) -> Iterator[None]:
+    """``n`` spinning processes for the duration (none for 0): a machine another job shares."""
+    procs = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.join()
+
+
 def _uptime() -> str:
     """``uptime``'s line (the machine's load), or the load averages where it is missing."""
     try:
@@ -244,6 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wide-hidden", type=int, default=128, help="the LSTM's hidden size at F > 16 (64 below)")
     p.add_argument("--sample", type=Path, default=Path("data/sample"), help="the demo's directory (F=9)")
     p.add_argument("--work", type=Path, default=Path("data/bench"), help="wider caches and the results")
+    p.add_argument("--busy", type=int, default=0, help="spinning processes beside the runs: a busy machine (0)")
     p.add_argument("--json", type=Path, help="also write every round's figures here")
     p.add_argument("--scenario", help=argparse.SUPPRESS)
     return p
@@ -255,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(args.scenario)
         Path(spec["out"]).write_text(json.dumps(run_scenario(spec)))
         return 0
-    if args.batches < 1 or args.rounds < 1:
-        raise SystemExit("train_loop: --batches and --rounds must be at least 1")
+    if args.batches < 1 or args.rounds < 1 or args.busy < 0:
+        raise SystemExit("train_loop: --batches and --rounds must be at least 1, --busy at least 0")
     if args.cache:
         caches = {open_cache(args.cache).n_features: args.cache}
     else:
@@ -270,24 +298,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
     load_before, started = _uptime(), datetime.datetime.now(datetime.UTC)
     results = []
-    for rnd in range(args.rounds):
-        for f, path in caches.items():
-            for kind in args.scenarios:
-                hidden = 64 if f <= 16 else args.wide_hidden
-                results.append(
-                    _run(
-                        {"kind": kind, "F": f, "cache": path, "steps": args.batches, "hidden": hidden, "round": rnd},
-                        args.work,
-                    )
-                )
-    load_after = _uptime()
+    with busy(args.busy):
+        for rnd in range(args.rounds):
+            for f, path in caches.items():
+                for kind in args.scenarios:
+                    hidden = 64 if f <= 16 else args.wide_hidden
+                    spec = {"kind": kind, "F": f, "cache": path, "steps": args.batches, "hidden": hidden, "round": rnd}
+                    results.append(_run(spec, args.work))
+        load_after = _uptime()
     print(
         f"train_loop: {started:%Y-%m-%d %H:%M} UTC, {args.rounds} interleaved rounds, {args.batches} steps, "
         f"LSTM hidden 64 at F<=16 and {args.wide_hidden} above, batch {BATCH}x{SEQ_LEN}, Adam"
     )
     print(
         f"torch {torch.__version__}, default threads {torch.get_num_threads()}, "
-        f"{len(os.sched_getaffinity(0))} cores usable"
+        f"{len(os.sched_getaffinity(0))} cores usable, {args.busy} spinning processes beside the runs (--busy)"
     )
     print(f"load before: {load_before}")
     print(f"load after:  {load_after}")
@@ -300,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                     "started": started.isoformat(),
                     "load_before": load_before,
                     "load_after": load_after,
+                    "busy": args.busy,
                     "results": results,
                 },
                 indent=2,
