@@ -87,3 +87,62 @@ def test_stats_from_a_cache_of_another_bar_size_is_refused(es, tmp_path, capsys)
     again = write_parquet(tmp_path / "ES2.parquet", ohlcv(900, seed=2))
     same = build_cache([again], tmp_path / "s.zarr", stats_from=one, progress=False)
     assert same.manifest.build.bar_ns == 60 * 10**9
+
+
+@pytest.mark.parametrize(
+    "flag,value,problem",
+    [
+        ("--columns", "", "names no column: give names such as open,close, or leave it out"),
+        ("--columns", " , ,", "names no column: give names such as open,close, or leave it out"),
+        ("--stats-from", "", "is empty: the path or URL of a cache"),
+        ("--out", "", "is empty: a directory or an fsspec URL such as s3://bucket/cache.zarr"),
+    ],
+)
+def test_an_empty_option_value_is_refused_not_taken_as_every_column_or_here(
+    es, tmp_path, capsys, monkeypatch, flag, value, problem
+):
+    """``--columns ''`` is not every column, ``--stats-from ''`` and ``--out ''`` are not the working folder."""
+    monkeypatch.chdir(tmp_path)
+    argv = [es, "--out", tmp_path / "c.zarr", flag, value]
+    code, err = _cli(capsys, *argv)
+    assert (code, err) == (2, [f"build-cache: error: {flag} {value!r}: {problem}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ES.parquet"]  # nothing written, here or at c.zarr
+    with pytest.raises(OptionError, match="names no column|is empty"):
+        build_cache(
+            [es],
+            "" if flag == "--out" else tmp_path / "c.zarr",
+            **({} if flag == "--out" else {flag[2:].replace("-", "_"): value}),
+        )
+
+
+def test_an_empty_out_is_refused_by_an_append_too(es, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = _cli(capsys, es, "--append", "--out", "")
+    assert code == 2 and err == [
+        "build-cache: error: --out '': is empty: a directory or an fsspec URL such as s3://bucket/cache.zarr"
+    ]
+
+
+@pytest.mark.parametrize(
+    "flag,value,problem",
+    [
+        ("--csv-delimiter", ";", "applies to CSV files; {path} is a DBN file"),
+        ("--ts-column", "when", "names a Parquet or CSV column; {path} is a DBN file"),
+        ("--symbol-column", "ticker", "names a Parquet or CSV column; {path} is a DBN file"),
+    ],
+)
+def test_a_tabular_option_on_dbn_files_is_refused_not_ignored(tmp_path, capsys, flag, value, problem):
+    from shardcache.build.sample import make_sample
+
+    files = make_sample(tmp_path / "dbn", days=1, symbols=["ESH3"])
+    code, err = _cli(capsys, files[0], "--out", tmp_path / "c.zarr", flag, value)
+    assert (code, err) == (2, [f"build-cache: error: {flag} {value!r}: {problem.format(path=files[0])}"])
+    assert not (tmp_path / "c.zarr").exists()
+
+
+def test_a_delimiter_on_parquet_files_is_refused(es, tmp_path, capsys):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "--csv-delimiter", "tab")
+    assert (code, err) == (
+        2,
+        [f"build-cache: error: --csv-delimiter 'tab': applies to CSV files; {es} is a Parquet file"],
+    )

@@ -66,6 +66,7 @@ from .builder import build_cache, connect
 from .checks import check_bar_sizes
 from .compute import ShardWork, shard_batches, write_shards
 from .merge import Merged, merge_symbols, place_clusters
+from .outputs import check_out
 from .run import RunOptions, settings
 from .scan import Inputs, Scanned, Stage, open_inputs, scan_inputs
 from .sources.files import stat_input
@@ -319,7 +320,7 @@ def append_cache(
     interrupted append; run again once it is finished, it changes nothing.
     """
     t0 = time.perf_counter()
-    out = os.fspath(out)
+    out = check_out(out)
     _, run = settings("append_cache", None, run, fields, build=False)
     if run.overwrite:
         raise OptionError("overwrite", True, "an append adds to its cache in place, it never replaces it")

@@ -58,6 +58,7 @@ from .checks import check_bar_sizes, check_splits
 from .cluster import check_cluster
 from .compute import ShardWork, merge_moments, shard_batches, shard_stats, write_shards
 from .merge import Merged, merge_symbols, place_clusters
+from .outputs import check_out
 from .run import RunOptions, settings
 from .scan import SKETCH, Inputs, Scanned, Stage, open_inputs, scan_inputs
 from .sources import Source
@@ -88,7 +89,7 @@ def build_cache(
     """
     t0 = time.perf_counter()
     options, run = settings("build_cache", options, run, fields)
-    out = os.fspath(out)
+    out = check_out(out)
     problem = probe(out, run.storage_options)  # the output's store answers, before any input is read
     if problem is not None:
         raise CacheError(f"{out}: {problem}")

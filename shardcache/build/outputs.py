@@ -14,12 +14,21 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import OptionError
 from ..format.layout import ATTR
 from ..format.paths import is_url, local_path
 
-__all__ = ["cache_below", "file_kind", "has_cache_layout", "input_clash", "listing"]
+__all__ = ["cache_below", "check_out", "file_kind", "has_cache_layout", "input_clash", "listing"]
 
 _LOOKED_AT = 50  # candidate zarr.json objects read below a folder to find a cache in it
+
+
+def check_out(out: str | os.PathLike[str]) -> str:
+    """``out`` as text, refused when it is empty (it would write into the working folder)."""
+    text = os.fspath(out)
+    if not str(text).strip():
+        raise OptionError("out", text, "is empty: a directory or an fsspec URL such as s3://bucket/cache.zarr")
+    return str(text)
 
 
 def _norm(path: str) -> str:

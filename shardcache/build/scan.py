@@ -21,12 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyarrow import ipc
 
-from ..errors import ShardcacheError
+from ..errors import OptionError, ShardcacheError
 from ..format.build_options import BuildOptions
 from .checks import resolve_unmapped
 from .compute import BATCH_ROWS
 from .features import required_columns, resolve_features
 from .sources import Source, expand_inputs, open_sources
+from .sources.csv import CsvSource
+from .sources.dbn import DbnSource
 
 __all__ = ["RUN", "SKETCH", "Inputs", "ScanJob", "Scanned", "open_inputs", "run_path", "scan_inputs"]
 
@@ -133,10 +135,28 @@ def open_inputs(
             f"{s.path}: mixed schemas in one build: {s.schema} ({', '.join(s.columns)}) vs "
             f"{first.path}: {first.schema} ({', '.join(first.columns)})"
         )
+    _check_tabular_options(options, srcs)
     names = resolve_features(options.features, first.columns)
     return Inputs(
         specs=specs, paths=paths, sources=srcs, names=names, read_columns=required_columns(names, first.columns)
     )
+
+
+_KINDS = {"dbn": "DBN", "parquet": "Parquet", "csv": "CSV"}
+
+
+def _check_tabular_options(options: BuildOptions, srcs: Sequence[Source]) -> None:
+    """Refuse an option the inputs cannot use rather than ignore it: DBN files have no timestamp or symbol
+    column to name, and only CSV files have a delimiter."""
+    dbn = next((s for s in srcs if isinstance(s, DbnSource)), None)
+    for name in ("ts_column", "symbol_column"):
+        if getattr(options, name) is not None and dbn is not None:
+            raise OptionError(name, getattr(options, name), f"names a Parquet or CSV column; {dbn.path} is a DBN file")
+    other = next((s for s in srcs if not isinstance(s, CsvSource)), None)
+    if options.csv_delimiter is not None and other is not None:
+        raise OptionError(
+            "csv_delimiter", options.csv_delimiter, f"applies to CSV files; {other.path} is a {_KINDS[other.kind]} file"
+        )
 
 
 def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:

@@ -104,6 +104,8 @@ class BuildOptions:
         set_(self, "split", parse_split(split).text)
         if self.stats_from is not None:
             set_(self, "stats_from", os.fspath(self.stats_from))
+            if not self.stats_from.strip():
+                raise OptionError("stats_from", self.stats_from, "is empty: the path or URL of a cache")
         if self.split_cuts_ns is not None:
             if self.stats_from is not None:
                 raise OptionError(
@@ -189,11 +191,14 @@ def _features(value: Any) -> str | tuple[str, ...] | None:
 def _columns(value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
+    given = value
     if isinstance(value, str):
         value = [c.strip() for c in value.split(",") if c.strip()]
     if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
         raise OptionTypeError(f"columns={value!r}: must be a sequence of column names")
-    return tuple(value) or None
+    if not value:  # an empty list would mean every column: say so instead of reading them all
+        raise OptionError("columns", given, "names no column: give names such as open,close, or leave it out")
+    return tuple(value)
 
 
 def _text_or_none(name: str, value: Any) -> None:
