@@ -169,3 +169,23 @@ def test_mixture_settings_are_refused_in_one_line_naming_them(kw, error, match):
 def test_shares_are_none_without_weights():
     assert Mixture.of(weights=None, epoch_windows=None, n_sources=3).shares(ROWS, RANGES) is None
     assert isinstance(Mixture.of(weights=(1, 2), epoch_windows=None, n_sources=2).shares(ROWS, RANGES), Shares)
+
+
+def test_an_epoch_of_more_than_max_passes_over_a_source_is_refused_fast_naming_the_most_it_takes():
+    """``epoch_windows=10**12`` once made a constructor that did not return: the plan would list every pass."""
+    import time
+
+    from shardcache.read.mixture import MAX_PASSES
+
+    most = MAX_PASSES * W[1] * 2  # the smaller source bounds it: (1, 1) gives it half the epoch
+    ok = Mixture.of(weights=(1, 1), epoch_windows=most, n_sources=2).shares(ROWS, RANGES)
+    _, served = epoch_of(ok)
+    assert len(served) == most
+    t0 = time.perf_counter()
+    for total in (most + 2, 10**12, 2**62 - 1):
+        huge = Mixture.of(weights=(1, 1), epoch_windows=total, n_sources=2).shares(ROWS, RANGES)
+        with pytest.raises(
+            OptionError, match=rf"pass over cache 1's 500 windows [\d,]+ times; at most 10,000 .* <= {most:,}"
+        ):
+            epoch_of(huge)
+    assert time.perf_counter() - t0 < 5
