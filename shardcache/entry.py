@@ -3,6 +3,7 @@ line's modules are still being imported too, prints "interrupted" and exits 130,
 
 from __future__ import annotations
 
+import signal
 import sys
 
 __all__ = ["build_cache_main", "main"]
@@ -14,10 +15,14 @@ def _interruptible(name: str, prog: str) -> int:
         from . import cli
 
         entry: int = getattr(cli, name)()
-        return entry
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        entry = 130
+    # the command is done (its cache published, or its staging left to --resume): a Ctrl-C while the
+    # interpreter joins its threads on the way out changes nothing, so it must not kill the process
+    # with SIGINT (exit -2) after the command said how it ended; this process is the console script's own
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return entry
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from helpers.local import peak_bytes, shard_bytes
 
 from shardcache.errors import OptionError, OptionTypeError
-from shardcache.format.local_cache import LocalCache
+from shardcache.format.local_cache import TRAILER, LocalCache, ShardCopyWarning
 from shardcache.format.paths import read_options
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.stream import WindowStream
@@ -42,8 +43,9 @@ def _fetch_all(directory: str, limit: int | None, names: list[int], size: int, l
 
     def work(order: list[int]) -> None:
         for k in order:
-            got = local.get(f"space/obj/c/{k}/0@1", lambda k=k: download(k))
-            data = np.fromfile(got, dtype=np.uint8) if isinstance(got, str) else got
+            name = f"space/obj/c/{k}/0@1"
+            got = local.get(name, lambda k=k: download(k))
+            data = local.checked(name, np.fromfile(got, dtype=np.uint8)) if isinstance(got, str) else got
             assert data.tobytes() == _payload(k, size).tobytes()
 
     threads = [threading.Thread(target=work, args=(names[i::2],)) for i in range(2)]
@@ -70,11 +72,11 @@ def test_each_object_is_fetched_once_by_the_processes_that_want_it_at_once(tmp_p
     )
     downloads = Path(log).read_text().split()
     assert sorted(map(int, downloads)) == names  # 4 processes x 2 threads wanted each; one fetched it
-    assert LocalCache(tmp_path / "c").stored_bytes() == shard_bytes(tmp_path / "c") == 24 * 1000
+    assert LocalCache(tmp_path / "c").stored_bytes() == shard_bytes(tmp_path / "c") == 24 * (1000 + TRAILER.size)
 
 
 def test_the_shard_files_stay_under_the_limit_while_processes_fill_it(tmp_path):
-    folder, limit, size = tmp_path / "c", 10_500, 1000
+    folder, limit, size = tmp_path / "c", 10_500, 1000 - TRAILER.size  # each file 1,000 bytes
     with peak_bytes(folder) as peak:
         _fetch_in_processes(
             [(str(folder), limit, list(range(p * 10, p * 10 + 40)), size, os.devnull, 0) for p in range(3)]
@@ -82,7 +84,7 @@ def test_the_shard_files_stay_under_the_limit_while_processes_fill_it(tmp_path):
     assert 0 < peak[0] <= limit
     kept = shard_bytes(folder)
     assert kept == LocalCache(folder, limit).stored_bytes() <= limit
-    assert kept == 10 * size  # evicted only what it had to
+    assert kept == 10 * (size + TRAILER.size)  # evicted only what it had to
     assert not list(folder.rglob("*.part"))
 
 
@@ -116,8 +118,8 @@ def test_a_killed_fetch_blocks_no_one_and_its_room_is_taken_back(tmp_path):
     child.join(10)
     got = local.get("s/x@1", lambda: _payload(7, 10))  # the dead fetch's lock is gone: this one fetches
     assert got.tobytes() == _payload(7, 10).tobytes()
-    local.get("s/y@1", lambda: _payload(8, 30))  # room made by evicting the dead writer's 40 bytes
-    assert local.stored_bytes() == 40 == shard_bytes(folder)
+    local.get("s/y@1", lambda: _payload(8, 8))  # both fit the limit of 50 once the dead writer's 40 bytes are gone
+    assert local.stored_bytes() == 10 + 8 + 2 * TRAILER.size == shard_bytes(folder)
 
 
 def test_a_temporary_folder_is_removed_by_close_in_its_own_process_only(tmp_path):
@@ -186,3 +188,33 @@ def test_read_options_add_one_request_per_object_and_the_callers_options_win():
     }
     assert read_options("gs://b/c.zarr", {"token": "anon"}) == {"token": "anon"}
     assert read_options("/data/c.zarr", None) is None
+
+
+def test_swapped_flipped_truncated_or_emptied_copies_are_refetched_not_served(stream_cache, tmp_path):
+    """The node-local copy is checked on every read (its name's stamp, its bytes' crc32c): a copy that is not
+    its object's bytes is deleted and fetched again from the cache, so every batch is the cache's."""
+    with WindowStream(stream_cache, meta=True, **KW) as plain:
+        want = list(plain)
+    folder = tmp_path / "copy"
+    with WindowStream(stream_cache, meta=True, cache_dir=folder, **KW) as s:
+        assert len(list(s)) == len(want)
+    files = sorted(p for p in folder.rglob("c.*@*") if p.is_file())
+    assert len(files) == stream_cache.n_shards
+    a, b = files[0].read_bytes(), files[1].read_bytes()
+    files[0].write_bytes(b), files[1].write_bytes(a)  # two valid copies swapped
+    flipped = bytearray(files[2].read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    files[2].write_bytes(bytes(flipped))
+    files[3].write_bytes(files[3].read_bytes()[:-100])  # truncated
+    files[4].write_bytes(b"")  # emptied
+    with pytest.warns(ShardCopyWarning) as caught, WindowStream(stream_cache, meta=True, cache_dir=folder, **KW) as s:
+        got = list(s)
+    assert len(got) == len(want) and all(torch.equal(x, y) for g, w in zip(got, want) for x, y in zip(g, w))
+    damaged = {str(f) for f in files[:5]}
+    assert {str(w.message).split(": ")[0] for w in caught} == damaged
+    assert sum("another object's bytes" in str(w.message) for w in caught) == 2
+    with warnings.catch_warnings():  # healed: the copies are the objects' again
+        warnings.simplefilter("error", ShardCopyWarning)
+        with WindowStream(stream_cache, meta=True, cache_dir=folder, **KW) as s:
+            assert len(list(s)) == len(want)
+    assert LocalCache(folder).stored_bytes() == shard_bytes(folder)

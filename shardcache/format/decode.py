@@ -342,8 +342,9 @@ class ShardDecoder:
             if not isinstance(got, str):
                 return got
             data = _read_file(got, None)
-            if data is not None:
-                return data
+            body = None if data is None else self.local.checked(name, data)  # None: evicted, or healed
+            if body is not None:
+                return body
         return self._get(key)
 
     def _read_shard(self, shard: int, a: int, b: int, out: np.ndarray) -> None:

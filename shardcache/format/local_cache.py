@@ -20,6 +20,10 @@ once into ``DIR`` and every later read of it from there, in any DataLoader worke
   writes. An object larger than the limit (or than the room left by files being written) is read
   without being kept. A file is written to ``<name>.part`` (its writer holds its lock) and renamed
   into place, so a reader sees whole files only; a killed writer's row and part file are evicted.
+* **Checked on every read, healed when wrong**: a file is the object's bytes and a 16-byte trailer, the
+  blake2b of its name (8 bytes), the crc32c of the bytes and a magic word. A copy whose trailer is not its
+  name's (two copies swapped, or renamed), or whose bytes do not match (flipped, truncated, emptied) is
+  deleted and the object fetched again, with a ``ShardCopyWarning``: the remote cache is the truth.
 * A temporary folder (``LocalCache.temporary_dir``) is removed by the process that made it, on
   ``close()`` or at exit; the processes it was handed to (DataLoader workers) only use it.
 
@@ -38,15 +42,30 @@ import hashlib
 import os
 import shutil
 import sqlite3
+import struct
 import tempfile
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import google_crc32c
 import numpy as np
 
-__all__ = ["LEDGER", "LOCKS", "LocalCache", "process_alive"]
+__all__ = ["LEDGER", "LOCKS", "TRAILER", "LocalCache", "ShardCopyWarning", "process_alive"]
+
+TRAILER = struct.Struct("<8sI4s")  # a kept file's last bytes: its name's blake2b, the body's crc32c, magic
+_MAGIC = b"SCc1"
+
+
+class ShardCopyWarning(UserWarning):
+    """A node-local copy was not its object's bytes (swapped, renamed, damaged): deleted and fetched again."""
+
+
+def _stamp(name: str) -> bytes:
+    return hashlib.blake2b(name.encode(), digest_size=8).digest()
+
 
 LEDGER = "ledger.sqlite3"
 # held around every use of SQLite in this process, and by fork() (os.register_at_fork): a forked child
@@ -140,6 +159,28 @@ class LocalCache:
                 self._keep(name, path, data)
             return data
 
+    def checked(self, name: str, data: np.ndarray) -> np.ndarray | None:
+        """The bytes of object ``name`` in ``data``, its kept file as read; None, the file deleted (so the next
+        ``get`` fetches it again), when the file is not that object's whole bytes."""
+        why = "is damaged"
+        if len(data) >= TRAILER.size:
+            stamp, crc, magic = TRAILER.unpack_from(data.data, len(data) - TRAILER.size)
+            body = data[: len(data) - TRAILER.size]
+            if magic == _MAGIC and crc == google_crc32c.value(body):
+                if stamp == _stamp(name):
+                    return body
+                why = "holds another object's bytes"
+        warnings.warn(
+            f"{self.path(name)}: the node-local copy {why}; deleted, fetched again from the cache",
+            ShardCopyWarning,
+            stacklevel=2,
+        )
+        with self._locked(name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(name))
+            self._forget(name)
+        return None
+
     # -- writes ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self, name: str | None) -> Iterator[None]:
@@ -158,14 +199,16 @@ class LocalCache:
     def _keep(self, name: str, path: str, data: np.ndarray) -> None:
         """Admit ``data`` to the ledger (deleting the oldest files until it fits), write it in place, then
         mark it ready. Not kept when it cannot fit, or cannot be written (a full disk): the read goes on."""
-        size = int(data.nbytes)
+        body = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        size = int(body.nbytes) + TRAILER.size
         if (self.limit is not None and size > self.limit) or not self._admit(name, size):
             return
         part = f"{path}.part"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(part, "wb") as fh:
-                np.ascontiguousarray(data).tofile(fh)
+                body.tofile(fh)
+                fh.write(TRAILER.pack(_stamp(name), google_crc32c.value(body), _MAGIC))
             os.replace(part, path)
         except OSError:
             with contextlib.suppress(OSError):
