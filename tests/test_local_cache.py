@@ -218,3 +218,40 @@ def test_swapped_flipped_truncated_or_emptied_copies_are_refetched_not_served(st
         with WindowStream(stream_cache, meta=True, cache_dir=folder, **KW) as s:
             assert len(list(s)) == len(want)
     assert LocalCache(folder).stored_bytes() == shard_bytes(folder)
+
+
+FULL_DISK = """
+import resource, signal, sys, warnings
+import torch
+from shardcache.read.stream import WindowStream
+from shardcache.format.local_cache import ShardCopyWarning
+cache, folder = sys.argv[1], sys.argv[2]
+kw = dict(seq_len=10, horizon=2, batch_size=64, split="all")
+with WindowStream(cache, **kw) as plain:
+    want = list(plain)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", ShardCopyWarning)
+    with WindowStream(cache, cache_dir=folder, **kw) as s:
+        got = list(s)
+assert len(got) == len(want) and all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+print(len([w for w in caught if w.category is ShardCopyWarning]), str(caught[0].message) if caught else "")
+"""
+
+
+def test_a_folder_that_takes_no_more_bytes_reads_on_with_one_warning(stream_cache, tmp_path):
+    """A full ``cache_dir`` (every write past 4 KiB fails, as on a full disk): every batch is served, from
+    the cache, with one ``ShardCopyWarning`` naming the folder, never an ``OperationalError``."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "full"
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(stream_cache.url), str(folder)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    count, message = proc.stdout.strip().split(" ", 1)
+    assert count == "1" and message.startswith(f"{folder}: the node-local folder takes no copies ("), proc.stdout
+    assert message.endswith("reading on without copying")

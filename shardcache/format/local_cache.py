@@ -60,7 +60,8 @@ _MAGIC = b"SCc1"
 
 
 class ShardCopyWarning(UserWarning):
-    """A node-local copy was not its object's bytes (swapped, renamed, damaged): deleted and fetched again."""
+    """A node-local copy could not be used: it was not its object's bytes (deleted and fetched again), or the
+    folder takes no copies (full, read-only; reads go on without them)."""
 
 
 def _stamp(name: str) -> bytes:
@@ -110,6 +111,7 @@ class LocalCache:
         self.temporary = False
         self._tls = threading.local()
         self._finalizer: Any = None
+        self._warned = False  # ShardCopyWarning said once that the folder takes no copies
 
     @classmethod
     def temporary_dir(cls, limit: int | None) -> LocalCache:
@@ -151,13 +153,28 @@ class LocalCache:
             return path
         if self.temporary and not os.path.isdir(self.directory):  # removed by its owner: read, do not remake it
             return download()
-        with self._locked(name):
+        try:
+            fd = self._lock_file(name)
+        except OSError as exc:  # no lock file can be made (a full or read-only folder): read without keeping
+            self._unusable(exc)
+            return download()
+        with self._locked(name, fd):
             if os.path.isfile(path):  # fetched by another process or thread while this one waited
                 return path
             data = download()
             if data is not None:
                 self._keep(name, path, data)
             return data
+
+    def _unusable(self, exc: BaseException) -> None:
+        """Say once per process that the folder takes no copies (full, read-only): reads go on without them."""
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.directory}: the node-local folder takes no copies ({exc}); reading on without copying",
+                ShardCopyWarning,
+                stacklevel=3,
+            )
 
     def checked(self, name: str, data: np.ndarray) -> np.ndarray | None:
         """The bytes of object ``name`` in ``data``, its kept file as read; None, the file deleted (so the next
@@ -178,18 +195,26 @@ class LocalCache:
         with self._locked(name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path(name))
-            self._forget(name)
+            with contextlib.suppress(sqlite3.Error):  # a full disk: the row stays counted, which errs safe
+                self._forget(name)
         return None
 
     # -- writes ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, name: str | None) -> Iterator[None]:
-        """An exclusive lock of ``name``'s lock file: one fetch of an object at a time on the node (None:
-        the ledger's set-up)."""
+    def _lock_file(self, name: str | None) -> int:
+        """An open descriptor of ``name``'s lock file (None: the ledger's set-up); OSError when the folder
+        takes no new file."""
         stripe = int.from_bytes(hashlib.blake2b(str(name).encode(), digest_size=2).digest(), "big") % LOCKS
         folder = os.path.join(self.directory, "locks")
         os.makedirs(folder, exist_ok=True)
-        fd = os.open(os.path.join(folder, "ledger" if name is None else f"{stripe:03d}"), os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(
+            os.path.join(folder, "ledger" if name is None else f"{stripe:03d}"), os.O_RDWR | os.O_CREAT, 0o644
+        )
+
+    @contextlib.contextmanager
+    def _locked(self, name: str | None, fd: int | None = None) -> Iterator[None]:
+        """An exclusive lock of ``name``'s lock file (``fd`` when it is open already): one fetch of an object
+        at a time on the node."""
+        fd = self._lock_file(name) if fd is None else fd
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: threads of one process exclude each other too
             yield
@@ -201,7 +226,11 @@ class LocalCache:
         mark it ready. Not kept when it cannot fit, or cannot be written (a full disk): the read goes on."""
         body = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         size = int(body.nbytes) + TRAILER.size
-        if (self.limit is not None and size > self.limit) or not self._admit(name, size):
+        try:
+            if (self.limit is not None and size > self.limit) or not self._admit(name, size):
+                return
+        except sqlite3.Error as exc:  # the ledger cannot be written (a full disk): the read goes on
+            self._unusable(exc)
             return
         part = f"{path}.part"
         try:
@@ -210,12 +239,17 @@ class LocalCache:
                 body.tofile(fh)
                 fh.write(TRAILER.pack(_stamp(name), google_crc32c.value(body), _MAGIC))
             os.replace(part, path)
-        except OSError:
+        except OSError as exc:  # a full disk: the read goes on without a copy
             with contextlib.suppress(OSError):
                 os.unlink(part)
-            self._forget(name)
+            self._unusable(exc)
+            with contextlib.suppress(sqlite3.Error):
+                self._forget(name)
             return
-        self._transaction(lambda db: db.execute("UPDATE files SET ready = 1 WHERE name = ?", (name,)))
+        try:
+            self._transaction(lambda db: db.execute("UPDATE files SET ready = 1 WHERE name = ?", (name,)))
+        except sqlite3.Error as exc:
+            self._unusable(exc)
 
     def _db(self) -> sqlite3.Connection:
         """This thread's connection to the ledger (a new one in a forked or spawned process); the caller
