@@ -23,6 +23,7 @@ __all__ = [
     "ShardcacheError",
     "SourceError",
     "StateError",
+    "StoreError",
     "StreamClosedError",
     "one_line",
 ]
@@ -93,6 +94,11 @@ class SourceError(ShardcacheError, ValueError):
 
 class CacheError(ShardcacheError, ValueError):
     """A cache that is missing, incomplete, corrupt or of an unknown format version."""
+
+
+class StoreError(CacheError):
+    """A request to a cache's object store that failed after the client's retries (an endpoint that
+    stalls, drops or refuses): the cache itself may be intact, and a build it stopped resumes."""
 
 
 class StateError(ShardcacheError, ValueError):

@@ -1,5 +1,6 @@
 """Options checked where they enter, the same in the API and the CLI (issue 30): a duration in the
-CLI's forms, finite split fractions, no empty ``--split`` or ``cache_dir``."""
+CLI's forms, finite split fractions, no empty ``--split`` or ``cache_dir``, shard and chunk rows named
+by their flags (one given alone fits the other to it)."""
 
 from __future__ import annotations
 
@@ -146,3 +147,33 @@ def test_a_delimiter_on_parquet_files_is_refused(es, tmp_path, capsys):
         2,
         [f"build-cache: error: --csv-delimiter 'tab': applies to CSV files; {es} is a Parquet file"],
     )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--shard-rows", 10**12],
+            "--shard-rows 1000000000000: at most 16,777,216 rows (a reader decodes whole shards",
+        ),
+        (["--shard-rows", 2**20, "--chunk-rows", 8], "--chunk-rows 8: gives 131,072 chunks a shard; at most 65,536"),
+        (
+            ["--shard-rows", 16777213],
+            "--shard-rows 16777213: has no divisor near the default chunk rows (8192): give --chunk-rows too",
+        ),
+    ],
+)
+def test_shard_and_chunk_rows_are_refused_naming_their_flags(es, tmp_path, capsys, flags, message):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", *flags)
+    assert code == 2 and not (tmp_path / "c.zarr").exists()
+    assert len(err) == 1 and err[0].startswith(f"build-cache: error: {message}"), err
+
+
+@pytest.mark.parametrize(
+    "flags, shard, chunk", [(["--chunk-rows", 100000], 100000, 100000), (["--shard-rows", 10000], 10000, 5000)]
+)
+def test_one_of_shard_and_chunk_rows_fits_the_other_to_it(es, tmp_path, capsys, flags, shard, chunk):
+    code, err = _cli(capsys, es, "--out", tmp_path / "c.zarr", "-q", *flags)
+    assert code == 0, err  # it said "shard rows 65536 must be a multiple of chunk rows 100000", naming no flag
+    layout = open_cache(tmp_path / "c.zarr").manifest.layout
+    assert (layout.shard_rows, layout.chunk_rows) == (shard, chunk)

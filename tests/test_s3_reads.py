@@ -1,13 +1,15 @@
 """Reading a cache from object storage by request count (issue 21), on the moto S3 server of ``conftest.py``:
 an epoch is about one request per shard with 0 and 2 DataLoader workers, a second epoch through a named
 ``cache_dir`` almost none, a ``cache_limit`` below the split's bytes holds during the epoch (and the next epoch fetches most shards again), fsspec's chained
-URLs (``filecache::``, ``simplecache::``) stream, and ``open_symbols`` reads only the groups it opens.
+URLs (``filecache::``, ``simplecache::``, ``blockcache::``) stream (the two that cache nothing there with one
+warning), and ``open_symbols`` reads only the groups it opens.
 Counts come from the server's request log (``tools/s3_requests.py``): deterministic, where timings are not."""
 
 from __future__ import annotations
 
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -130,14 +132,26 @@ def test_a_cache_limit_below_the_split_holds_and_the_next_epoch_fetches_again(ma
     assert next_epoch["GET data"] >= local.n_shards // 2, next_epoch.summary()
 
 
-@pytest.mark.parametrize("proto", ["filecache", "simplecache"])
+@pytest.mark.parametrize("proto", ["filecache", "simplecache", "blockcache"])
 def test_fsspec_chained_urls_stream_an_epoch_and_read_ranges(few, tmp_path, proto):
     url, options, local = few
     chained = f"{proto}::{url}"
     chain_options = {"s3": options, proto: {"cache_storage": str(tmp_path / proto)}}
     for workers in (0, 2):
-        with WindowStream(chained, storage_options=chain_options, **KW) as stream:
-            assert _same(list(stream.loader(workers)), _reference(local)), workers
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with WindowStream(chained, storage_options=chain_options, **KW) as stream:
+                assert _same(list(stream.loader(workers)), _reference(local)), workers
+        idle = [str(w.message) for w in caught if "caches nothing" in str(w.message)]
+        if proto == "simplecache":  # it caches under the reads: no word
+            assert idle == []
+        else:  # the layer keeps nothing: one warning pointing to cache_dir
+            want = (
+                f"{chained}: fsspec's {proto}:: caches nothing under a stream's reads (every read goes to s3://); "
+                f"the stream keeps node-local copies itself: read {url!r} with cache_dir=FOLDER to keep them "
+                "across runs, bounded by cache_limit and shared by the node's processes"
+            )
+            assert idle == [want], workers
     cache = open_cache(chained, chain_options)  # no local copy: a few rows of a shard are asked for as a range
     for _, a, _ in cache.shard_table.tolist():
         np.testing.assert_array_equal(cache.read_rows(a, a + 10), local.read_rows(a, a + 10))

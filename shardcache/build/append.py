@@ -51,7 +51,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from .._version import __version__
@@ -61,6 +60,7 @@ from ..format.index import ShardIndex
 from ..format.layout import ATTR, open_group, symbol_bases, symbol_chunk_rows
 from ..format.manifest import Manifest
 from ..format.paths import is_local, local_path
+from ..format.remote import filesystem
 from ..format.writer import CacheWriter
 from .builder import build_cache, connect
 from .checks import check_bar_sizes
@@ -128,7 +128,7 @@ def _open_target(out: str, storage_options: dict[str, Any] | None) -> tuple[Mani
     except IndexAheadError:
         return Manifest.from_json(open_group(out, "r", storage_options).attrs[ATTR], url=out), None
     except NoCacheError:
-        fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
+        fs, path = filesystem(out, storage_options)
         if fs.exists(path):
             raise CacheError(f"{out}: not a shardcache cache; --append adds to a cache made by build-cache") from None
         raise CacheError(f"{out}: no cache to append to (build it first without --append)") from None

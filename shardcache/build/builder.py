@@ -40,18 +40,18 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from .._version import __version__
 from ..errors import CacheError, OptionError, ShardcacheError
-from ..format.build_options import BuildOptions
+from ..format.build_options import MAX_CHUNKS, BuildOptions
 from ..format.cache import Cache, open_cache
 from ..format.durations import format_duration
 from ..format.index import ShardIndex
 from ..format.layout import default_chunking, group_path, symbol_bases
 from ..format.manifest import BuildRecord, Stats
 from ..format.paths import probe
+from ..format.remote import filesystem
 from ..format.splits import SplitSpec
 from ..format.writer import CacheWriter
 from .checks import check_bar_sizes, check_splits
@@ -202,10 +202,25 @@ def _cut_times(spec: SplitSpec, frozen: Cache | None, scanned: Scanned) -> Seque
 
 
 def _chunking(options: BuildOptions, n_features: int) -> tuple[int, int]:
-    """Shard and inner-chunk rows: the options', else ``default_chunking``'s for ``n_features``."""
+    """Shard and inner-chunk rows: the options', else ``default_chunking``'s for ``n_features``, fitted to
+    the one given: the largest divisor of ``--shard-rows`` up to the default chunk, or the smallest
+    multiple of ``--chunk-rows`` from the default shard on."""
     auto_shard, auto_chunk = default_chunking(n_features)
-    shard_rows = options.shard_rows or auto_shard
-    return shard_rows, options.chunk_rows or min(auto_chunk, shard_rows)
+    shard_rows, chunk_rows = options.shard_rows, options.chunk_rows
+    if shard_rows is None:
+        return (
+            auto_shard if chunk_rows is None else -(-auto_shard // chunk_rows) * chunk_rows
+        ), chunk_rows or auto_chunk
+    if chunk_rows is None:
+        chunk_rows = next(d for d in range(min(auto_chunk, shard_rows), 0, -1) if shard_rows % d == 0)
+        if shard_rows // chunk_rows > MAX_CHUNKS:
+            raise OptionError(
+                "shard_rows",
+                shard_rows,
+                f"has no divisor near the default chunk rows ({auto_chunk}): give {{chunk_rows}} too",
+                {"chunk_rows": None},
+            )
+    return shard_rows, chunk_rows
 
 
 def _zscore(
@@ -254,7 +269,7 @@ def _place(
     stops = np.append(starts[1:], 0)  # a segment ends where the next starts, a symbol's last at its end
     stops[(np.cumsum(k) - 1)[k > 0]] = (bases + n)[k > 0]
     segs = np.stack([np.repeat(np.arange(len(merged)), k), starts, stops], axis=1)
-    fs, fs_path = fsspec.core.url_to_fs(staging.cache_path, **(storage_options or {}))
+    fs, fs_path = filesystem(staging.cache_path, storage_options)
     created = staging.load("created") is not None
     if created and not fs.exists(f"{fs_path.rstrip('/')}/{group_path(0)}/features/zarr.json"):
         log.warning("%s: the cache being built was deleted; writing every shard again", staging.cache_path)

@@ -56,13 +56,12 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
-from ..errors import CacheError, ShardcacheError, SourceError, one_line
+from ..errors import CacheError, ShardcacheError, SourceError, StoreError, one_line
 from ..format.cache import Cache
 from ..format.layout import ATTR, FORMAT_VERSION, open_group
 from ..format.manifest import marked_complete
 from ..format.paths import is_local, local_path
+from ..format.remote import filesystem
 from . import outputs
 from .markers import SUFFIXES, Unreadable, decode, encode
 from .tasks import release_memory, run_tasks
@@ -264,12 +263,13 @@ class Staging:
     def guard(self, what: str) -> Iterator[None]:
         """Run a build or append (``what``) on this folder. An expected error (``ShardcacheError``)
         removes the folder unless it holds progress worth resuming (never after bad input data, a
-        ``SourceError``, which a resume would meet again); a disk error becomes one line
-        and any other failure (a kill, a bug) keeps the folder for ``--resume``."""
+        ``SourceError``, which a resume would meet again); an object store that failed after its retries
+        (``StoreError``) keeps it, as a disk error does (one line) and any other failure (a kill, a bug),
+        for ``--resume``."""
         try:
             yield
         except ShardcacheError as exc:
-            if (self.written or self.resumed) and not isinstance(exc, SourceError):
+            if (self.written or self.resumed or isinstance(exc, StoreError)) and not isinstance(exc, SourceError):
                 self.release()
             else:  # bad input data: a --resume would meet it again, so nothing is kept to resume
                 self.remove()
@@ -332,7 +332,7 @@ def _out_state(
     clash = outputs.input_clash(out, specs, files)
     if clash:
         return "input", {"what": clash}
-    fs, path = fsspec.core.url_to_fs(out, **(storage_options or {}))
+    fs, path = filesystem(out, storage_options)
     path = path.rstrip("/") or path
     if not fs.exists(path):
         return "missing", {}

@@ -26,7 +26,7 @@ from .durations import format_duration, parse_duration
 from .layout import CODECS
 from .splits import SplitSpec, parse_split
 
-__all__ = ["DELIMITERS", "NORMALIZE", "BuildOptions", "parse_delimiter"]
+__all__ = ["DELIMITERS", "MAX_CHUNKS", "MAX_SHARD_ROWS", "NORMALIZE", "BuildOptions", "parse_delimiter"]
 
 NORMALIZE = ("zscore", "none")
 DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}
@@ -42,6 +42,12 @@ def parse_delimiter(value: str | None) -> str | None:
     if not isinstance(text, str) or len(text) != 1 or text in '"\r\n':
         raise OptionError("csv_delimiter", value, "must be one character such as ';', or comma, semicolon, tab, pipe")
     return text
+
+
+MAX_SHARD_ROWS = 1 << 24
+"""The most rows a shard takes (``shard_rows``): a reader decodes whole shards into memory."""
+MAX_CHUNKS = 1 << 16
+"""The most inner chunks a shard takes (``shard_rows // chunk_rows``): 16 bytes each in its index."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +92,20 @@ class BuildOptions:
         parse_delimiter(self.csv_delimiter)
         for name, zero in (("seq_len", False), ("horizon", True), ("shard_rows", False), ("chunk_rows", False)):
             set_(self, name, _count(name, getattr(self, name), zero=zero))
+        if self.shard_rows is not None and self.shard_rows > MAX_SHARD_ROWS:
+            raise OptionError(
+                "shard_rows",
+                self.shard_rows,
+                f"at most {MAX_SHARD_ROWS:,} rows (a reader decodes whole shards in memory)",
+            )
         if self.shard_rows is not None and self.chunk_rows is not None:
+            if self.shard_rows // self.chunk_rows > MAX_CHUNKS:
+                raise OptionError(
+                    "chunk_rows",
+                    self.chunk_rows,
+                    f"gives {self.shard_rows // self.chunk_rows:,} chunks a shard; at most {MAX_CHUNKS:,} "
+                    "(each takes 16 bytes of the shard's index): give larger chunks",
+                )
             if self.chunk_rows > self.shard_rows:
                 raise OptionError(
                     "chunk_rows", self.chunk_rows, "must not exceed {shard_rows}", {"shard_rows": self.shard_rows}

@@ -47,6 +47,7 @@ from .local_cache import LocalCache
 from .manifest import Manifest
 from .objects import get_whole
 from .paths import is_url, local_path, probe, read_options
+from .remote import RemoteError, remote_failed
 from .zarr_adapter import async_group, sync
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
@@ -454,6 +455,8 @@ class Cache:
                         f"{self.url}: {key} is corrupt ({describe_damage(exc)}); rebuild the cache"
                     ) from None
                 have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
+        except RemoteError as exc:
+            raise remote_failed(self.url, self.storage_options, exc) from None
         except CacheError:
             self.check_same()  # a cache swapped during the reads: "replaced", not damaged
             raise
@@ -530,6 +533,8 @@ class Cache:
         """Virtual rows ``[start, stop)`` of symbol ``i`` (its first row ``base``), checked as ``read_rows`` says."""
         try:
             return self._decoder(i).read(start - base, stop - base, out)
+        except RemoteError as exc:
+            raise remote_failed(self.url, self.storage_options, exc) from None
         except (MissingShard, ChunkError) as exc:
             assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
             self.check_same()  # a swap between an index and its chunks' reads: "replaced", not damaged

@@ -44,6 +44,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.storage import FsspecStore, LocalStore
 
 from .layout import CHUNK_KEYS
+from .remote import guarded
 from .zarr_adapter import ArrayV3Metadata, sync
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class ShardDecoder:
         if isinstance(store, LocalStore):
             raw = _read_file(os.path.join(str(store.root), key), None)
         else:
-            buf = sync(store.get(key, prototype=default_buffer_prototype()))
+            buf = sync(guarded("fetch", key, store.get(key, prototype=default_buffer_prototype())))
             raw = None if buf is None else buf.as_numpy_array()
         if raw is None:
             raise FileNotFoundError(key)
@@ -329,7 +330,7 @@ class ShardDecoder:
         if self.root is not None:
             return _read_file(f"{self.root}/{key}", byte_range)
         request = _WHOLE if byte_range is None else byte_range
-        buf = sync(self.store.get(key, prototype=default_buffer_prototype(), byte_range=request))
+        buf = sync(guarded("fetch", key, self.store.get(key, prototype=default_buffer_prototype(), byte_range=request)))
         return None if buf is None else buf.as_numpy_array()
 
     def _whole(self, key: str, rows: int) -> np.ndarray | None:

@@ -39,7 +39,8 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import LZ4
 
 from ..errors import CacheError, one_line
-from .paths import check_storage_options
+from .paths import check_storage_options, is_url
+from .remote import open_store
 from .zarr_adapter import sync
 
 __all__ = [
@@ -117,12 +118,13 @@ def open_group(
     url: str | os.PathLike[str], mode: str = "r", storage_options: dict[str, Any] | None = None
 ) -> zarr.Group:
     """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``);
-    ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise)."""
+    ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise). An object store's client
+    has ``remote.open_store``'s timeouts and retries."""
     check_storage_options(storage_options)
     url = os.fspath(url)
     kwargs: dict[str, Any] = {"mode": mode, "zarr_format": 3}
-    if storage_options and "://" in url:
-        kwargs["storage_options"] = storage_options
+    if is_url(url):
+        return zarr.open_group(open_store(url, storage_options, read_only=mode == "r"), **kwargs)
     return zarr.open_group(url, **kwargs)
 
 

@@ -22,11 +22,11 @@ from typing import Any
 
 from zarr.abc.store import OffsetByteRequest, Store
 from zarr.buffer import default_buffer_prototype
-from zarr.storage import FsspecStore, LocalStore
+from zarr.storage import LocalStore
 
 from .layout import gather
 from .paths import check_storage_options, is_url, local_path
-from .zarr_adapter import sync
+from .remote import RemoteError, guarded, open_store, remote_failed
 
 __all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects", "get_whole"]
 
@@ -122,11 +122,12 @@ def _read_file(path: str) -> bytes | None:
 
 def get_whole(store: Store, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
     """The whole objects ``keys`` of ``store`` (None for an absent one): one request each, with an
-    open-ended byte range (one GET from s3fs, one read of a local file), ``limit`` at a time."""
+    open-ended byte range (one GET from s3fs, one read of a local file), ``limit`` at a time. A
+    ``RemoteError`` names an object the store could not give after its client's retries."""
     proto, out = default_buffer_prototype(), {}
 
     async def one(key: str) -> None:
-        buf = await store.get(key, prototype=proto, byte_range=OffsetByteRequest(0))
+        buf = await guarded("fetch", key, store.get(key, prototype=proto, byte_range=OffsetByteRequest(0)))
         out[key] = None if buf is None else buf.to_bytes()
 
     gather([one(key) for key in keys], limit)
@@ -135,7 +136,8 @@ def get_whole(store: Store, keys: Iterable[str], limit: int = 64) -> dict[str, b
 
 class Objects:
     """The objects of the cache at ``url``: ``put``/``put_many`` and ``get_many`` by key. Picklable
-    (an object store's client is made again in each process)."""
+    (an object store's client is made again in each process). A request that fails after the client's
+    retries is a ``StoreError`` of one line (``remote.remote_failed``): a build stops there, resumably."""
 
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         check_storage_options(storage_options)
@@ -155,7 +157,7 @@ class Objects:
             if self.root is not None:
                 self._store = LocalStore(self.root)
             else:
-                self._store = FsspecStore.from_url(self.url, storage_options=self.storage_options)
+                self._store = open_store(self.url, self.storage_options, read_only=False)
             self._pid = os.getpid()
         return self._store
 
@@ -164,7 +166,9 @@ class Objects:
         if self.root is not None:
             _write_file(os.path.join(self.root, key), data)
         else:
-            sync(self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
+            self._remote(
+                [guarded("store", key, self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))]
+            )
 
     def put_many(self, objects: Mapping[str, bytes], limit: int = 64, *, share: bool = False) -> None:
         """``put`` every object of ``objects``; on an object store ``limit`` requests at a time, locally
@@ -189,7 +193,16 @@ class Objects:
                 list(pool.map(self._put_files, parts, [share] * len(parts)))
             return
         store, buffer = self.store, default_buffer_prototype().buffer
-        gather([store.set(key, buffer.from_bytes(data)) for key, data in objects.items()], limit)
+        self._remote(
+            [guarded("store", key, store.set(key, buffer.from_bytes(data))) for key, data in objects.items()], limit
+        )
+
+    def _remote(self, requests: list[Any], limit: int = 64) -> None:
+        """Run ``requests`` (``guarded`` ones), ``limit`` at a time; a ``RemoteError`` is one line."""
+        try:
+            gather(requests, limit)
+        except RemoteError as exc:
+            raise remote_failed(self.url, self.storage_options, exc) from None
 
     def _put_files(self, items: list[tuple[str, bytes]], share: bool) -> None:
         """``put_many``'s local objects ``items``, one after the other (see ``share`` there)."""
@@ -212,11 +225,14 @@ class Objects:
             except FileNotFoundError:
                 pass
         else:
-            sync(self.store.delete(key))
+            self._remote([guarded("delete", key, self.store.delete(key))])
 
     def get_many(self, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
         """The whole objects ``keys`` (None for an absent one): one request each, ``limit`` at a time."""
         keys = list(keys)
         if self.root is not None:
             return {key: _read_file(os.path.join(self.root, key)) for key in keys}
-        return get_whole(self.store, keys, limit)
+        try:
+            return get_whole(self.store, keys, limit)
+        except RemoteError as exc:
+            raise remote_failed(self.url, self.storage_options, exc) from None

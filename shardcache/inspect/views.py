@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-import fsspec
 import numpy as np
 
 from ..errors import CacheError
 from ..format.cache import Cache, open_cache
+from ..format.remote import filesystem
 
 if TYPE_CHECKING:
     import xarray
@@ -151,7 +151,7 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
             except FileNotFoundError:
                 continue
         return sizes
-    fs, root = fsspec.core.url_to_fs(cache.url, **(cache.storage_options or {}))
+    fs, root = filesystem(cache.url, cache.storage_options)
     root = root.rstrip("/") + "/"
     try:
         found = fs.find(root + "symbols", detail=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
 from ..format.local_cache import LocalCache
-from ..format.paths import is_url
+from ..format.paths import is_url, layers
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 
 __all__ = [
@@ -216,7 +217,10 @@ class LocalCopy:
         temporary ``LocalCache`` made for them (the caller removes it): ``cache_dir`` when given; else,
         for the caches behind a URL, a temporary folder of ``cache_limit`` (default ``TEMPORARY_LIMIT``)
         bytes, so DataLoader workers fetch each shard object once between them; else (a local cache, or
-        one the caller already reads through a local copy) the cache as it is."""
+        one the caller already reads through a local copy) the cache as it is. A ``filecache::`` or
+        ``blockcache::`` layer, which caches nothing under these reads, is named in one warning."""
+        for cache in caches:
+            _warn_idle_layer(cache.url)
         if self.directory is not None:
             shared = LocalCache(self.directory, self.limit)
             return [c.with_local(shared) for c in caches], None
@@ -225,6 +229,25 @@ class LocalCopy:
             return list(caches), None
         temporary = LocalCache.temporary_dir(TEMPORARY_LIMIT if self.limit is None else self.limit)
         return [c.with_local(temporary) if r else c for c, r in zip(caches, remote)], temporary
+
+
+IDLE_LAYERS = ("filecache", "blockcache")
+"""fsspec caching layers that keep nothing under a stream's reads: ``filecache`` downloads an object again
+on every asynchronous read (it never records the download), ``blockcache`` has no asynchronous read."""
+
+
+def _warn_idle_layer(url: str) -> None:
+    """One warning when ``url``'s outer layer is one of ``IDLE_LAYERS``, naming what to use instead."""
+    if not is_url(url) or layers(url)[0] not in IDLE_LAYERS:
+        return
+    inner = url.split("::", 1)[1]
+    warnings.warn(
+        f"{url}: fsspec's {layers(url)[0]}:: caches nothing under a stream's reads (every read goes to "
+        f"{inner.split('://')[0]}://); the stream keeps node-local copies itself: read {inner!r} with "
+        "cache_dir=FOLDER to keep them across runs, bounded by cache_limit and shared by the node's processes",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:

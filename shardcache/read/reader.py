@@ -240,6 +240,7 @@ class Reader:
         )
         self.used = 0
         self.stop = threading.Event()
+        self.failed: BaseException | None = None  # a decoder's error: the blocks queued after it are not read
         self.asked_again = threading.Event()  # the consumer took its first run and asks for more
         self.asked = 0
         self.queue: queue.Queue[object] = queue.Queue(ahead)  # a Ready, an exception to raise, or _END
@@ -476,8 +477,14 @@ class Reader:
         resident block is then decoded for every later pass, even if this one stops early)."""
         if self.stop.is_set():
             raise _Stopped
+        if self.failed is not None:  # one failed fetch ends the stream: no more minutes of retries on others
+            raise self.failed
         t0 = time.perf_counter()
-        self._read(pool, k)
+        try:
+            self._read(pool, k)
+        except BaseException as exc:
+            self.failed = exc
+            raise
         if int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes <= SMALL_BLOCK:
             self.small_read = min(time.perf_counter() - t0, 1.5 * self.small_read)  # a race only blurs it
         if pool.todo is not None:

@@ -8,6 +8,7 @@
 * ``helpers.inputs``: hand-made DBN files (symbol mappings, schemas) and their bars;
 * ``helpers.cli``: the CLI run in this process (``cli``) or in a new one (``run_cli``);
 * ``helpers.kills``: a function run in a forked child that SIGKILLs itself at a chosen call.
+* ``helpers.faults``: ``FaultProxy``, a loopback HTTP proxy in front of moto that sends planned faults.
 
 ``synthetic_bars`` makes bars with several symbols, gaps and train/val/test splits whose
 feature 0 is the row number (exact in float32 below 2**24), so a window's content names

@@ -13,10 +13,9 @@ import os
 from collections.abc import Callable
 from typing import IO, Any
 
-import fsspec
-
 from ...errors import SourceError
 from ...format.paths import is_url, local_path, probe
+from ...format.remote import filesystem
 
 __all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 
@@ -24,10 +23,9 @@ __all__ = ["find_urls", "open_input", "stat_input", "url_fs"]
 def url_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the path on it; a one-line SourceError if it has none."""
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        return filesystem(url, storage_options)
     except (ImportError, ValueError) as exc:
         raise SourceError(url, f"cannot open this URL ({exc})") from None
-    return fs, str(path)
 
 
 def open_input(path: str, storage_options: dict[str, Any] | None = None) -> IO[bytes]:

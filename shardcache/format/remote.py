@@ -1,0 +1,131 @@
+"""Object-store clients that never hang and ride out transient faults.
+
+Every store of a cache on an object store (reads, builds, appends, ``verify``) is made here, with S3's
+connect and read timeouts and botocore's standard retries (``CLIENT_DEFAULTS``, under any
+``config_kwargs`` key the caller sets), and s3fs's own retry loop around botocore's attempts bounded
+(``S3FS_TRIES``). A request that fails after its retries is a ``RemoteError`` (``guarded`` makes one of
+any client's error); ``remote_failed`` makes it a ``StoreError`` of one line naming the cache, the object and the
+endpoint, with what to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
+
+import fsspec
+from zarr.storage import FsspecStore
+
+from ..errors import StoreError, one_line
+from .paths import is_url, layers
+
+__all__ = [
+    "CLIENT_DEFAULTS",
+    "S3FS_TRIES",
+    "RemoteError",
+    "client_options",
+    "endpoint",
+    "filesystem",
+    "guarded",
+    "open_store",
+    "remote_failed",
+]
+
+# botocore's client config (s3fs takes it as ``config_kwargs``): a connection within 5 s, never 10 s
+# without a byte, and the standard retry mode (exponential backoff with full jitter) for resets,
+# timeouts, 5xx, 429 and SlowDown, 3 attempts a request. A key the caller gives wins over its default.
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 10,
+    "retries": {"mode": "standard", "max_attempts": 3},
+}
+# s3fs retries a timed-out, cut or SlowDown request itself, twice nested for a ranged read (5 x 5 by
+# default, around botocore's attempts: 75 tries, over 12 minutes of one stalled endpoint). Two tries
+# each in this module's clients keep one retry of a body cut mid-way, which botocore does not retry:
+# at most 2 x 2 x 3 = 12 tries, about 2 minutes of a stalled endpoint, before a ``RemoteError``.
+S3FS_TRIES = 2
+_S3 = ("s3", "s3a")
+T = TypeVar("T")
+
+
+class RemoteError(OSError):
+    """A request for the object ``key`` that failed after the client's retries; ``verb`` says which
+    (``fetch``, ``store`` or ``delete``), ``cause`` is the client's own error."""
+
+    def __init__(self, verb: str, key: str, cause: BaseException) -> None:
+        super().__init__(f"cannot {verb} {key}: {type(cause).__name__}: {one_line(cause)}")
+        self.verb, self.key, self.cause = verb, key, cause
+
+
+async def guarded(verb: str, key: str, request: Awaitable[T]) -> T:
+    """Await a store's ``request`` for ``key``; any error of its client becomes a ``RemoteError``."""
+    try:
+        return await request
+    except Exception as exc:  # each store's client raises its own kinds, after its retries
+        raise RemoteError(verb, key, exc) from exc
+
+
+def client_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``storage_options`` for a store of the cache at ``url``: the caller's, with ``CLIENT_DEFAULTS`` in
+    the ``config_kwargs`` of each S3 layer (the top level for a plain URL, ``options[protocol]`` in a
+    chain), per key the caller leaves out. None or a copy for a local path."""
+    if not is_url(url):
+        return None if storage_options is None else dict(storage_options)
+    out = dict(storage_options or {})
+    protocols = layers(url)
+    for protocol in protocols:
+        if protocol in _S3:
+            layer = out if len(protocols) == 1 else dict(out.get(protocol) or {})
+            layer["config_kwargs"] = {**CLIENT_DEFAULTS, **dict(layer.get("config_kwargs") or {})}
+            if len(protocols) > 1:
+                out[protocol] = layer
+    return out
+
+
+def _bounded(fs: Any) -> None:
+    """Bound the S3 filesystem under ``fs`` (a wrapper or caching layer holds its target as ``.fs``) to
+    ``S3FS_TRIES`` of its own retry loop."""
+    for _ in range(4):
+        if type(fs).__name__ == "S3FileSystem":
+            fs.retries = S3FS_TRIES
+            return
+        fs = getattr(fs, "fs", None)
+
+
+def open_store(url: str, storage_options: Mapping[str, Any] | None, *, read_only: bool) -> FsspecStore:
+    """The zarr store of the object-store URL ``url``, with ``client_options`` and ``S3FS_TRIES``. fsspec
+    shares a filesystem between equal options, and these carry ``CLIENT_DEFAULTS``: a filesystem that a
+    caller made with other options keeps its retries."""
+    store = FsspecStore.from_url(url, storage_options=client_options(url, storage_options), read_only=read_only)
+    _bounded(store.fs)
+    return store
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path on it, with ``open_store``'s timeouts and retries
+    (listing, renaming and deleting a cache's objects)."""
+    fs, path = fsspec.core.url_to_fs(url, **(client_options(url, storage_options) or {}))
+    _bounded(fs)
+    return fs, str(path)
+
+
+def endpoint(url: str, storage_options: Mapping[str, Any] | None) -> str:
+    """The endpoint a URL's data layer is read from, for a message: its ``endpoint_url`` (top level, under
+    ``client_kwargs``, or under the layer's protocol in a chain), else the scheme's own service."""
+    protocols = layers(url)
+    options = dict(storage_options or {})
+    if len(protocols) > 1:
+        options = dict(options.get(protocols[-1]) or {})
+    found = options.get("endpoint_url") or dict(options.get("client_kwargs") or {}).get("endpoint_url")
+    return str(found) if found else f"the {protocols[-1]}:// service"
+
+
+def remote_failed(url: str, storage_options: Mapping[str, Any] | None, exc: RemoteError) -> StoreError:
+    """The ``StoreError`` of a request that failed after its retries, in one line: the cache, the object,
+    the endpoint and what to check."""
+    where = "from" if exc.verb == "fetch" else "at"
+    return StoreError(
+        f"{url}: cannot {exc.verb} {exc.key} {where} {endpoint(url, storage_options)} after its retries "
+        f"({type(exc.cause).__name__}: {one_line(exc.cause)}); check that the endpoint answers and the "
+        "network, or allow longer: storage_options={'config_kwargs': {'read_timeout': ..., 'retries': ...}}"
+    )
