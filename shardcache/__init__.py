@@ -18,12 +18,12 @@ from .errors import CacheError, ShardcacheError, SourceError
 
 if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and IDEs should see it
     from ._version import __version__
-    from .build.append import append_cache
-    from .build.builder import build_cache
-    from .build.run import RunOptions
     from .format.build_options import BuildOptions
     from .format.cache import Cache, open_cache
     from .format.manifest import Manifest
+    from .ingest.append import append_cache
+    from .ingest.builder import build_cache
+    from .ingest.run import RunOptions
     from .inspect.views import info, open_symbol, shards, to_xarray
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
@@ -59,9 +59,9 @@ _LAZY = {  # name: the module that defines it
     "WindowStream": "read.stream",
     "WindowDataset": "read.stream",
     "WindowSpec": "read.stream",
-    "build_cache": "build.builder",
-    "append_cache": "build.append",
-    "RunOptions": "build.run",
+    "build_cache": "ingest.builder",
+    "append_cache": "ingest.append",
+    "RunOptions": "ingest.run",
     "info": "inspect.views",
     "open_symbol": "inspect.views",
     "open_symbols": "inspect.views",

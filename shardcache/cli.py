@@ -23,7 +23,7 @@ from .format.build_options import NORMALIZE, BuildOptions
 from .format.layout import CODECS
 
 if TYPE_CHECKING:
-    from .build.run import RunOptions
+    from .ingest.run import RunOptions
     from .inspect.views import ShardInfo
 
 __all__ = ["build_cache_main", "format_info", "format_shards", "main"]
@@ -70,9 +70,17 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
+    """``build-cache``'s arguments, in the order ``--help`` lists them: the inputs and the output, then the
+    options of what is built and of how this run goes."""
     default = BuildOptions.defaults()  # the build options' defaults are BuildOptions' own
     p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
+    _add_recorded_args(p, default)
+    _add_run_args(p, default)
+
+
+def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
+    """Build options ``build-cache`` records in the cache (``BuildOptions``), ``default`` their defaults."""
     p.add_argument(
         "--features",
         default=None,
@@ -118,6 +126,12 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         default=default["codec"],
         help="the features' compression: blosc-lz4 (default: Blosc shuffle + LZ4), zstd, lz4 or none",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
+    """The rest, in the order ``--help`` lists them: how a run goes (``RunOptions``), the summary's window
+    count (``--seq-len``, ``--horizon``), overwrites, resumes and appends, ``--stats-from`` and the output's
+    form; ``default`` the build options' defaults."""
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument(
         "--scheduler",
@@ -180,7 +194,7 @@ def _explicit(argv: Sequence[str]) -> set[str]:
 
 def _options(args: argparse.Namespace) -> tuple[BuildOptions, RunOptions]:
     """The command line's build options and run settings, each checked by its own class."""
-    from .build.run import RunOptions
+    from .ingest.run import RunOptions
 
     run = RunOptions(
         workers=args.workers,
@@ -194,7 +208,7 @@ def _options(args: argparse.Namespace) -> tuple[BuildOptions, RunOptions]:
 
 
 def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
-    from .build.append import append_cache
+    from .ingest.append import append_cache
     from .inspect.views import info
 
     build_only = (*BuildOptions.names(), "overwrite")  # what --append refuses: the cache has them
@@ -215,8 +229,8 @@ def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .build.builder import build_cache
-    from .build.tasks import tune_allocator
+    from .ingest.builder import build_cache
+    from .ingest.tasks import tune_allocator
     from .inspect.views import info
 
     tune_allocator()  # this process is the CLI's own: the allocator settings the build memory figures use
@@ -409,7 +423,7 @@ def _at_least_one(**options: int) -> None:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from .build.sample import make_sample
+    from .ingest.sample import make_sample
 
     _at_least_one(days=args.days)
     t0 = time.perf_counter()
@@ -422,9 +436,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """Generate the sample, build it, stream one epoch at stride 1 and say what happened."""
     import psutil
 
-    from .build.builder import build_cache
-    from .build.sample import make_sample, sample_files
-    from .build.tasks import tune_allocator
+    from .ingest.builder import build_cache
+    from .ingest.sample import make_sample, sample_files
+    from .ingest.tasks import tune_allocator
     from .inspect.views import info
     from .read.plan import valid_ranges
     from .read.stream import WindowStream

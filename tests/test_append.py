@@ -19,13 +19,13 @@ from helpers import make_cache, stored_rows, synthetic_bars
 from helpers.kills import APPEND_KILLS, in_child, kill_after, kill_before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache.build import append as append_mod
-from shardcache.build.append import append_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample, write_dbn
 from shardcache.cli import build_cache_main, main
 from shardcache.format.build_options import BuildOptions
 from shardcache.format.layout import open_group
+from shardcache.ingest import append as append_mod
+from shardcache.ingest.append import append_cache
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample, write_dbn
 from shardcache.inspect.verify import compare_caches, verify_cache
 from shardcache.read.plan import valid_ranges
 

@@ -23,11 +23,11 @@ import pyarrow as pa
 import pytest
 from ohlcv_files import T0, ohlcv, write_parquet
 
-from shardcache.build import append as append_mod
-from shardcache.build.append import append_cache
-from shardcache.build.builder import build_cache
 from shardcache.errors import CacheError
 from shardcache.format.cache import Cache, open_cache
+from shardcache.ingest import append as append_mod
+from shardcache.ingest.append import append_cache
+from shardcache.ingest.builder import build_cache
 from shardcache.inspect.verify import verify_cache
 from shardcache.read.stream import WindowStream
 

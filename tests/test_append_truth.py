@@ -20,10 +20,10 @@ from helpers.inputs import DAY0, HOUR, MIN, T0, bars, dbn_file
 from helpers.kills import APPEND_KILLS, in_child, kill_after, kill_before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, open_cache
-from shardcache.build.append import append_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample
-from shardcache.build.staging import _root
+from shardcache.ingest.append import append_cache
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample
+from shardcache.ingest.staging import _root
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 # what a build at once differs in from a build plus appends, by design (as in test_append.BY_DESIGN)

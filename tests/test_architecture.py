@@ -1,4 +1,4 @@
-"""The import contract: data flows one way, format -> read -> inspect, format -> build, the CLI on top.
+"""The import contract: data flows one way, format -> read -> inspect, format -> ingest (the builds), the CLI on top.
 
 Read from the source with ``ast`` (nothing is imported to check it): every import of every
 module, the ones inside functions and ``if TYPE_CHECKING:`` included, is an edge from one
@@ -35,15 +35,15 @@ WINGS = {
     "format": "format",
     "read": "read",
     "inspect": "inspect",
-    "build": "build",
+    "ingest": "ingest",
 }
 MAY_IMPORT = {  # wing -> the wings its modules may import (its own included)
     "shared": {"shared"},
     "format": {"shared", "format"},
     "read": {"shared", "format", "read"},
     "inspect": {"shared", "format", "read", "inspect"},
-    "build": {"shared", "format", "build"},  # the summary counts windows with format.windows, not the read side
-    "top": {"shared", "format", "read", "inspect", "build", "top"},
+    "ingest": {"shared", "format", "ingest"},  # the summary counts windows with format.windows, not the read side
+    "top": {"shared", "format", "read", "inspect", "ingest", "top"},
 }
 # What each wing may import from outside the standard library, at module level and in functions.
 THIRD_PARTY = {
@@ -51,10 +51,10 @@ THIRD_PARTY = {
     "format": {"numpy", "zarr", "numcodecs", "google_crc32c", "fsspec"},
     "read": {"numpy", "torch", "psutil"},  # psutil: memory_budget="auto"
     "inspect": {"numpy", "zarr", "fsspec", "tqdm", "xarray", "dask"},  # xarray, dask: to_xarray, its extra
-    "build": {"numpy", "zarr", "fsspec", "tqdm", "dask", "distributed", "pyarrow", "databento_dbn", "psutil"},
+    "ingest": {"numpy", "zarr", "fsspec", "tqdm", "dask", "distributed", "pyarrow", "databento_dbn", "psutil"},
     "top": {"numpy", "psutil"},
 }
-EXTRA_OF_WING = {"build": "build", "top": "build"}  # the extra whose install a wing's imports may need
+EXTRA_OF_WING = {"ingest": "build", "top": "build"}  # the extra whose install a wing's imports may need
 OPTIONAL_IMPORTS = {("inspect", "xarray"): "xarray", ("inspect", "dask"): "xarray"}  # (wing, name) -> extra
 
 
@@ -131,7 +131,7 @@ def test_every_module_has_a_wing():
 
 
 def test_each_wing_imports_only_the_wings_below_it():
-    """format below read below inspect; format below build; read and build never import each other; the CLI on top."""
+    """format below read below inspect; format below ingest; read and ingest never import each other; the CLI on top."""
     bad = [
         f"{m or 'shardcache'}:{line} ({wing(m)}) imports {t or 'shardcache'} ({wing(t)})"
         + " in a function" * (k == "function")

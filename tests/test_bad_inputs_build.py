@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from ohlcv_files import T0, ohlcv, write_parquet
 
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample, write_dbn
 from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import open_cache
 from shardcache.format.manifest import Manifest
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample, write_dbn
 
 OPTS = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
 DAY = 86_400

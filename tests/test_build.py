@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardcache import ShardcacheError, open_cache
-from shardcache.build import compute, merge, scan
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample, write_dbn
 from shardcache.errors import OptionError
 from shardcache.format.splits import parse_split
+from shardcache.ingest import compute, merge, scan
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample, write_dbn
 from shardcache.inspect.verify import compare_caches
 from shardcache.read.plan import n_windows, valid_ranges
 

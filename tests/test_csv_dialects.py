@@ -1,4 +1,4 @@
-"""CSV dialects (``shardcache.build.sources.csv``, issue 20): delimiters sniffed or given, thousands
+"""CSV dialects (``shardcache.ingest.sources.csv``, issue 20): delimiters sniffed or given, thousands
 separators and decimal commas, gzip by its magic bytes, header-only files and late timestamp switches,
 on real CSV files read by ``pyarrow.csv`` and built by ``build-cache``."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from ohlcv_files import T0
 
-from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main
 from shardcache.format.cache import open_cache
+from shardcache.ingest.builder import build_cache
 
 N = 40
 OPTS = {"normalize": "none", "features": "raw", "seq_len": 2, "progress": False}

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_csv_dialects import OPTS, _cli, _rows, _values, _write
 
-from shardcache.build.builder import build_cache
+from shardcache.ingest.builder import build_cache
 
 HEADER = ["ts", "open", "high", "low", "close", "volume"]
 

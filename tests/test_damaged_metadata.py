@@ -12,10 +12,10 @@ import pytest
 import torch
 from ohlcv_files import ohlcv, write_parquet
 
-from shardcache.build.builder import build_cache
 from shardcache.cli import main
 from shardcache.errors import CacheError
 from shardcache.format.cache import open_cache
+from shardcache.ingest.builder import build_cache
 from shardcache.read.stream import WindowDataset, WindowStream
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "docs").glob("*.md")))]
+PAGES = ["README.md", *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "docs").rglob("*.md")))]
 BIN = Path(sys.executable).parent  # the venv's bin: shardcache, build-cache, dask, torchrun ...
 SMALL_DEMO = "shardcache demo --days 5"  # the README shows this form
 SMALL_PAGES = {"README.md", "docs/getting-started.md"}  # they train: 3 epochs of the small sample

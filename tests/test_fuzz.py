@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardcache import ShardcacheError, open_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import write_dbn
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import write_dbn
 from shardcache.inspect.verify import verify_cache
 
 FUZZ = settings(

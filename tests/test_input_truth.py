@@ -25,8 +25,8 @@ from helpers.cli import cli
 from helpers.inputs import DAY0, HOUR, MIN, T0, bars, dbn_file
 
 from shardcache import WindowDataset, WindowStream, build_cache
-from shardcache.build.sample import _records, write_dbn
 from shardcache.cli import build_cache_main
+from shardcache.ingest.sample import _records, write_dbn
 
 
 def times(cache, rows: np.ndarray) -> np.ndarray:
@@ -466,7 +466,7 @@ def test_roll_between_daily_files_is_cut_too(tmp_path, bar):
 
 def test_source_readers_never_import_their_package():
     """The readers import the shared base; only the package imports the readers (no import circle)."""
-    import shardcache.build.sources as pkg
+    import shardcache.ingest.sources as pkg
 
     folder = Path(pkg.__file__).parent
     for path in folder.glob("*.py"):
@@ -475,7 +475,7 @@ def test_source_readers_never_import_their_package():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 assert not (node.level == 1 and node.module is None), f"{path.name} imports its package"
-                assert node.module not in ("shardcache.build.sources",), f"{path.name} imports its package"
+                assert node.module not in ("shardcache.ingest.sources",), f"{path.name} imports its package"
 
 
 @pytest.mark.parametrize("args", [["--seq-len", "abc"], ["--workers", "1.5"], ["--codec", "brotli"]])

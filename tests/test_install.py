@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import shardcache
-from shardcache.build import tasks
+from shardcache.ingest import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def _run_python(code: str, tmp_path: Path) -> dict:
 
 
 BUILD = """
-from shardcache.build.sample import make_sample
+from shardcache.ingest.sample import make_sample
 files = make_sample("dbn", days=3, seed=1)
 """
 
@@ -68,7 +68,7 @@ def test_build_cache_from_python_leaves_the_allocator_alone(tmp_path):
         BUILD
         + """
 from shardcache import build_cache
-from shardcache.build import tasks
+from shardcache.ingest import tasks
 pinned_before = mmap_threshold_pinned()
 cache = build_cache(files, "c.zarr", progress=False)
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned,
@@ -86,7 +86,7 @@ def test_the_cli_pins_the_mmap_threshold_of_its_own_process(tmp_path):
         BUILD
         + """
 from shardcache.cli import build_cache_main
-from shardcache.build import tasks
+from shardcache.ingest import tasks
 pinned_before = mmap_threshold_pinned()
 code = build_cache_main([*map(str, files), "--out", "c.zarr", "-q"])
 print(json.dumps({"before": pinned_before, "after": mmap_threshold_pinned(), "tuned": tasks._tuned, "code": code}))
@@ -131,7 +131,7 @@ def test_a_dask_worker_preload_opts_in(monkeypatch):
     libc = _FakeLibc()
     monkeypatch.setattr(tasks, "_glibc", lambda: libc)
     monkeypatch.setattr(tasks, "_tuned", False)
-    tasks.dask_setup(worker=None)  # what `dask worker --preload shardcache.build.tasks` calls
+    tasks.dask_setup(worker=None)  # what `dask worker --preload shardcache.ingest.tasks` calls
     assert tasks._tuned and libc.calls == [("mallopt", -3, 128 << 10)]
 
 
@@ -183,11 +183,11 @@ def test_version_comes_from_the_installed_metadata():
 
 
 def test_dask_workers_preloading_shardcache_tasks_are_tuned():
-    """``dask worker --preload shardcache.build.tasks``: real worker processes run the hook; the driver does not."""
+    """``dask worker --preload shardcache.ingest.tasks``: real worker processes run the hook; the driver does not."""
     distributed = pytest.importorskip("distributed")
 
     def tuned() -> bool:
-        from shardcache.build import tasks
+        from shardcache.ingest import tasks
 
         return tasks._tuned
 
@@ -198,7 +198,7 @@ def test_dask_workers_preloading_shardcache_tasks_are_tuned():
             threads_per_worker=1,
             processes=True,
             dashboard_address=None,
-            preload=["shardcache.build.tasks"],
+            preload=["shardcache.ingest.tasks"],
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

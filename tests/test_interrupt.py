@@ -52,7 +52,7 @@ def bars(tmp_path) -> str:
     return write_parquet(tmp_path / "ES.parquet", ohlcv(200_000))
 
 
-@pytest.mark.parametrize("module", ["shardcache.cli", "numpy", "zarr", "shardcache.build.builder", "pyarrow", "dask"])
+@pytest.mark.parametrize("module", ["shardcache.cli", "numpy", "zarr", "shardcache.ingest.builder", "pyarrow", "dask"])
 def test_ctrl_c_while_the_command_line_imports(tmp_path, bars, module):
     out = tmp_path / "c.zarr"
     cmd = [sys.executable, "-c", AT_IMPORT, module, bars, "--out", str(out)]

@@ -14,11 +14,11 @@ import pytest
 from helpers.cli import cli
 
 from shardcache import BuildOptions, Manifest, RunOptions, open_cache
-from shardcache.build.append import append_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample
 from shardcache.errors import CacheError, OptionError, OptionTypeError
 from shardcache.format.layout import open_group
+from shardcache.ingest.append import append_cache
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample
 
 OPTS = {"split": "train=0.6,val=0.2,test=0.2", "shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
 

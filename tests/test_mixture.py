@@ -157,7 +157,7 @@ def test_no_pool_spans_two_cycles_of_a_source():
         ({"weights": "0.5,0.5"}, OptionTypeError, "one number per cache"),
         ({"epoch_windows": 10}, OptionError, "epoch_windows=10: applies with weights;"),
         ({"weights": (1, 1), "epoch_windows": 0}, OptionError, "epoch_windows=0"),
-        ({"weights": (1, 1), "epoch_windows": 2.5}, OptionError, "epoch_windows=2.5"),
+        ({"weights": (1, 1), "epoch_windows": 2.5}, OptionTypeError, "epoch_windows=2.5: expected a whole number"),
     ],
 )
 def test_mixture_settings_are_refused_in_one_line_naming_them(kw, error, match):

@@ -31,7 +31,7 @@ def test_committed_notebook_has_no_outputs():
 def small_cache(tmp_path) -> Path:
     """Ten days of the DBN sample, split train/val/test, in 4096-row shards (2 per symbol, 8 shards)."""
     from shardcache import build_cache
-    from shardcache.build.sample import make_sample
+    from shardcache.ingest.sample import make_sample
 
     make_sample(tmp_path / "dbn", days=10)
     out = tmp_path / "cache.zarr"

@@ -20,10 +20,10 @@ from helpers.parquet import build_raw, make_bars, write_parquet
 from helpers.stream import keys_of
 
 from shardcache import build_cache
-from shardcache.build.sample import make_sample
 from shardcache.cli import main
 from shardcache.errors import OptionError, OptionTypeError
 from shardcache.format.cache import Cache
+from shardcache.ingest.sample import make_sample
 from shardcache.inspect.verify import verify_cache
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.mixture import Mixture

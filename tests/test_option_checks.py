@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from ohlcv_files import ohlcv, write_parquet
 
-from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main
 from shardcache.errors import OptionError
 from shardcache.format.cache import open_cache
+from shardcache.ingest.builder import build_cache
 from shardcache.read.stream import WindowStream
 
 
@@ -133,7 +133,7 @@ def test_an_empty_out_is_refused_by_an_append_too(es, tmp_path, capsys, monkeypa
     ],
 )
 def test_a_tabular_option_on_dbn_files_is_refused_not_ignored(tmp_path, capsys, flag, value, problem):
-    from shardcache.build.sample import make_sample
+    from shardcache.ingest.sample import make_sample
 
     files = make_sample(tmp_path / "dbn", days=1, symbols=["ESH3"])
     code, err = _cli(capsys, files[0], "--out", tmp_path / "c.zarr", flag, value)

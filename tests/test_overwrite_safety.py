@@ -1,4 +1,4 @@
-"""``--overwrite`` replaces only a shardcache cache (``shardcache.build.staging``'s table, issue 20).
+"""``--overwrite`` replaces only a shardcache cache (``shardcache.ingest.staging``'s table, issue 20).
 
 It never replaces a file, a folder that is not a cache, an input of the build or a folder holding or
 inside one, or a folder that holds a cache; each is refused in one line saying what is there, with
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from ohlcv_files import ohlcv, write_parquet
 
-from shardcache.build import staging
-from shardcache.build.builder import build_cache
 from shardcache.cli import build_cache_main
 from shardcache.format.cache import open_cache
 from shardcache.format.writer import CacheWriter
+from shardcache.ingest import staging
+from shardcache.ingest.builder import build_cache
 from shardcache.inspect.verify import verify_cache
 
 OPTS = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shardcache import open_cache
-from shardcache.build.sources import PRICE_COLUMNS
 from shardcache.cli import build_cache_main, format_info
+from shardcache.ingest.sources import PRICE_COLUMNS
 from shardcache.inspect import views as explore
 from shardcache.inspect.verify import verify_cache
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 from helpers import make_cache, synthetic_bars
 
+from shardcache.errors import OptionError, OptionTypeError
 from shardcache.format.cache import TIME_CHUNKS
 from shardcache.read import options
 from shardcache.read.options import default_decoders
@@ -74,9 +75,15 @@ def test_a_setting_beside_a_window_spec_is_refused_even_at_its_default(stream_ca
     ],
 )
 def test_counts_are_refused_unless_whole_numbers(stream_cache, name, value):
+    """One checker (``format.numbers.whole_number``): a float, a bool or a string is a wrong type, never
+    truncated; a whole number below the option's least a bad value naming the option."""
     kwargs = {"seq_len": 16, "split": "all", name: value}
     minimum = 0 if name in ("prefetch", "decoders") else 1
-    with pytest.raises(ValueError, match=rf"^{name}={value!r}: must be an int >= {minimum}$"):
+    if isinstance(value, int) and not isinstance(value, bool):
+        error, message = OptionError, f"must be at least {minimum}"
+    else:
+        error, message = OptionTypeError, "expected a whole number"
+    with pytest.raises(error, match=rf"^{name}={value!r}: {message}$"):
         WindowStream(stream_cache, **kwargs)
 
 

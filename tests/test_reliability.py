@@ -24,12 +24,12 @@ from helpers.kills import kill_after as _after
 from helpers.kills import kill_before as _before
 
 from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream, open_cache
-from shardcache.build import builder, merge, scan, staging
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample, make_sample_parquet, write_dbn
 from shardcache.cli import build_cache_main, main
 from shardcache.format import objects as objects_mod
 from shardcache.format.writer import CacheWriter
+from shardcache.ingest import builder, merge, scan, staging
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample, make_sample_parquet, write_dbn
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 # shards of 1,024 rows: symbol 0 (~9,800 rows) fills shards 0-9, so the shard numbers below are all written

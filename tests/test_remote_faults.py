@@ -17,11 +17,11 @@ from helpers.cli import cli
 from helpers.faults import FaultProxy
 
 from shardcache import WindowStream
-from shardcache.build.append import append_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample_parquet
 from shardcache.errors import StoreError
 from shardcache.format.remote import CLIENT_DEFAULTS, client_options
+from shardcache.ingest.append import append_cache
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample_parquet
 from shardcache.inspect.verify import verify_cache
 
 KW = {"seq_len": 20, "batch_size": 128, "split": "all"}

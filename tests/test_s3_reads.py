@@ -18,8 +18,8 @@ import torch
 from helpers.local import peak_bytes
 
 from shardcache import WindowStream, open_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample_parquet
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample_parquet
 from shardcache.inspect.views import open_symbols
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))

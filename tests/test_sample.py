@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache.build.sample import CONTRACTS, make_sample, make_sample_parquet, session_minutes, write_dbn
-from shardcache.build.sources import open_source
+from shardcache.ingest.sample import CONTRACTS, make_sample, make_sample_parquet, session_minutes, write_dbn
+from shardcache.ingest.sources import open_source
 
 MIN = 60_000_000_000
 HOUR = 60 * MIN
@@ -186,7 +186,7 @@ def _demo(work: Path, days: int) -> str:
 
 def test_demo_days_always_gives_that_many_days(tmp_path):
     from shardcache import open_cache
-    from shardcache.build.sample import sample_files
+    from shardcache.ingest.sample import sample_files
 
     def bars_of(days: int) -> int:
         return len(next(iter(bars(sample_files(tmp_path / "dbn", days=days)).values())))

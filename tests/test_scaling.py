@@ -17,14 +17,14 @@ from helpers.cli import run_cli
 from helpers.tasks import Described, peek
 
 from shardcache import ShardcacheError, WindowStream, open_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.cluster import check_cluster
-from shardcache.build.sample import make_sample, make_sample_parquet
-from shardcache.build.sources import expand_inputs
-from shardcache.build.tasks import run_tasks
 from shardcache.cli import build_cache_main, main
 from shardcache.format.cache import Cache
 from shardcache.format.layout import open_group
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.cluster import check_cluster
+from shardcache.ingest.sample import make_sample, make_sample_parquet
+from shardcache.ingest.sources import expand_inputs
+from shardcache.ingest.tasks import run_tasks
 from shardcache.inspect.verify import verify_cache
 from shardcache.inspect.views import shards
 

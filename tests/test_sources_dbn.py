@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardcache.build.sample import make_sample, write_dbn
-from shardcache.build.sources import open_source
-from shardcache.build.sources.dbn import LATE_NS, SCHEMAS, UNDEF_PRICE, record_dtype
 from shardcache.errors import SourceError
+from shardcache.ingest.sample import make_sample, write_dbn
+from shardcache.ingest.sources import open_source
+from shardcache.ingest.sources.dbn import LATE_NS, SCHEMAS, UNDEF_PRICE, record_dtype
 
 SAMPLE_DIR = Path(
     os.environ.get("SHARDCACHE_SAMPLE_DBN") or Path(__file__).resolve().parents[2] / "shared" / "data" / "dbn"

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shardcache.build.sample import make_sample_parquet
-from shardcache.build.sources import clean_piece, expand_inputs, open_source, parse_duration
 from shardcache.errors import SourceError
+from shardcache.ingest.sample import make_sample_parquet
+from shardcache.ingest.sources import clean_piece, expand_inputs, open_source, parse_duration
 
 T0 = 1_672_660_800_000_000_000  # 2023-01-02T12:00:00Z
 MIN = 60_000_000_000

@@ -1,4 +1,4 @@
-"""The build's resumable state (``shardcache.build.staging``, ``shardcache.build.markers``): markers are data and
+"""The build's resumable state (``shardcache.ingest.staging``, ``shardcache.ingest.markers``): markers are data and
 never code, a damaged one is "not finished", ``prepare`` is its decision table, and a second build of
 the same output is refused while the first runs."""
 
@@ -25,18 +25,18 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from shardcache.build import append, merge, scan, staging
-from shardcache.build.builder import build_cache
-from shardcache.build.compute import ShardWork, Spills, shard_stats, write_shards
-from shardcache.build.markers import Unreadable, decode, encode
-from shardcache.build.merge import Merged
-from shardcache.build.sample import make_sample, make_sample_parquet
 from shardcache.cli import build_cache_main
 from shardcache.errors import ShardcacheError, SourceError
 from shardcache.format.cache import open_cache
 from shardcache.format.index import ShardRecord
 from shardcache.format.layout import FORMAT_VERSION
 from shardcache.format.manifest import Manifest
+from shardcache.ingest import append, merge, scan, staging
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.compute import ShardWork, Spills, shard_stats, write_shards
+from shardcache.ingest.markers import Unreadable, decode, encode
+from shardcache.ingest.merge import Merged
+from shardcache.ingest.sample import make_sample, make_sample_parquet
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 OPTS = dict(split="train=0.8,val=0.1,test=0.1", shard_rows=1024, chunk_rows=128, workers=2, progress=False)

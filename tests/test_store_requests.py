@@ -17,7 +17,7 @@ import pytest
 from helpers.parquet import SourceBars, build_raw, make_bars, write_parquet
 
 from shardcache import open_cache
-from shardcache.build.append import append_cache
+from shardcache.ingest.append import append_cache
 from shardcache.inspect.verify import verify_cache
 from shardcache.inspect.views import info, shards
 

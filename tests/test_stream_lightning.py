@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shardcache import build_cache
-from shardcache.build.sample import make_sample
+from shardcache.ingest.sample import make_sample
 from shardcache.read.plan import n_windows
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"

@@ -19,9 +19,9 @@ from helpers.stream import check_windows, ddp_mix_rank, keys_of
 from torch.utils.data import DataLoader
 
 from shardcache import build_cache
-from shardcache.build.sample import make_sample
 from shardcache.errors import CacheError, OptionError, OptionTypeError, SeveralCachesError, StateError
 from shardcache.format.cache import Cache
+from shardcache.ingest.sample import make_sample
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.resident import resident_bytes
 from shardcache.read.stream import WindowStream

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from ohlcv_files import ohlcv, write_parquet
 
-from shardcache.build.builder import build_cache
 from shardcache.cli import main
 from shardcache.errors import CacheError, OptionTypeError, SourceError
 from shardcache.format.cache import open_cache
 from shardcache.format.layout import open_group
 from shardcache.format.writer import CacheWriter
+from shardcache.ingest.builder import build_cache
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens on the discard port
 

@@ -11,9 +11,9 @@ import pytest
 import zarr
 
 from shardcache import CacheError, WindowDataset, WindowStream, open_cache
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample
 from shardcache.cli import main
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 SHARD = 512  # symbol 0 (rows 0..~6,500) spans shards 0-12, so shard numbers below are its rows

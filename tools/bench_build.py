@@ -93,7 +93,7 @@ class BuildResult:
 
 def ensure_dbn_sample(work: Path, days: int, symbols: int = 4) -> Path:
     """The ``days``-file DBN sample of ``symbols`` symbols under ``work`` (generated once, then reused)."""
-    from shardcache.build.sample import CONTRACTS, make_sample
+    from shardcache.ingest.sample import CONTRACTS, make_sample
 
     name = f"dbn-{days}d" + (f"-{symbols}s" if symbols != 4 else "")
     out, done = work / name, work / f"{name}.complete"
@@ -147,7 +147,7 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     Parquet table of ``f`` random columns built with ``--features raw``.
     """
     from shardcache import open_cache
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.sample import make_sample_parquet
     from shardcache.read.plan import valid_ranges
 
     if f == 9:
@@ -184,8 +184,8 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
 def ensure_scaled_cache(work: Path, f: int, scale: int) -> Path:
     """The ``scale`` x 665K-bar cache at F=``f``, built once by build-cache from generated Parquet, then reused."""
     from shardcache import open_cache
-    from shardcache.build.sample import make_sample_parquet
     from shardcache.errors import CacheError
+    from shardcache.ingest.sample import make_sample_parquet
 
     path = work / f"cache-{f}-x{scale}.zarr"
     try:
@@ -425,7 +425,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def ensure_parquet_sample(work: Path, f: int, scale: int) -> Path:
     """The ``scale`` x 665K-row, ``f``-column Parquet table under ``work`` (one file, generated once)."""
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.sample import make_sample_parquet
 
     src = work / (f"parquet-{f}" if scale == 1 else f"parquet-{f}-x{scale}-single")
     done = src.with_name(src.name + ".complete")

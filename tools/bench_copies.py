@@ -51,7 +51,7 @@ print(json.dumps({"epoch_s": sorted(times)[len(times) // 2], "windows": n}))
 def ensure_cache(work: Path, bars: int, features: int) -> Path:
     """The benchmark's cache (built once): ``bars`` bars of ``features`` columns, two symbols."""
     from shardcache import CacheError, build_cache, open_cache
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.sample import make_sample_parquet
 
     path = work / f"copies-{features}.zarr"
     try:

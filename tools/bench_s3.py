@@ -42,9 +42,9 @@ import numpy as np
 import zarr
 from s3_requests import RequestLog
 
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample
 from shardcache.format.cache import Cache, open_cache
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample
 from shardcache.read.stream import WindowStream
 
 MIB = 1 << 20

@@ -3,7 +3,7 @@
 For each layout (``--symbols``, many first), on local disk and on a moto S3 server on 127.0.0.1
 (``python -m moto.server``, fake credentials; nothing leaves the machine), it measures in fresh processes:
 
-* **build**: ``build_cache`` from one Parquet file (``shardcache.build.sample.make_sample_parquet``),
+* **build**: ``build_cache`` from one Parquet file (``shardcache.ingest.sample.make_sample_parquet``),
   seconds inside the process and bars/s, and the objects (files) the cache holds;
 * **import + open + first batch**: ``import shardcache``, ``open_cache``, ``import torch`` (the
   first use of ``WindowStream``), the first batch of a ``WindowStream`` (seq_len 60, batch 256),
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     symbol_counts = [int(n) for n in args.symbols.split(",")]
 
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.sample import make_sample_parquet
 
     env = {**os.environ, **ENV}
     columns: dict[str, dict[str, str]] = {}

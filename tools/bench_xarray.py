@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         path = args.cache
         build_s = None
         if path is None:
-            from shardcache.build.builder import build_cache
-            from shardcache.build.sample import make_sample_parquet
+            from shardcache.ingest.builder import build_cache
+            from shardcache.ingest.sample import make_sample_parquet
 
             names = [f"S{i:05d}" for i in range(args.symbols)]
             files = make_sample_parquet(

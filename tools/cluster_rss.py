@@ -3,7 +3,7 @@
 A worker runs one task at a time (``threads_per_worker=1``, as ``dask worker --nthreads 1``),
 and a task holds one input piece, one symbol's cluster of runs or one shard, so a worker's
 peak over its idle footprint should stay near the size of the largest of those, whatever
-the number of files. This starts the cluster, imports ``shardcache.build.builder`` in every
+the number of files. This starts the cluster, imports ``shardcache.ingest.builder`` in every
 worker and tunes its allocator as the CLI's builds do (the idle footprint), samples each
 worker's RSS with psutil every ``--interval`` seconds during the build and prints a markdown
 table (MiB).
@@ -25,9 +25,9 @@ import time
 import psutil
 from distributed import Client, LocalCluster
 
-from shardcache.build.builder import build_cache
-from shardcache.build.sample import make_sample
-from shardcache.build.sources import expand_inputs, open_source
+from shardcache.ingest.builder import build_cache
+from shardcache.ingest.sample import make_sample
+from shardcache.ingest.sources import expand_inputs, open_source
 
 MIB = 1 << 20
 
@@ -50,9 +50,9 @@ class Sampler(threading.Thread):
 
 def _warm() -> int:
     """Import what a build task imports and opt in to the CLI's allocator settings (as ``dask worker
-    --preload shardcache.build.tasks`` does); the worker's RSS afterwards is its idle footprint."""
-    import shardcache.build.builder  # noqa: F401
-    from shardcache.build.tasks import tune_allocator
+    --preload shardcache.ingest.tasks`` does); the worker's RSS afterwards is its idle footprint."""
+    import shardcache.ingest.builder  # noqa: F401
+    from shardcache.ingest.tasks import tune_allocator
 
     tune_allocator()
 

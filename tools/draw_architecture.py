@@ -27,14 +27,14 @@ PACKAGE = ROOT / "shardcache"
 WINGS = (  # (name, title, what it is, its files and folders)
     ("top", "on top", "cli.py, entry.py, the package face", ("cli.py", "entry.py", "__init__.py")),
     ("inspect", "inspect/", "views of a cache, verify", ("inspect/",)),
-    ("build", "build/", "sources -> one cache", ("build/",)),
+    ("ingest", "ingest/", "sources -> one cache", ("ingest/",)),
     ("read", "read/", "windows: numpy + torch", ("read/",)),
     ("format", "format/", "the on-disk contract", ("format/",)),
     ("shared", "shared", "errors, the version", ("errors.py", "_version.py")),
 )
 DATA = (  # (from, to, label): the flow of bars, drawn under the boxes; None is outside the package
-    (None, "build", "DBN, Parquet, CSV files"),
-    ("build", "format", "each bar written once"),
+    (None, "ingest", "DBN, Parquet, CSV files"),
+    ("ingest", "format", "each bar written once"),
     ("format", "read", "shards decoded"),
     ("read", None, "batches to the model"),
     ("format", "inspect", "info, ls, verify, xarray"),

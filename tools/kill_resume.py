@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from shardcache.build.sample import make_sample
+from shardcache.ingest.sample import make_sample
 from shardcache.inspect.verify import compare_caches, verify_cache
 
 __all__ = ["main"]

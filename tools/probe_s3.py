@@ -1,5 +1,5 @@
 """What zarr, fsspec, obstore and icechunk cost per request on a moto S3 server: the measurements
-behind issue 21's choices (docs/scale-notes.md), each a section of its own:
+behind issue 21's choices (docs/notes/scale-notes.md), each a section of its own:
 
 * ``zarr``: requests to open a group for writing, create a group and the arrays of one symbol as
   format 3's ``CacheWriter`` did through zarr, write a whole shard, a partial last shard, part of an
@@ -259,8 +259,8 @@ def section_reads(p: Probe, args: argparse.Namespace) -> None:
 
 
 def _local_cache(work: str, symbols: int, bars: int, features: int, **kw: Any) -> str:
-    from shardcache.build.builder import build_cache
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.builder import build_cache
+    from shardcache.ingest.sample import make_sample_parquet
 
     names = [f"S{i:05d}" for i in range(symbols)]
     files = make_sample_parquet(os.path.join(work, f"in-{symbols}"), n_bars=bars, n_features=features, symbols=names)

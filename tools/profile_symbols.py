@@ -53,12 +53,12 @@ WATCH = {
     "json.loads": ("json/__init__.py", "loads"),
     "open() (files)": ("~", "<built-in method io.open>"),
     "os.replace / rename": ("~", "<built-in method posix.replace>"),
-    "Arrow spill of a scanned piece": ("build/scan.py", "_spill"),
-    "Arrow spill of a merged cluster": ("build/merge.py", "add"),
-    "Arrow spill files opened (_Spill; Spills, one a task)": ("build/compute.py", "__init__"),
-    "staging marker _write_marker": ("build/staging.py", "_write_marker"),
-    "staging marker _read_marker": ("build/staging.py", "_read_marker"),
-    "release_memory (per task)": ("build/tasks.py", "release_memory"),
+    "Arrow spill of a scanned piece": ("ingest/scan.py", "_spill"),
+    "Arrow spill of a merged cluster": ("ingest/merge.py", "add"),
+    "Arrow spill files opened (_Spill; Spills, one a task)": ("ingest/compute.py", "__init__"),
+    "staging marker _write_marker": ("ingest/staging.py", "_write_marker"),
+    "staging marker _read_marker": ("ingest/staging.py", "_read_marker"),
+    "release_memory (per task)": ("ingest/tasks.py", "release_memory"),
     "shard_digest": ("format/layout.py", "shard_digest"),
     "ShardDecoder.open (a zarr.json read)": ("format/decode.py", "open"),
     "ShardDecoder._read_shard": ("format/decode.py", "_read_shard"),
@@ -75,15 +75,15 @@ IDLE = (
 )
 # the build's stages: (object path, attribute, stage label); Staging.run's label is its prefix argument
 STAGES = [
-    ("shardcache.build.staging.Staging", "run", None),
-    ("shardcache.build.builder", "_place", "place (every symbol's documents)"),
+    ("shardcache.ingest.staging.Staging", "run", None),
+    ("shardcache.ingest.builder", "_place", "place (every symbol's documents)"),
     ("shardcache.format.writer.CacheWriter", "finish", "finish (root index, manifest)"),
     ("shardcache.format.writer.CacheWriter", "write_history", "history"),
     ("shardcache.format.writer.CacheWriter", "sweep", "sweep (stray temporary files)"),
-    ("shardcache.build.staging.Staging", "publish", "publish"),
-    ("shardcache.build.staging.Staging", "remove", "remove staging"),
-    ("shardcache.build.builder", "open_cache", "open_cache"),
-    ("shardcache.build.builder", "prepare", "prepare (staging, lock)"),
+    ("shardcache.ingest.staging.Staging", "publish", "publish"),
+    ("shardcache.ingest.staging.Staging", "remove", "remove staging"),
+    ("shardcache.ingest.builder", "open_cache", "open_cache"),
+    ("shardcache.ingest.builder", "prepare", "prepare (staging, lock)"),
 ]
 
 
@@ -273,7 +273,7 @@ def report(title: str, seconds: float, stats: pstats.Stats, top: int, per: dict[
 
 def _built(stages: StageProfiles, src: str, out: str, how: str) -> float:
     """Build ``src`` into ``out`` with ``stages`` installed, print each stage's seconds; the build's."""
-    from shardcache.build.builder import build_cache
+    from shardcache.ingest.builder import build_cache
 
     with stages.installed():
         t0 = time.perf_counter()
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps.split(",")
     if set(steps) - set(STEPS):
         parser.error(f"--steps: choose from {', '.join(STEPS)}")
-    from shardcache.build.sample import make_sample_parquet
+    from shardcache.ingest.sample import make_sample_parquet
 
     load = os.getloadavg()
     print(
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cache is None and "build" in steps:
             profile_build(str(files[0]), cache, args.top, per)
         elif args.cache is None:
-            from shardcache.build.builder import build_cache
+            from shardcache.ingest.builder import build_cache
 
             build_cache(str(files[0]), cache, progress=False)
         for step in steps:

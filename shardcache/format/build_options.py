@@ -4,7 +4,7 @@ One frozen, keyword-only record: the command line parses into it, ``build_cache`
 keyword arguments make one), an append reads it back from the cache (``Manifest.build.options``)
 and ``--stats recompute`` rebuilds with it. Its field names are the one list of build options: an
 append refuses any of them. Settings of one run (workers, scheduler, overwrite, resume, storage
-options, progress) are not recorded and live apart (``shardcache.build.run.RunOptions``).
+options, progress) are not recorded and live apart (``shardcache.ingest.run.RunOptions``).
 
 The format's, as the manifest records it (``to_json``, in the order of the fields, ``stats_from``
 and ``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import OptionError, OptionTypeError
 from .durations import format_duration, parse_duration
 from .layout import CODECS
+from .numbers import whole_number
 from .splits import SplitSpec, parse_split
 
 __all__ = ["DELIMITERS", "MAX_CHUNKS", "MAX_SHARD_ROWS", "NORMALIZE", "BuildOptions", "parse_delimiter"]
@@ -92,28 +93,7 @@ class BuildOptions:
         parse_delimiter(self.csv_delimiter)
         for name, zero in (("seq_len", False), ("horizon", True), ("shard_rows", False), ("chunk_rows", False)):
             set_(self, name, _count(name, getattr(self, name), zero=zero))
-        if self.shard_rows is not None and self.shard_rows > MAX_SHARD_ROWS:
-            raise OptionError(
-                "shard_rows",
-                self.shard_rows,
-                f"at most {MAX_SHARD_ROWS:,} rows (a reader decodes whole shards in memory)",
-            )
-        if self.shard_rows is not None and self.chunk_rows is not None:
-            if self.shard_rows // self.chunk_rows > MAX_CHUNKS:
-                raise OptionError(
-                    "chunk_rows",
-                    self.chunk_rows,
-                    f"gives {self.shard_rows // self.chunk_rows:,} chunks a shard; at most {MAX_CHUNKS:,} "
-                    "(each takes 16 bytes of the shard's index): give larger chunks",
-                )
-            if self.chunk_rows > self.shard_rows:
-                raise OptionError(
-                    "chunk_rows", self.chunk_rows, "must not exceed {shard_rows}", {"shard_rows": self.shard_rows}
-                )
-            if self.shard_rows % self.chunk_rows:
-                raise OptionError(
-                    "chunk_rows", self.chunk_rows, "must divide {shard_rows}", {"shard_rows": self.shard_rows}
-                )
+        _check_chunking(self.shard_rows, self.chunk_rows)
         if self.bar is not None and _signed_duration("bar", self.bar) <= 0:
             raise OptionError("bar", self.bar, "must be a positive duration such as 1s, 1m or 5m")
         set_(self, "max_gap", _max_gap(self.max_gap))
@@ -225,15 +205,31 @@ def _text_or_none(name: str, value: Any) -> None:
         raise OptionTypeError(f"{name}={value!r}: must be a str")
 
 
+def _check_chunking(shard_rows: int | None, chunk_rows: int | None) -> None:
+    """``shard_rows`` at most ``MAX_SHARD_ROWS``; with ``chunk_rows``, at most ``MAX_CHUNKS`` chunks that divide it."""
+    if shard_rows is not None and shard_rows > MAX_SHARD_ROWS:
+        raise OptionError(
+            "shard_rows",
+            shard_rows,
+            f"at most {MAX_SHARD_ROWS:,} rows (a reader decodes whole shards in memory)",
+        )
+    if shard_rows is not None and chunk_rows is not None:
+        if shard_rows // chunk_rows > MAX_CHUNKS:
+            raise OptionError(
+                "chunk_rows",
+                chunk_rows,
+                f"gives {shard_rows // chunk_rows:,} chunks a shard; at most {MAX_CHUNKS:,} "
+                "(each takes 16 bytes of the shard's index): give larger chunks",
+            )
+        if chunk_rows > shard_rows:
+            raise OptionError("chunk_rows", chunk_rows, "must not exceed {shard_rows}", {"shard_rows": shard_rows})
+        if shard_rows % chunk_rows:
+            raise OptionError("chunk_rows", chunk_rows, "must divide {shard_rows}", {"shard_rows": shard_rows})
+
+
 def _count(name: str, value: Any, *, zero: bool = False) -> int | None:
-    """``value`` as an int; refuse a non-integer, negative (or, unless ``zero``, zero) value of option ``name``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise OptionTypeError(f"{name}={value!r}: expected a whole number")
-    if value < 0 or (value == 0 and not zero):
-        raise OptionError(name, int(value), f"must be {'0 or more' if zero else 'at least 1'}")
-    return int(value)
+    """``value`` as an int (``whole_number``) of at least 1, or 0 with ``zero``; None stays None."""
+    return None if value is None else whole_number(name, value, 0 if zero else 1)
 
 
 def _max_gap(value: Any) -> str:

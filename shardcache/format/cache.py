@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.storage import LocalStore
 
 from ..errors import CacheError
 from .decode import ChunkError, MissingShard, ShardDecoder, decode_shard
@@ -40,7 +39,6 @@ from .layout import (
     node_array,
     node_group,
     open_group,
-    spanned_shards,
     symbol_bases,
 )
 from .local_cache import LocalCache
@@ -62,24 +60,6 @@ class NoCacheError(CacheError):
 class IndexAheadError(CacheError):
     """An object-store cache whose root index is newer than its manifest: an append is writing it
     (or was killed in its last writes)."""
-
-
-def _in_page_cache(path: str) -> bool:
-    """Whether the first page of the file ``path`` is in the OS's page cache: a one-byte read that may not
-    wait for the disk (``RWF_NOWAIT``; a miss may start reading the page, which does no harm to a hint). False
-    where that cannot be told (no such read, a file system that refuses it, such as tmpfs, no file)."""
-    if not hasattr(os, "RWF_NOWAIT"):
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        return os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT) >= 0
-    except OSError:  # BlockingIOError: not in the page cache; EOPNOTSUPP: cannot tell
-        return False
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -509,7 +489,7 @@ class Cache:
     def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
         """``read_rows`` of virtual rows ``[starts[k], stops[k])`` (each inside one symbol) into ``outs[k]``, for
         many blocks at once: their symbols found in one search, and one ``check_same`` after them all (with
-        ``check``). What a reader of thousands of small symbols' shards calls (issue 21): per block, only its
+        ``check``). What a reader of thousands of small symbols' shards calls: per block, only its
         read is left."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
         sym = np.searchsorted(self.bases, starts, side="right") - 1
@@ -544,37 +524,6 @@ class Cache:
                 f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
                 "`shardcache verify` lists every damaged shard; rebuild the cache"
             ) from None
-
-    def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Ask the OS to fetch the shard files of virtual rows ``[starts[k], stops[k])`` ahead of their reads,
-        so that a local cache's small shards gone cold in the page cache come from disk together, not one
-        at a time as each read reaches them (a cold epoch of 2,000 small symbols: issue 21). A hint: nothing
-        is read, and nothing is done for an object store, through a node-local copy, or on an OS without
-        ``posix_fadvise``. Nor when the first and the last of the files are in the page cache already
-        (``_in_page_cache``): files read together last time go cold together, and asking for 2,000 warm
-        files each epoch cost a twentieth of its time."""
-        root = self.handles.group.store_path
-        if self.local is not None or not isinstance(root.store, LocalStore) or not hasattr(os, "posix_fadvise"):
-            return
-        folder = os.path.join(str(root.store.root), root.path)
-        starts = np.asarray(starts, dtype=np.int64)
-        shards = spanned_shards(starts, np.maximum(np.asarray(stops, dtype=np.int64) - 1, starts), self.shard_rows)
-        symbol, row = self.locate(shards * self.shard_rows)  # every shard's symbol at once, not one search each
-        paths = [
-            os.path.join(folder, chunk_key(i, "features", k))
-            for i, k in zip(symbol.tolist(), (row // self.shard_rows).tolist())
-        ]
-        if not paths or (_in_page_cache(paths[0]) and _in_page_cache(paths[-1])):
-            return
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue  # a missing shard is for its read to report
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
 
     def shard_symbol(self, shard: int) -> tuple[int, int]:
         """Symbol index and local shard number of virtual shard ``shard``."""

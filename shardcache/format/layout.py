@@ -1,4 +1,4 @@
-"""The on-disk layout (format 4): one Zarr v3 group per symbol, a root index and the ``shardcache`` manifest.
+"""The on-disk layout (format 5): one Zarr v3 group per symbol, a root index and the ``shardcache`` manifest.
 
 Layout (readable with plain ``zarr`` and ``xarray``)::
 
@@ -168,7 +168,7 @@ def symbol_chunk_rows(bars_per_symbol: Any, chunk_rows: int) -> np.ndarray:
     halved while the half still holds the symbol's bars, down to ``chunk_rows / 16`` at the least.
 
     A 300-bar symbol then decodes a 512-row chunk, not an 8,192-row one that is 96% fill (lever 7 of
-    docs/scale-notes.md); a halved chunk still divides the shard, and the shard index grows to 16
+    docs/notes/scale-notes.md); a halved chunk still divides the shard, and the shard index grows to 16
     times the entries at most. The root index records each shard's (``format.index``), so readers
     know it without a symbol's ``zarr.json``, and an append that grows a symbol keeps it.
     """

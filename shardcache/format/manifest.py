@@ -1,6 +1,6 @@
 """``Manifest``: the root attributes of a cache (``attrs["shardcache"]``), typed, with their JSON round trip.
 
-The on-disk contract (format 4) is the JSON document ``to_json`` writes and ``from_json`` reads:
+The on-disk contract (format 5) is the JSON document ``to_json`` writes and ``from_json`` reads:
 
 * the store: ``feature_names``, ``symbols`` with each one's ``groups`` path and ``bars_per_symbol``,
   ``layout`` (shard and chunk rows, codec, shards), ``format_version`` and ``complete`` (written last);

@@ -3,7 +3,7 @@
 One code path for every store: a local cache's objects are plain files, a new one written in
 place, an existing one written to a temporary name and renamed over it (a reader sees the old
 object or the new one, and a hard link into another cache is replaced, never written through:
-see ``shardcache.build.append``); any other URL goes through zarr's ``Store`` API
+see ``shardcache.ingest.append``); any other URL goes through zarr's ``Store`` API
 (``store.set``, ``store.get``), concurrently on zarr's event loop. Nothing is checked or read back before a
 write: the writer knows what it writes. A whole object is read with an open-ended byte range
 (``OffsetByteRequest(0)``), which s3fs sends as one GET where a plain read first asks the

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import OptionError, OptionTypeError
+from .numbers import whole_number
 
 __all__ = [
     "Ranges",
@@ -64,9 +65,7 @@ class WindowSpec:
         object.__setattr__(self, "horizon", _horizon(self.horizon))
         for name in ("seq_len", "stride"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise OptionError(name, value, "must be an int >= 1")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, whole_number(name, value, 1))
 
     @property
     def horizons(self) -> tuple[int, ...]:

@@ -70,7 +70,7 @@ class CacheWriter:
     the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
     the manifest with ``complete: true``, the last write of a build. Locally (``objects``) a new
     object is created in place and an existing one replaced by a rename, never written through: a
-    hard-linked staging copy (``shardcache.build.append``) never changes a file it shares with the
+    hard-linked staging copy (``shardcache.ingest.append``) never changes a file it shares with the
     original, and symbol documents of equal bytes share one file. Picklable, so shard writes can run
     as dask tasks on any worker.
     """
@@ -209,7 +209,7 @@ class CacheWriter:
         """``write_shard`` of each ``(shard, features, bar times)`` of ``items``, each step for all of them in
         turn: every shard encoded, then every time chunk, then the digests, then every object in one
         ``put_many``. For a task of a few hundred small symbols' shards, each kind of work back to back
-        built 2,000 symbols 10% faster than one shard's steps after another (docs/scale-notes.md, section 12)."""
+        built 2,000 symbols 10% faster than one shard's steps after another (docs/notes/scale-notes.md)."""
         shards = []
         for shard, features, ts in items:
             i, a, b = self.shard_symbol(shard)

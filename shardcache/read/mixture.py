@@ -33,8 +33,8 @@ import numpy as np
 from numpy.random import default_rng
 
 from ..errors import OptionError, OptionTypeError
+from ..format.numbers import whole_number
 from ..format.windows import Ranges
-from .options import count
 
 __all__ = ["MAX_PASSES", "Mixture", "Shares", "apportion"]
 
@@ -74,7 +74,7 @@ class Mixture:
             raise OptionError("weights", weights, "each weight must be a finite number >= 0")
         if not sum(float(w) for w in values) > 0:
             raise OptionError("weights", weights, "at least one weight must be above 0")
-        epochs = None if epoch_windows is None else count("epoch_windows", epoch_windows, 1)
+        epochs = None if epoch_windows is None else whole_number("epoch_windows", epoch_windows, 1)
         return cls(weights=tuple(float(w) for w in values), epoch_windows=epochs)
 
     def shares(self, row_bounds: np.ndarray, ranges: Ranges) -> Shares | None:

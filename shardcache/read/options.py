@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
 from ..format.local_cache import LocalCache
+from ..format.numbers import whole_number
 from ..format.paths import is_url, layers
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 
@@ -30,7 +31,6 @@ __all__ = [
     "AUTO_CPU_FRACTION",
     "AUTO_CUDA_FRACTION",
     "CUDA_WORKERS",
-    "MAX_COUNT",
     "MAX_DECODERS",
     "TEMPORARY_LIMIT",
     "Batch",
@@ -41,7 +41,6 @@ __all__ = [
     "check_device",
     "check_split",
     "columns",
-    "count",
     "default_decoders",
     "no_windows_error",
     "open_for_reading",
@@ -56,7 +55,6 @@ AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda
 MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
 _SURE_TO_FIT = 256 << 20  # a batch of at most this many bytes is not checked against free memory
 TEMPORARY_LIMIT = 1 << 30  # bytes of a remote cache's temporary local copy when cache_limit is not given
-MAX_COUNT = 2**62  # counts, epochs and seeds stay below this: the pass state and the plan hold them in int64
 
 
 class Batch(NamedTuple):
@@ -318,16 +316,6 @@ def default_decoders(readers: int = 1) -> int:
     return max(1, min(MAX_DECODERS, cores // max(1, readers)))
 
 
-def count(name: str, value: Any, minimum: int) -> int:
-    """``value`` as an int of at least ``minimum`` (below ``MAX_COUNT``); a float, a bool or a string
-    is refused, not truncated."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer) or value < minimum:
-        raise OptionError(name, value, f"must be an int >= {minimum}")
-    if value >= MAX_COUNT:
-        raise OptionError(name, value, "must be an int below 2**62")
-    return int(value)
-
-
 def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: Any, features: Any, target: Any) -> WindowSpec:
     """The ``WindowSpec`` given, or one made of the separate settings (None: the default), not both."""
     if isinstance(seq_len, WindowSpec):
@@ -377,10 +365,10 @@ class PlanSettings:
     @classmethod
     def of(cls, *, batch_size: Any, shuffle: Any, seed: Any, mix: Any, drop_last: Any) -> PlanSettings:
         return cls(
-            batch_size=count("batch_size", batch_size, 1),
+            batch_size=whole_number("batch_size", batch_size, 1),
             shuffle=bool(shuffle),
-            seed=count("seed", seed, 0),
-            mix=count("mix", mix, 1),
+            seed=whole_number("seed", seed, 0),
+            mix=whole_number("mix", mix, 1),
             drop_last=bool(drop_last),
         )
 
@@ -413,8 +401,8 @@ class LoaderSettings:
     def of(cls, *, prefetch: Any, decoders: Any, memory_budget: Any, device: Any) -> LoaderSettings:
         dev = check_device(device)
         return cls(
-            prefetch=count("prefetch", prefetch, 0),
-            decoders=None if decoders is None else count("decoders", decoders, 0),
+            prefetch=whole_number("prefetch", prefetch, 0),
+            decoders=None if decoders is None else whole_number("decoders", decoders, 0),
             memory_budget=parse_budget(memory_budget, dev),
             device=dev,
         )

@@ -38,9 +38,10 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, StateError
+from ..format.numbers import MAX_COUNT
 from ..format.windows import Ranges
 from .mixture import Shares
-from .options import MAX_COUNT, PlanSettings
+from .options import PlanSettings
 from .plan import EpochPlan, make_plan
 from .torch_adapter import in_shared_memory
 

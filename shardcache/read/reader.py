@@ -4,25 +4,24 @@ batches copied out of it on a background thread.
 Per iterator, a *gather thread* walks the iterator's runs (``plan.reader_runs``: up to
 ``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
 For each run it makes sure the pools the run draws from are decoded, copies the run's
-windows and targets with one ``index_select`` per pool (see "Torch threads") into new
-tensors and queues them,
-so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
+windows and targets with one ``index_select`` per pool (see "Torch threads") into new tensors
+and queues them, so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
 ``plan.pool_layouts``, which lays out many small pools at once) are decoded in plan order by up
 to ``decoders`` threads, as far ahead as the memory capacity allows; a pool is dropped after
 the last run that uses it. A small block (``SMALL_BLOCK``) is read by the gather thread itself
 once small blocks are seen to read in well under a millisecond (``FAST_READ``: local files):
 thousands of small symbols' shards handed to decoders one by one cost more in thread switches and
-GIL hand-overs than their reads (issue 21), while reads that wait (object storage) keep going to
+GIL hand-overs than their reads, while reads that wait (object storage) keep going to
 the decoders, several at once. The gather thread reads them ahead, as far as the capacity allows,
 before it hands over the run it gathered: while the consumer waits for that run rather than while
-it works through batches and wants the GIL (docs/scale-notes.md, section 11), and up to ``GROUP_BLOCKS``
+it works through batches and wants the GIL (docs/notes/scale-notes.md), and up to ``GROUP_BLOCKS``
 of them in one ``Sources.read_many`` call. The files of each batch of pools laid out together are asked
-of the OS before any of them is read (``Cache.will_read``), so small files gone cold come from disk
-together, and the shuffles of such a batch of small pools are made together, one after another (a
-pool's shuffle made between the copies of runs ran several times slower: section 12). Whether any
-cache was replaced is checked after the reads: once per group of small blocks, once per pool for
-blocks read one at a time (``Cache.check_same``). ``close()`` joins every thread it started.
+of the OS before any of them is read (``readahead.will_read``), so small files gone cold come from disk
+together, and the shuffles of such a batch of small pools are made together, one after another (a pool's
+shuffle made between the copies of runs ran several times slower: docs/notes/scale-notes.md). Whether any cache
+was replaced is checked after the reads: once per group of small blocks, once per pool for blocks read one
+at a time (``Cache.check_same``). ``close()`` joins every thread it started.
 
 What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
 columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
@@ -200,6 +199,16 @@ class _Stopped(Exception):
     """Raised inside the reader's threads when its iterator was closed."""
 
 
+def _cuda_streams(dev: torch.device, resident: Resident | None) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """A CUDA reader's copy and gather streams on ``dev``; the allocator waits for their work before it
+    frees the resident arena."""
+    copy, gather = torch.cuda.Stream(dev), torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+    for t in {resident.x, resident.y} if resident is not None else ():
+        t.record_stream(copy)
+        t.record_stream(gather)
+    return copy, gather
+
+
 class Reader:
     """One iterator's threads: decodes pools ahead of use and gathers runs of batches.
 
@@ -254,26 +263,14 @@ class Reader:
         self.runs, walk = itertools.tee(reader_runs(plan, batches, self.run_windows))
         self.schedule = self._schedule(walk)
         self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
-        dev = spec.device
-        self.cuda = dev.type == "cuda"
-        self.copy_stream = torch.cuda.Stream(dev) if self.cuda else None  # type: ignore[no-untyped-call]
-        self.gather_stream = torch.cuda.Stream(dev) if self.cuda else None  # type: ignore[no-untyped-call]
-        # the allocator waits for this reader's work before freeing the resident arena
-        if self.copy_stream is not None and self.gather_stream is not None and resident is not None:
-            for t in {resident.x, resident.y}:
-                t.record_stream(self.copy_stream)
-                t.record_stream(self.gather_stream)
-        runs = self.run_windows
+        self.cuda = spec.device.type == "cuda"
+        streams: tuple[torch.cuda.Stream | None, ...] = (
+            _cuda_streams(spec.device, resident) if self.cuda else (None,) * 2
+        )
+        self.copy_stream, self.gather_stream = streams
+        shapes = [spec.x_shape(self.run_windows), spec.y_shape(self.run_windows)]
         self.outputs = (
-            None
-            if self.cuda
-            else outputs
-            if outputs is not None
-            else _Outputs(
-                [spec.x_shape(runs), spec.y_shape(runs)],
-                [np.float32, np.float32],
-                keep=RUNS_AHEAD + 3,
-            )
+            outputs if outputs is not None or self.cuda else _Outputs(shapes, [np.float32] * 2, keep=RUNS_AHEAD + 3)
         )
         chunk = _GRAIN // (spec.window.seq_len * spec.nx)
         self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
@@ -334,7 +331,7 @@ class Reader:
                     if g not in layouts:
                         ahead = self._layout_batch(g)
                         layouts = dict(zip(ahead, pool_layouts(self.plan, ahead, s.ranges, s.sources.shard_rows)))
-                        # their blocks' files asked of the OS together (``Cache.will_read``)
+                        # their blocks' files asked of the OS together (``readahead.will_read``)
                         laid = list(layouts.values())
                         s.sources.will_read(np.concatenate([x.lo for x in laid]), np.concatenate([x.hi for x in laid]))
                         if len(laid) > 1:  # small pools: their shuffles one after another, while that code is
@@ -430,7 +427,7 @@ class Reader:
     def _read_group(self) -> None:
         """Read the upcoming small block, and the small blocks after it in the schedule while they fit in the
         capacity (up to ``GROUP_BLOCKS``), on this thread in one ``read_many`` straight into their arenas, and
-        check the caches once after them: per block only its read is left (issue 21)."""
+        check the caches once after them: per block only its read is left."""
         group: list[tuple[_Pool, int]] = []
         while self.upcoming is not None and len(group) < GROUP_BLOCKS:
             pool, k = self.upcoming  # never a resident pool's -1: groups are not read for a resident arena

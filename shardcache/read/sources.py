@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import CacheError, OptionError, OptionTypeError, ShardcacheError
 from ..format.cache import Cache
 from ..format.local_cache import LocalCache
+from ..format.readahead import will_read
 from ..format.splits import parse_split
 from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
 from .options import LocalCopy, check_split, no_windows_error, open_for_reading
@@ -295,14 +296,14 @@ class Sources:
             cache.check_same()
 
     def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
-        """``Cache.will_read`` of the row ranges ``[starts[k], stops[k])`` (each inside one symbol of one cache)."""
+        """``readahead.will_read`` of the row ranges ``[starts[k], stops[k])`` (each inside one symbol of one cache)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
         src = self.source_of(starts)
         for k, cache in enumerate(self.caches):
             mine = src == k
             if mine.any():
                 off = int(self.row_bounds[k])
-                cache.will_read(starts[mine] - off, stops[mine] - off)
+                will_read(cache, starts[mine] - off, stops[mine] - off)
 
     def region_stop(self, row: int) -> int:
         """End of the rows of the symbol holding ``row``: reads must stop there."""

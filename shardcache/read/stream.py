@@ -103,6 +103,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import OptionError, OptionTypeError, SeveralCachesError, StateError, StreamClosedError
 from ..format.cache import Cache
+from ..format.numbers import MAX_COUNT, whole_number
 from ..format.windows import WindowSpec
 from .dataset import WindowDataset
 from .identity import check_reads, reads_of
@@ -111,13 +112,11 @@ from .loader import StreamLoader
 from .mixture import Mixture
 from .options import (
     CUDA_WORKERS,
-    MAX_COUNT,
     Batch,
     LoaderSettings,
     LocalCopy,
     MetaBatch,
     PlanSettings,
-    count,
     parse_budget,
     rank_world,
     window_spec,
@@ -329,7 +328,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         """This rank's plan for ``epoch`` from its start, or of the next pass by default."""
         rank, world = rank_world(self._dist_hint)
         self.passes.claim()
-        p = self.passes.upcoming() if epoch is None else Pass(epoch=count("epoch", epoch, 0))
+        p = self.passes.upcoming() if epoch is None else Pass(epoch=whole_number("epoch", epoch, 0))
         return self.planner.plan(replace(p, rank=rank, world=world))
 
     @property
@@ -343,7 +342,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (an int >= 0, from its first batch); the passes after it
         follow on. Kept as it is when it names the epoch a loaded ``state_dict`` is about to resume."""
-        epoch = count("epoch", epoch, 0)
+        epoch = whole_number("epoch", epoch, 0)
         self.passes.claim()
         if not (self.passes.fresh and epoch == self.passes.pinned.epoch):
             self.passes.pin(epoch)
@@ -494,7 +493,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
             raise OptionError(
                 "in_order", False, "loader() needs in_order=True: batch i comes from worker i % num_workers"
             )
-        num_workers = count("num_workers", num_workers, 0)
+        num_workers = whole_number("num_workers", num_workers, 0)
         if num_workers > 0 and self.device.type == "cuda":
             raise OptionError("device", str(self.device), CUDA_WORKERS)
         self._capacity(self.plan(), max(1, num_workers))  # a budget too small for the workers fails here

@@ -9,7 +9,7 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 
-from shardcache.build.sample import _Interval, _Mapping, _records
+from shardcache.ingest.sample import _Interval, _Mapping, _records
 
 __all__ = ["DAY0", "HOUR", "MIN", "T0", "bars", "dbn_file"]
 

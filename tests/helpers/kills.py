@@ -7,7 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 
-from shardcache.build import append as append_mod
+from shardcache.ingest import append as append_mod
 
 __all__ = ["APPEND_KILLS", "die", "in_child", "kill_after", "kill_before"]
 

@@ -94,8 +94,8 @@ def plan_digest(plan: Any) -> str:
 def recorded_caches(root: Path) -> dict[str, Any]:
     """The two caches of the record, written under ``root``."""
     from helpers import make_cache, synthetic_bars
-    from shardcache.build.builder import build_cache
-    from shardcache.build.sample import make_sample
+    from shardcache.ingest.builder import build_cache
+    from shardcache.ingest.sample import make_sample
 
     bars = synthetic_bars(6000, 5, n_symbols=3, seed=7, shard_rows=512)
     files = make_sample(root / "dbn", days=4, seed=1)

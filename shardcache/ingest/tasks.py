@@ -9,7 +9,7 @@ Progress is a tqdm bar on a terminal and a log line every 10% otherwise.
 In a process that opted in with :func:`tune_allocator` (the CLI does; a library call never
 changes the process's allocator), :func:`release_memory` hands back what each task freed, so a
 build's resident memory does not creep up with the number of tasks (see its docstring for the
-numbers). Cluster workers opt in with ``dask worker --preload shardcache.build.tasks``.
+numbers). Cluster workers opt in with ``dask worker --preload shardcache.ingest.tasks``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def tune_allocator() -> bool:
     """Pin glibc's mmap threshold and hand freed memory back after every build task, for this whole process.
 
     Process-wide settings, so only an owner of the process calls this: the CLI, a ``dask worker
-    --preload shardcache.build.tasks``, or a script that wants the CLI's build memory from
+    --preload shardcache.ingest.tasks``, or a script that wants the CLI's build memory from
     ``build_cache``. Returns False (and changes nothing) under another C library.
     """
     global _tuned
@@ -61,7 +61,7 @@ def tune_allocator() -> bool:
 
 
 def dask_setup(worker: Any) -> None:
-    """``dask worker --preload shardcache.build.tasks``: the CLI's allocator settings in a cluster's workers."""
+    """``dask worker --preload shardcache.ingest.tasks``: the CLI's allocator settings in a cluster's workers."""
     tune_allocator()
 
 

@@ -2,9 +2,9 @@
 
 Stages, each a set of independent dask tasks (``tasks.run_tasks``):
 
-1. **scan** (one task per input file, ``shardcache.build.scan``): read bounded pieces, clean values,
+1. **scan** (one task per input file, ``shardcache.ingest.scan``): read bounded pieces, clean values,
    split each piece by symbol, sort it by time and spill it as an Arrow run file in the staging folder.
-2. **merge** (one task per batch of symbols, ``shardcache.build.merge``): group a symbol's runs into
+2. **merge** (one task per batch of symbols, ``shardcache.ingest.merge``): group a symbol's runs into
    clusters of overlapping time ranges, sort each cluster by time, drop duplicate timestamps (the last
    record in input order wins) and find segment starts (gaps above ``max_gap`` and split boundaries).
 3. **place** (in the driver, small): lay each symbol's rows out in time order in its own group
@@ -13,21 +13,21 @@ Stages, each a set of independent dask tasks (``tasks.run_tasks``):
 4. **stats** (one task per batch of shards, z-score only): per-feature count/mean/M2 of each shard
    over the train split, merged shard by shard with Chan's formula, so no statistic leaks from val/test.
 5. **write** (one task per batch of shards): compute features, normalize, write each shard whole.
-   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.build.compute``.
+   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.ingest.compute``.
 
 A batch is one symbol or one shard, or consecutive small ones adding up to at most one shard's rows
 (``tasks.pack``), so a task, a marker and a spill file are paid per shard's worth of bars, not per
 symbol; the stages' shared description (``ShardWork``) reaches the tasks once (``tasks.run_tasks``).
 
-Then the manifest (``shardcache.build.summary``) is written last. ``stats_from=CACHE`` skips stage 4
-and normalizes with CACHE's statistics and split cut times instead: what ``shardcache.build.append``
+Then the manifest (``shardcache.ingest.summary``) is written last. ``stats_from=CACHE`` skips stage 4
+and normalizes with CACHE's statistics and split cut times instead: what ``shardcache.ingest.append``
 keeps, so a cache built at once this way equals one built by appends. Scan and merge are also the
 first stages of an append.
 
 Memory is bounded by a piece, a cluster and a shard per worker, never by the bar count.
 Every finished task is recorded in the staging folder, and the cache is published (renamed
 into place) only once complete, so a killed build resumes where it stopped (``resume``)
-and readers never see a partial cache: see ``shardcache.build.staging``.
+and readers never see a partial cache: see ``shardcache.ingest.staging``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ after every merge marker), so a build killed at any moment (SIGKILL included) le
 markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
 same inputs and options loads the markers and runs only the missing tasks; the result is
 the same, array for array, as an uninterrupted build. Markers are data, never code
-(``shardcache.build.markers``); a resume that finds a damaged one starts the build again, since a
+(``shardcache.ingest.markers``); a resume that finds a damaged one starts the build again, since a
 merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
 at the disk to its end, so a second build of the same output is refused while one runs.
 
@@ -197,7 +197,7 @@ class Staging:
         return _read_marker(_marker(self.root, prefix, i), kind)
 
     def save(self, prefix: str, value: Any) -> None:
-        """Record step ``prefix`` as finished with ``value`` (data: see ``shardcache.build.markers``)."""
+        """Record step ``prefix`` as finished with ``value`` (data: see ``shardcache.ingest.markers``)."""
         _write_marker(_marker(self.root, prefix, None), value)
 
     def forget(self, prefix: str) -> None:

@@ -264,7 +264,7 @@ def write_dbn(
 ) -> Path:
     """Write a DBN v3 file of ``schema`` records (zstd when the name ends in ``.zst``).
 
-    ``records`` is a structured array of :func:`~shardcache.build.sources.dbn.record_dtype` or a
+    ``records`` is a structured array of :func:`~shardcache.ingest.sources.dbn.record_dtype` or a
     mapping of field name to values; float prices are converted to fixed point (NaN to
     ``UNDEF_PRICE``) and integer prices are written as given. ``symbols`` maps instrument
     ids to the raw symbols written in the metadata's mappings. Records are written in

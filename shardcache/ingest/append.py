@@ -24,7 +24,7 @@ build), and statistics are frozen: the cache's mean/std normalize the new bars.
 (``--overwrite``) at the same split cut times: every shard is rewritten with statistics over
 all train bars.
 
-Atomicity reuses the build's staging (``shardcache.build.staging``): locally the append works on
+Atomicity reuses the build's staging (``shardcache.ingest.staging``): locally the append works on
 ``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
 one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` writes every object to a temporary name and
 renames it into place, which replaces a staged link instead of writing through it, so the

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import OptionError, OptionTypeError
 from ..format.build_options import BuildOptions
 from ..format.cache import Cache
+from ..format.numbers import whole_number
 from ..format.paths import check_storage_options
 
 __all__ = ["RunOptions", "settings"]
@@ -38,10 +39,7 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if self.workers is not None:
-            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
-                raise OptionTypeError(f"workers={self.workers!r}: expected a whole number")
-            if self.workers < 1:
-                raise OptionError("workers", self.workers, "must be at least 1")
+            object.__setattr__(self, "workers", whole_number("workers", self.workers, 1))
         check_storage_options(self.storage_options)
 
     @classmethod

@@ -1,5 +1,5 @@
 """What sits at a build's ``--out`` when it is not a cache: said in a few words, so ``--overwrite``
-refuses it by name (``shardcache.build.staging``'s table decides).
+refuses it by name (``shardcache.ingest.staging``'s table decides).
 
 ``--overwrite`` replaces only a shardcache cache; these say what else is there: an input of the
 build (or a folder holding or inside one), a file, a folder holding a cache, another folder.
