@@ -86,13 +86,11 @@ from bench_build import (
     read_probe,
     read_table,
 )
-from profile_memory import MIB, Profile, plot, profile
+from bench_harness import BATCH, GIB, HORIZON, SEQ_LEN, Row, run_profiled, timed
+from profile_memory import MIB, plot
 
-__all__ = ["MemmapWindows", "Row", "main", "run_scenario"]
+__all__ = ["MemmapWindows", "main", "run_scenario"]
 
-SEQ_LEN, HORIZON, BATCH = 60, 1, 256
-GIB = 2**30
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 TARGETS = (("E >= 1.0x C", "C", 1.0), ("E >= 3x B", "B", 3.0), ("E >= 0.7x D", "D", 0.7))
 RSS_BOUND, SCALE_TOLERANCE, FIRST_BATCH_BOUND = 0.5 * GIB, 0.10, 0.5
 WORKERS_BOUND = 0.7  # DataLoader workers against the same stream in-process (issue #14)
@@ -115,18 +113,6 @@ class MemmapWindows(Dataset):
         return torch.from_numpy(self.rows[p : p + SEQ_LEN]), torch.from_numpy(self.rows[p + SEQ_LEN])
 
 
-def _timed(open_data: Callable[[], Iterator[tuple]]) -> dict[str, Any]:
-    """Open the data and make one pass: time to the first batch, then windows/s after it."""
-    t0 = time.perf_counter()
-    n, t_first, n_first = 0, 0.0, 0
-    for x, _y in open_data():
-        if not n:
-            t_first, n_first = time.perf_counter(), len(x)
-        n += len(x)
-    rate = (n - n_first) / (time.perf_counter() - t_first)
-    return {"first_batch_s": t_first - t0, "windows_per_s": rate, "windows": n}
-
-
 def _permuted(spec: dict) -> np.ndarray:
     """This round's random order of the valid starts (a full epoch)."""
     starts = np.load(spec["starts"])
@@ -143,7 +129,7 @@ def _naive(spec: dict) -> dict[str, Any]:
     windows = [(torch.tensor(bars[p : p + SEQ_LEN]), torch.tensor(bars[p + SEQ_LEN])) for p in starts]
     t2, rss1 = time.perf_counter(), proc.memory_info().rss
 
-    out = _timed(lambda: iter(DataLoader(windows, batch_size=BATCH, shuffle=True)))
+    out = timed(lambda: iter(DataLoader(windows, batch_size=BATCH, shuffle=True)))
     out.update(load_s=t1 - t0, list_s=t2 - t1, list_bytes=rss1 - rss0, rss_before_list=rss0, n_windows=len(starts))
     out["first_batch_s"] += t2 - t0
     return out
@@ -157,7 +143,7 @@ def _memmap(spec: dict) -> dict[str, Any]:
         rows = np.memmap(spec["raw"], np.float32, "c", shape=(spec["n_bars"], spec["F"]))
         return iter(DataLoader(MemmapWindows(rows, starts), batch_size=BATCH, shuffle=True))
 
-    return _timed(open_data)
+    return timed(open_data)
 
 
 def _batched(spec: dict) -> dict[str, Any]:
@@ -171,7 +157,7 @@ def _batched(spec: dict) -> dict[str, Any]:
             idx = perm[b : b + BATCH]
             yield torch.from_numpy(view[idx]), torch.from_numpy(rows[idx + SEQ_LEN])
 
-    return _timed(open_data)
+    return timed(open_data)
 
 
 def _ram(spec: dict) -> dict[str, Any]:
@@ -189,7 +175,7 @@ def _ram(spec: dict) -> dict[str, Any]:
             torch.index_select(t, 0, idx + SEQ_LEN, out=ybuf[:m])
             yield buf[:m], ybuf[:m]
 
-    return _timed(open_data)
+    return timed(open_data)
 
 
 def _stream(spec: dict) -> dict[str, Any]:
@@ -219,12 +205,12 @@ def _stream(spec: dict) -> dict[str, Any]:
             loader = DataLoader(ds, batch_size=None, num_workers=spec["workers"])
         yield from itertools.islice(loader, spec["batches"] or None)
 
-    out = _timed(open_data)
+    out = timed(open_data)
     ds = streams[0]
     with ds:
         if spec.get("budget") is not None:
             assert ds.resident, f"memory_budget {spec['budget']} does not hold the split's bars"
-            second = _timed(lambda: iter(ds))
+            second = timed(lambda: iter(ds))
             out.update(
                 epoch1_windows_per_s=out["windows_per_s"],
                 epoch2_windows_per_s=second["windows_per_s"],
@@ -240,7 +226,7 @@ def _mix(spec: dict) -> dict[str, Any]:
     def epoch(src: Any, seed: int) -> dict[str, Any]:
         ds = WindowStream(src, SEQ_LEN, horizon=HORIZON, split="all", batch_size=BATCH, shuffle=True, seed=seed)
         with ds:
-            return _timed(lambda: iter(ds))
+            return timed(lambda: iter(ds))
 
     pairs = []
     for k in range(spec["epochs"]):
@@ -278,76 +264,7 @@ def run_scenario(spec: dict) -> None:
     Path(spec["out"]).write_text(json.dumps(result))
 
 
-# -- parent: data, runs, tables --------------------------------------------------------------
-class Row:
-    """One scenario over the rounds: each round's result and process-tree profile.
-
-    Throughput is the best round's, first batch the worst round's, memory the highest peak.
-    """
-
-    def __init__(self, key: str, label: str, spec: dict, disk: int) -> None:
-        self.key, self.label, self.spec, self.disk = key, label, spec, disk
-        self.results: list[dict] = []
-        self.profs: list[Profile] = []
-
-    def add(self, result: dict, prof: Profile) -> None:
-        self.results.append(result)
-        self.profs.append(prof)
-
-    @property
-    def result(self) -> dict:
-        return max(self.results, key=lambda r: r["windows_per_s"])
-
-    @property
-    def rate(self) -> float:
-        return float(self.result["windows_per_s"])
-
-    @property
-    def first_s(self) -> float:
-        return max(r["first_batch_s"] for r in self.results)
-
-    @property
-    def prof(self) -> Profile:
-        return max(self.profs, key=lambda p: p.peak_rss_tree)
-
-    @property
-    def peak_pss(self) -> int | None:
-        return max((p.peak_pss_tree for p in self.profs if p.peak_pss_tree is not None), default=None)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the spec, every round's numbers and profile summary."""
-        return {
-            "key": self.key,
-            "label": self.label,
-            "spec": self.spec,
-            "disk_bytes": self.disk,
-            "windows_per_s": self.rate,
-            "first_batch_s": self.first_s,
-            "peak_rss_tree_bytes": self.prof.peak_rss_tree,
-            "peak_pss_tree_bytes": self.peak_pss,
-            "rounds": self.results,
-            "profiles": [p.summary() for p in self.profs],
-        }
-
-
-def _run(kind: str, label: str, spec: dict, work: Path, env: dict[str, str] | None = None) -> tuple[dict, Profile]:
-    """Run one scenario in a fresh, profiled process; return its result and profile."""
-    out = work / "results" / f"{label.replace(' ', '_').replace('/', '-')}.json"
-    out.parent.mkdir(exist_ok=True)
-    spec = {**spec, "kind": kind, "out": str(out)}
-    print(f"bench: {label} ...", file=sys.stderr, flush=True)
-    old = {k: os.environ.get(k) for k in {**THREAD_ENV, **(env or {})}}
-    os.environ.update({**THREAD_ENV, **(env or {})})
-    try:
-        prof = profile([sys.executable, os.path.abspath(__file__), "--scenario", json.dumps(spec)], 0.05, label)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    if prof.exit_code:
-        raise SystemExit(f"bench: {label} failed (exit {prof.exit_code})")
-    return json.loads(out.read_text()), prof
-
-
+# -- parent: data, runs, tables (the runs and rows: bench_harness.py) ---------------------------
 def _scenarios(d: dict, args: argparse.Namespace) -> list[tuple[str, str, str, dict, int]]:
     """(key, kind, label, spec, bytes on disk) of every throughput scenario at one F."""
     base = {k: d[k] for k in ("F", "raw", "starts", "cache", "n_bars")}
@@ -568,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in data.values():
             for key, kind, label, spec, disk in _scenarios(d, args):
                 row = table.setdefault((d["F"], key), Row(key, label, spec, disk))
-                row.add(*_run(kind, f"{label} #{rnd + 1}", {**spec, "round": rnd}, args.work))
+                row.add(*run_profiled(kind, f"{label} #{rnd + 1}", {**spec, "round": rnd}, args.work))
     rows = list(table.values())
     scaling: list[Row] = []
     if args.scale > 1 and 256 in data:
@@ -586,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 label = f"E w={workers} {scale}x"
                 scaling.append(Row("S", label, spec, dir_bytes(Path(path))))
-                scaling[-1].add(*_run("stream", label, spec, args.work))
+                scaling[-1].add(*run_profiled("stream", label, spec, args.work))
     probes = {}
     caches = [d["cache"] for d in data.values()]
     variants = {
@@ -598,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, env in variants.items():
         spec = {"caches": caches, "shards": 10, "full": name == "default", "tmp": str(args.work), "seq_len": SEQ_LEN}
-        probes[name] = _run("read", f"read path {name}", spec, args.work, env)[0]
+        probes[name] = run_profiled("read", f"read path {name}", spec, args.work, env)[0]
 
     targets = _targets(rows, scaling)
     report = [

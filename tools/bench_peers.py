@@ -53,8 +53,8 @@ import torch
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import BATCH, GIB, HORIZON, SEQ_LEN, Row, _run, _timed
 from bench_build import BuildResult, build_table, dir_bytes, prepare_data
+from bench_harness import BATCH, GIB, HORIZON, SEQ_LEN, Row, run_profiled, timed
 from profile_memory import MIB
 
 __all__ = ["PEER_SCENARIOS", "WindowSample", "import_streaming", "peers_main"]
@@ -149,7 +149,7 @@ def _litdata_read(spec: dict) -> dict[str, Any]:
         for batch in StreamingDataLoader(ds, batch_size=BATCH, num_workers=0):
             yield batch["x"], batch["y"]
 
-    return _timed(open_data)
+    return timed(open_data)
 
 
 def _mosaic_read(spec: dict) -> dict[str, Any]:
@@ -164,7 +164,7 @@ def _mosaic_read(spec: dict) -> dict[str, Any]:
         for batch in DataLoader(ds, batch_size=BATCH, num_workers=0):
             yield batch["x"], batch["y"]
 
-    return {**_timed(open_data), "note": note}
+    return {**timed(open_data), "note": note}
 
 
 PEER_SCENARIOS = {
@@ -253,7 +253,7 @@ def peers_main(args: argparse.Namespace) -> int:
             specs[f, "E"] = ("stream", {**base, "batches": -(-n // BATCH), "workers": 0}, d["cache_bytes"])
             for key, name in (("L", "litdata"), ("M", "mosaic")):
                 spec = {**base, "windows": n, "dir": str(peers_dir / f"{name}-{f}"), "round": 0}
-                result, prof = _run(f"{name}_write", f"{PEER_NAMES[key]} write F={f}", spec, work)
+                result, prof = run_profiled(f"{name}_write", f"{PEER_NAMES[key]} write F={f}", spec, work)
                 writes[f, key] = {**result, "peak_rss_tree_bytes": prof.peak_rss_tree}
                 specs[f, key] = (f"{name}_read", spec, result["bytes"])
         table: dict[tuple[int, str], Row] = {}
@@ -261,7 +261,7 @@ def peers_main(args: argparse.Namespace) -> int:
             for (f, key), (kind, spec, disk) in specs.items():
                 label = f"{PEER_NAMES[key]} F={f}"
                 row = table.setdefault((f, key), Row(key, label, spec, disk))
-                row.add(*_run(kind, f"{label} #{rnd + 1}", {**spec, "round": rnd}, work))
+                row.add(*run_profiled(kind, f"{label} #{rnd + 1}", {**spec, "round": rnd}, work))
     finally:
         shutil.rmtree(peers_dir, ignore_errors=True)
     rows = list(table.values())

@@ -59,6 +59,23 @@ def marked_complete(doc: Any) -> bool:
     return isinstance(doc, Mapping) and bool(doc.get("complete"))
 
 
+def _check_readable(get: _Reader, url: str) -> None:
+    """Refuse root attributes of an old or newer format, or of a build that did not finish."""
+    version = get("format_version")
+    if type(version) is int and 1 <= version < FORMAT_VERSION:
+        raise CacheError(f"{url}: cache format {version} is no longer read; rebuild it with build-cache")
+    if version != FORMAT_VERSION:
+        raise CacheError(
+            f"{url}: cache format version {version} is newer than this shardcache (reads {FORMAT_VERSION}); "
+            "upgrade shardcache"
+        )
+    if not get("complete", False):
+        raise CacheError(
+            f"{url}: cache is incomplete (its build did not finish); rerun build-cache "
+            "with --resume to finish it or --overwrite to start again"
+        )
+
+
 class _Reader:
     """Fields of one JSON object of the manifest, a missing one named with its path (``layout.codec``)."""
 
@@ -332,24 +349,11 @@ class Manifest:
     def from_json(cls, doc: Any, *, url: str = "the cache") -> Manifest:
         """The manifest of root attributes ``doc``; a ``CacheError`` naming ``url`` for an old, newer or
         incomplete format, or a missing field."""
-        get = _Reader(doc, url)
-        version = get("format_version")
-        if type(version) is int and 1 <= version < FORMAT_VERSION:
-            raise CacheError(f"{url}: cache format {version} is no longer read; rebuild it with build-cache")
-        if version != FORMAT_VERSION:
-            raise CacheError(
-                f"{url}: cache format version {version} is newer than this shardcache (reads {FORMAT_VERSION}); "
-                "upgrade shardcache"
-            )
-        if not get("complete", False):
-            raise CacheError(
-                f"{url}: cache is incomplete (its build did not finish); rerun build-cache "
-                "with --resume to finish it or --overwrite to start again"
-            )
+        get = _Reader(doc, url)  # each missing or mistyped field named
+        _check_readable(get, url)
         stats = get("stats", None)
-        splits, counts, size, layout = (get.part(k) for k in ("splits", "counts", "bytes", "layout"))
+        splits, counts, size, layout, build = (get.part(k) for k in ("splits", "counts", "bytes", "layout", "build"))
         windows = counts.part("windows")
-        build = get.part("build")
         try:
             options = BuildOptions.from_json(build.doc)
         except ShardcacheError as exc:
@@ -362,12 +366,7 @@ class Manifest:
             symbols=get("symbols"),
             groups=get("groups"),
             bars_per_symbol=get("bars_per_symbol"),
-            layout=Layout(
-                shard_rows=layout("shard_rows"),
-                chunk_rows=layout("chunk_rows"),
-                codec=layout("codec"),
-                shards=layout("shards"),
-            ),
+            layout=Layout(**{k: layout(k) for k in ("shard_rows", "chunk_rows", "codec", "shards")}),
             splits=Splits(
                 spec=splits("spec"),
                 names=splits("names"),

@@ -62,9 +62,9 @@ from ..format.manifest import Manifest
 from ..format.paths import is_local, local_path
 from ..format.remote import filesystem
 from ..format.writer import CacheWriter
-from .builder import build_cache, connect
+from .builder import build_cache, connect, write_batches
 from .checks import check_bar_sizes
-from .compute import ShardWork, shard_batches, write_shards
+from .compute import ShardWork, shard_batches
 from .merge import Merged, merge_symbols, place_clusters
 from .outputs import check_out
 from .run import RunOptions, settings
@@ -184,11 +184,13 @@ def _check_after(cache: Cache, scanned: Scanned, paths: list[str]) -> None:
             )
 
 
-def _place(cache: Cache, merged: list[Merged]) -> _Placement:
-    """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
-    appended cache's virtual rows."""
-    shard_rows, max_gap = cache.shard_rows, int(cache.manifest.build.max_gap_ns)
-    tails = cache.manifest.tails
+def _grown_segments(
+    cache: Cache, merged: list[Merged]
+) -> tuple[list[str], list[int], np.ndarray, dict[int, tuple[Merged, int]]]:
+    """Each symbol's segments with its new bars (symbol, start, stop, split in the symbol's rows): a stored
+    last segment goes on unless a gap, a split or a roll cuts it. Also the symbols (new ones last), their
+    bar counts and, by symbol, the new bars and the row they start at."""
+    max_gap, tails = int(cache.manifest.build.max_gap_ns), cache.manifest.tails
     symbols = cache.symbols
     where = {s: i for i, s in enumerate(symbols)}
     local = cache.local_segments.copy()  # symbol, start, stop, split in the symbol's rows
@@ -214,7 +216,14 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
         added.append(np.stack([np.full(len(starts), i), starts, stops, splits], axis=1))
         n[i] = r0 + m.n
         grown[i] = (m, r0)
-    local = np.concatenate([local, *added]).astype(np.int64)
+    return symbols, n, np.concatenate([local, *added]).astype(np.int64), grown
+
+
+def _place(cache: Cache, merged: list[Merged]) -> _Placement:
+    """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
+    appended cache's virtual rows."""
+    shard_rows, tails = cache.shard_rows, cache.manifest.tails
+    symbols, n, local, grown = _grown_segments(cache, merged)
     bases = symbol_bases(n, shard_rows)
     virtual = np.stack([local[:, 0], local[:, 1] + bases[local[:, 0]], local[:, 2] + bases[local[:, 0]]], axis=1)
     order = np.argsort(virtual[:, 1], kind="stable")
@@ -357,30 +366,32 @@ def append_cache(
             finish = _plan(stage, staging, cache, inputs, stats, previous, digest(wanted), t0)
             staging.save("finish", finish)
         staging.written = True
-        layout = m.layout
-        index = ShardIndex(table=finish.shards, digests=finish.digests)
-        writer = CacheWriter(
-            staging.cache_path,
-            feature_names=inputs.names,
-            bars_per_symbol=finish.bars_per_symbol,
-            shard_rows=layout.shard_rows,
-            chunk_rows=layout.chunk_rows,
-            codec=layout.codec,
-            storage_options=run.storage_options,
-            create=False,
-            symbol_chunks=index.symbol_chunk_rows(len(finish.bars_per_symbol)),
-        )
-        writer.write_symbols(finish.grown, first_new=finish.first_new)
-        writer.write_history(finish.history)
-        writer.finish(
-            finish.segments,
-            finish.segment_split,
-            Manifest.from_json(finish.manifest, url=out),
-            index,
-        )
+        _write_finish(staging, finish, m, inputs.names, run.storage_options, out)
         staging.publish()
         staging.remove()
     return open_cache(out, run.storage_options)
+
+
+def _write_finish(
+    staging: Staging, finish: _Finish, m: Manifest, names: list[str], storage_options: dict[str, Any] | None, out: str
+) -> None:
+    """Write a planned append (``finish``) into the staged cache: the grown symbols' documents, the
+    history, the root index and segments, the manifest last."""
+    index = ShardIndex(table=finish.shards, digests=finish.digests)
+    writer = CacheWriter(
+        staging.cache_path,
+        feature_names=names,
+        bars_per_symbol=finish.bars_per_symbol,
+        shard_rows=m.layout.shard_rows,
+        chunk_rows=m.layout.chunk_rows,
+        codec=m.layout.codec,
+        storage_options=storage_options,
+        create=False,
+        symbol_chunks=index.symbol_chunk_rows(len(finish.bars_per_symbol)),
+    )
+    writer.write_symbols(finish.grown, first_new=finish.first_new)
+    writer.write_history(finish.history)
+    writer.finish(finish.segments, finish.segment_split, Manifest.from_json(finish.manifest, url=out), index)
 
 
 def _plan(
@@ -434,6 +445,24 @@ def _finished(cache: Cache, inputs: Inputs, stats: str) -> dict[str, Any] | None
     return wanted if digest(wanted) == last.get("fingerprint") else None
 
 
+def _grown_writer(cache: Cache, staging: Staging, names: list[str], bars_per_symbol: np.ndarray) -> CacheWriter:
+    """A writer into the staged copy of ``cache`` grown to ``bars_per_symbol``: a stored symbol keeps its
+    inner chunks, a new one gets the rule's."""
+    return CacheWriter(
+        staging.cache_path,
+        feature_names=names,
+        bars_per_symbol=bars_per_symbol,
+        shard_rows=cache.shard_rows,
+        chunk_rows=cache.chunk_rows,
+        codec=cache.manifest.layout.codec,
+        storage_options=cache.storage_options,
+        create=False,
+        symbol_chunks=np.concatenate(
+            [cache.symbol_chunks, symbol_chunk_rows(bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)]
+        ),
+    )
+
+
 def _write(
     stage: Stage, staging: Staging, cache: Cache, scanned: Scanned, inputs: Inputs
 ) -> tuple[_Placement, Manifest, ShardIndex]:
@@ -449,19 +478,7 @@ def _write(
     if not placement.new_bars:
         raise ShardcacheError(f"{', '.join(inputs.paths[:3])}: no bars to append")
     _stage_copy(cache, staging)
-    writer = CacheWriter(
-        staging.cache_path,
-        feature_names=inputs.names,
-        bars_per_symbol=placement.bars_per_symbol,
-        shard_rows=cache.shard_rows,
-        chunk_rows=cache.chunk_rows,
-        codec=m.layout.codec,
-        storage_options=cache.storage_options,
-        create=False,
-        symbol_chunks=np.concatenate(  # a stored symbol keeps its inner chunks; a new one gets the rule's
-            [cache.symbol_chunks, symbol_chunk_rows(placement.bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)]
-        ),
-    )
+    writer = _grown_writer(cache, staging, inputs.names, placement.bars_per_symbol)
     work = ShardWork(
         staging=staging.root,
         clusters=placement.clusters,
@@ -479,13 +496,7 @@ def _write(
     if m.stats is not None:  # frozen
         work.mean = np.asarray(m.stats.mean).astype(np.float32)
         work.std = np.asarray(m.stats.std).astype(np.float32)
-    batches = shard_batches(writer, placement.touched)
-    sizes = [len(b) for b in batches]
-    written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
-    records = [r for batch in written for r in batch]
-    staging.written = True
-    if staging.strays:  # what a killed write leaves: none unless a run or a task was killed
-        writer.sweep()
+    records = write_batches(stage, staging, work, shard_batches(writer, placement.touched))
     index = cache.shard_index().updated(records, placement.bars_per_symbol, cache.shard_rows)
     manifest = grown(
         m,

@@ -47,9 +47,9 @@ from ..errors import CacheError, OptionError, ShardcacheError
 from ..format.build_options import MAX_CHUNKS, BuildOptions
 from ..format.cache import Cache, open_cache
 from ..format.durations import format_duration
-from ..format.index import ShardIndex
+from ..format.index import ShardIndex, ShardRecord
 from ..format.layout import default_chunking, group_path, symbol_bases
-from ..format.manifest import BuildRecord, Stats
+from ..format.manifest import BuildRecord, Manifest, Stats
 from ..format.paths import probe
 from ..format.remote import filesystem
 from ..format.splits import SplitSpec
@@ -147,12 +147,7 @@ def _build(
     shards = work.writer.shard_ids
     batches = shard_batches(work.writer, shards)
     stats = _zscore(stage, work, batches, options.normalize, frozen)
-    sizes = [len(b) for b in batches]
-    written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
-    records = [r for batch in written for r in batch]
-    staging.written = True
-    if staging.strays:  # what a killed write leaves: none unless a run or a task was killed
-        work.writer.sweep()
+    records = write_batches(stage, staging, work, batches)
     index = ShardIndex.empty().updated(records, work.writer.bars_per_symbol, work.writer.shard_rows)
     record = BuildRecord(
         options=options, max_gap_ns=int(max_gap_ns), bar_ns=bar_ns, fingerprint=fingerprint, workers=run.workers
@@ -168,6 +163,13 @@ def _build(
         unmapped=scanned.unmapped,
         elapsed_s=round(time.perf_counter() - t0, 3),
     )
+    _finish(work, base, merged, scanned, index, described)
+
+
+def _finish(
+    work: ShardWork, base: Manifest, merged: list[Merged], scanned: Scanned, index: ShardIndex, described: list[Any]
+) -> None:
+    """The staged cache's last writes: the history, the root index and segments, the manifest last."""
     manifest = grown(
         base,
         symbols=work.symbols,
@@ -181,6 +183,17 @@ def _build(
     )
     work.writer.write_history({"sources": described, "appends": []})
     work.writer.finish(work.segments, work.segment_split, manifest, index)
+
+
+def write_batches(stage: Stage, staging: Staging, work: ShardWork, batches: list[list[int]]) -> list[ShardRecord]:
+    """Write the shards of ``batches`` (``shard_batches``) on ``stage``, and their records; the staging
+    folder holds progress from then on, and what a killed write left is swept."""
+    sizes = [len(b) for b in batches]
+    written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
+    staging.written = True
+    if staging.strays:  # what a killed write leaves: none unless a run or a task was killed
+        work.writer.sweep()
+    return [r for batch in written for r in batch]
 
 
 def _resampled(srcs: list[Source]) -> list[str]:

@@ -355,6 +355,24 @@ def _merge_plain(
     )
 
 
+def _cluster_rows(members: list[_Run], spills: Spills) -> tuple[pa.Table, np.ndarray, int]:
+    """A cluster's runs as one table in time order, each timestamp once (the first run's bar kept): the
+    table, its timestamps and how many duplicates were dropped."""
+    parts = [spills.rows(r.path, r.offset, r.n) for r in sorted(members, key=lambda r: r.key)]
+    if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
+        parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
+    table = pa.concat_tables(parts)
+    ts = table["ts"].to_numpy()
+    if len(members) > 1:
+        order = np.argsort(ts, kind="stable")
+        table, ts = table.take(pa.array(order)), ts[order]
+    keep = np.ones(len(ts), dtype=bool)
+    keep[:-1] = ts[1:] != ts[:-1]
+    if keep.all():
+        return table, ts, 0
+    return table.filter(pa.array(keep)), ts[keep], int(len(keep) - np.count_nonzero(keep))
+
+
 def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> Merged:
     """Merge symbol ``job.symbols[j]``."""
     last_inst = job.last_instruments[j] if job.last_instruments else None
@@ -362,19 +380,8 @@ def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> M
     out, at, starts, splits, dups, n, last_ts, last_split, rolls = [], [], [], [], 0, 0, None, None, []
     first_ts = 0
     for members in _clusters(runs):
-        parts = [spills.rows(r.path, r.offset, r.n) for r in sorted(members, key=lambda r: r.key)]
-        if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
-            parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
-        table = pa.concat_tables(parts)
-        ts = table["ts"].to_numpy()
-        if len(members) > 1:
-            order = np.argsort(ts, kind="stable")
-            table, ts = table.take(pa.array(order)), ts[order]
-        keep = np.ones(len(ts), dtype=bool)
-        keep[:-1] = ts[1:] != ts[:-1]
-        if not keep.all():
-            dups += int(len(keep) - np.count_nonzero(keep))
-            table, ts = table.filter(pa.array(keep)), ts[keep]
+        table, ts, dropped = _cluster_rows(members, spills)
+        dups += dropped
         split = np.searchsorted(job.cuts, ts, side="right").astype(np.int8)
         prev_ts = np.concatenate([[last_ts if last_ts is not None else ts[0]], ts[:-1]])
         prev_split = np.concatenate([[last_split if last_split is not None else split[0]], split[:-1]])

@@ -189,6 +189,27 @@ def make_plan(
     return plans[rank]
 
 
+def _rank_pieces(
+    cum: np.ndarray, sizes: np.ndarray, a: int, b: int, mix: int, breaks: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of the epoch's sequence (``sizes`` windows each, ``cum`` their running total) that
+    overlap positions ``[a, b)`` of one rank: their indices, their window ranges ``[lo, hi)`` in each,
+    and pool bounds of ``mix`` pieces (a pool never spans two cycles of one source, ``breaks``)."""
+    first = int(np.searchsorted(cum, a, side="right")) - 1
+    last = int(np.searchsorted(cum, b, side="left"))
+    js = np.arange(max(first, 0), min(last, len(sizes)), dtype=np.int64)
+    lo = np.clip(a - cum[js], 0, None)
+    hi = np.minimum(sizes[js], b - cum[js])
+    keep = hi > lo
+    js, lo, hi = js[keep], lo[keep], hi[keep]
+    pool_bounds = np.arange(0, len(js), max(1, mix), dtype=np.int64)
+    if breaks is not None and len(js):
+        at = np.searchsorted(js, breaks)
+        ok = (at > 0) & (at < len(js))
+        pool_bounds = np.union1d(pool_bounds, at[ok][js[at[ok]] == breaks[ok]]).astype(np.int64)
+    return js, lo, hi, np.append(pool_bounds, len(js))
+
+
 def _fresh_plan(
     ranges: Ranges,
     n_rows: int,
@@ -224,21 +245,7 @@ def _fresh_plan(
     cum = np.concatenate([[0], np.cumsum(sizes)])
     total = int(cum[-1])
     share = total // world
-    a, b = rank * share, (rank + 1) * share
-    # pieces of shards overlapping positions [a, b)
-    first = int(np.searchsorted(cum, a, side="right")) - 1
-    last = int(np.searchsorted(cum, b, side="left"))
-    js = np.arange(max(first, 0), min(last, len(seq)), dtype=np.int64)
-    lo = np.clip(a - cum[js], 0, None)
-    hi = np.minimum(sizes[js], b - cum[js])
-    keep = hi > lo
-    js, lo, hi = js[keep], lo[keep], hi[keep]
-    pool_bounds = np.arange(0, len(js), max(1, mix), dtype=np.int64)
-    if breaks is not None and len(js):  # a pool never spans two cycles of one source
-        at = np.searchsorted(js, breaks)
-        ok = (at > 0) & (at < len(js))
-        pool_bounds = np.union1d(pool_bounds, at[ok][js[at[ok]] == breaks[ok]]).astype(np.int64)
-    pool_bounds = np.append(pool_bounds, len(js))
+    js, lo, hi, pool_bounds = _rank_pieces(cum, sizes, rank * share, (rank + 1) * share, mix, breaks)
     pool_sizes = np.add.reduceat(hi - lo, pool_bounds[:-1]) if len(js) else np.zeros(0, np.int64)
     n_batches = share // batch_size if drop_last else -(-share // batch_size)
     n_win = n_batches * batch_size if drop_last else share

@@ -40,6 +40,16 @@ _ERRORS = {
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A server whose handlers' errors (a connection the client or a fault closed mid-answer) are not
+    printed to stderr, where they would mix with the output a test reads."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
+
+
 @dataclass
 class _Fault:
     kind: str
@@ -75,8 +85,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

@@ -134,37 +134,43 @@ class TabularSource(Source):
                 f"{self._types[self.symbol_column]}; expected strings or integers",
             )
         self.fixed_symbol = None if self.symbol_column else _symbol_from_path(path)
-        keys = {self.ts_column, self.symbol_column}
-        lookalikes = {n for n in names if n.lower() in TS_NAMES + SYMBOL_NAMES}
-        self._source_name: dict[str, str] = {}  # value column -> its name in the file
-        if columns:
-            for name in columns:
-                actual = name if name in self._types else self._by_case(name, names)
-                if actual is None:
-                    raise SourceError(path, f"no column '{name}' (columns are: {_listing(names)})")
-                if actual in keys:
-                    raise SourceError(path, f"column '{name}' is the timestamp or symbol column")
-                if not _is_numeric(self._types[actual]):
-                    problem = f"column '{name}' has type {self._types[actual]}; feature columns must be numeric"
-                    raise SourceError(path, problem)
-                self._source_name[_canonical(actual)] = actual
-        else:
-            for n in names:
-                if n not in keys and n not in lookalikes and _is_numeric(self._types[n]):
-                    self._source_name[_canonical(n)] = n
-                elif n.lower() in _KNOWN and not _is_numeric(self._types[n]):
-                    raise SourceError(
-                        path,
-                        f"column '{n}' holds text ({self._types[n]}), not numbers; fix its values, "
-                        "or pick the other columns with --columns",
-                    )
-            if not self._source_name:
-                raise SourceError(path, f"no numeric feature columns (columns are: {_listing(names)})")
+        self._source_name = self._value_columns(columns, names)  # value column -> its name in the file
         # value columns of whole numbers, read as floats by a reader (CSV) that cannot know a later block's type
         self._whole = {c for c, n in self._source_name.items() if pa.types.is_integer(self._types[n])}
         self.bar_request = None if bar is None else parse_duration(bar)
         self._unit: str | None = None
         super().__init__(path, self.kind, list(self._source_name), None)
+
+    def _value_columns(self, columns: list[str] | None, names: list[str]) -> dict[str, str]:
+        """The value columns, each by its canonical name and its name in the file: ``columns`` (each one
+        numeric, found in any letter case), else every numeric column but the keys and their lookalikes."""
+        keys = {self.ts_column, self.symbol_column}
+        lookalikes = {n for n in names if n.lower() in TS_NAMES + SYMBOL_NAMES}
+        chosen: dict[str, str] = {}
+        if columns:
+            for name in columns:
+                actual = name if name in self._types else self._by_case(name, names)
+                if actual is None:
+                    raise SourceError(self.path, f"no column '{name}' (columns are: {_listing(names)})")
+                if actual in keys:
+                    raise SourceError(self.path, f"column '{name}' is the timestamp or symbol column")
+                if not _is_numeric(self._types[actual]):
+                    problem = f"column '{name}' has type {self._types[actual]}; feature columns must be numeric"
+                    raise SourceError(self.path, problem)
+                chosen[_canonical(actual)] = actual
+        else:
+            for n in names:
+                if n not in keys and n not in lookalikes and _is_numeric(self._types[n]):
+                    chosen[_canonical(n)] = n
+                elif n.lower() in _KNOWN and not _is_numeric(self._types[n]):
+                    raise SourceError(
+                        self.path,
+                        f"column '{n}' holds text ({self._types[n]}), not numbers; fix its values, "
+                        "or pick the other columns with --columns",
+                    )
+            if not chosen:
+                raise SourceError(self.path, f"no numeric feature columns (columns are: {_listing(names)})")
+        return chosen
 
     def _schema(self) -> pa.Schema:
         """The file's Arrow schema, read by each subclass its own way (before any row is read)."""
