@@ -22,7 +22,7 @@ from shardcache import CacheError, ShardcacheError, WindowDataset, WindowStream,
 from shardcache.cli import build_cache_main, main
 from shardcache.format.build_options import BuildOptions
 from shardcache.format.layout import open_group
-from shardcache.ingest import append as append_mod
+from shardcache.ingest import builder as builder_mod
 from shardcache.ingest.append import append_cache
 from shardcache.ingest.builder import build_cache
 from shardcache.ingest.sample import make_sample, write_dbn
@@ -309,7 +309,7 @@ def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, mon
     want = tmp_path / "want.zarr"
     shutil.copytree(out, want)
     append_cache(files[10:], want, progress=False)
-    real, calls = append_mod.write_shards, []
+    real, calls = builder_mod.write_shards, []  # an append writes through the builder's write_batches
 
     def full(work, shards):
         calls.append(shards)
@@ -317,11 +317,11 @@ def test_interrupted_append_keeps_the_old_cache_and_resumes(files, tmp_path, mon
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "features/c.x.0")
         return real(work, shards)
 
-    monkeypatch.setattr(append_mod, "write_shards", full)
+    monkeypatch.setattr(builder_mod, "write_shards", full)
     with pytest.raises(ShardcacheError, match="No space left on device; the finished part is kept in .*--resume"):
         append_cache(files[10:], out, workers=1, progress=False)
     assert compare_caches(old, out) == [] and verify_cache(out).ok  # untouched: the append was staged
-    monkeypatch.setattr(append_mod, "write_shards", real)
+    monkeypatch.setattr(builder_mod, "write_shards", real)
     resumed = append_cache(files[10:], out, resume=True, progress=False)
     assert [d for d in compare_caches(want, resumed) if not d.startswith("manifest['appends']")] == []
     assert not Path(f"{out}.staging").exists()

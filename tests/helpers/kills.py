@@ -8,6 +8,7 @@ import os
 import signal
 
 from shardcache.ingest import append as append_mod
+from shardcache.ingest import builder as builder_mod
 
 __all__ = ["APPEND_KILLS", "die", "in_child", "kill_after", "kill_before"]
 
@@ -67,7 +68,8 @@ def _always(args) -> bool:
 
 # where an append is killed: (object, function, killed after the call (else before), for which calls)
 APPEND_KILLS = {
-    "write: a batch of tail shards rewritten, not recorded": (append_mod, "write_shards", True, _always),
+    # an append writes its shards through the builder's ``write_batches``, as a build does
+    "write: a batch of tail shards rewritten, not recorded": (builder_mod, "write_shards", True, _always),
     "grow: the grown symbols' documents written, the root index not": (
         append_mod.CacheWriter,
         "write_symbols",
