@@ -4,8 +4,8 @@ Every store of a cache on an object store (reads, builds, appends, ``verify``) i
 connect and read timeouts and botocore's standard retries (``CLIENT_DEFAULTS``, under any
 ``config_kwargs`` key the caller sets), and s3fs's own retry loop around botocore's attempts bounded
 (``S3FS_TRIES``). A request that fails after its retries is a ``RemoteError`` (``guarded`` makes one of
-any client's error); ``remote_failed`` makes it a ``StoreError`` of one line naming the cache, the object and the
-endpoint, with what to check.
+any client's error); ``remote_failed`` makes it a ``StoreError`` of one line naming the cache, the object
+and the endpoint, with what to check.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 # s3fs retries a timed-out, cut or SlowDown request itself, twice nested for a ranged read (5 x 5 by
 # default, around botocore's attempts: 75 tries, over 12 minutes of one stalled endpoint). Two tries
 # each in this module's clients keep one retry of a body cut mid-way, which botocore does not retry:
-# at most 2 x 2 x 3 = 12 tries, about 2 minutes of a stalled endpoint, before a ``RemoteError``.
+# at most 2 x 2 x 3 = 12 tries of a stalled endpoint before a ``RemoteError`` (175 s measured on loopback).
 S3FS_TRIES = 2
 _S3 = ("s3", "s3a")
 T = TypeVar("T")
