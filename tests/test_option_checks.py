@@ -156,6 +156,7 @@ def test_a_delimiter_on_parquet_files_is_refused(es, tmp_path, capsys):
             ["--shard-rows", 10**12],
             "--shard-rows 1000000000000: at most 16,777,216 rows (a reader decodes whole shards",
         ),
+        (["--chunk-rows", 2**25], "--chunk-rows 33554432: at most 16,777,216 rows (a reader decodes whole shards"),
         (["--shard-rows", 2**20, "--chunk-rows", 8], "--chunk-rows 8: gives 131,072 chunks a shard; at most 65,536"),
         (
             ["--shard-rows", 16777213],

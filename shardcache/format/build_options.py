@@ -206,13 +206,11 @@ def _text_or_none(name: str, value: Any) -> None:
 
 
 def _check_chunking(shard_rows: int | None, chunk_rows: int | None) -> None:
-    """``shard_rows`` at most ``MAX_SHARD_ROWS``; with ``chunk_rows``, at most ``MAX_CHUNKS`` chunks that divide it."""
-    if shard_rows is not None and shard_rows > MAX_SHARD_ROWS:
-        raise OptionError(
-            "shard_rows",
-            shard_rows,
-            f"at most {MAX_SHARD_ROWS:,} rows (a reader decodes whole shards in memory)",
-        )
+    """``shard_rows`` and ``chunk_rows`` at most ``MAX_SHARD_ROWS``; both given, at most ``MAX_CHUNKS`` chunks
+    that divide the shard."""
+    for name, rows in (("shard_rows", shard_rows), ("chunk_rows", chunk_rows)):  # a chunk lies in one shard
+        if rows is not None and rows > MAX_SHARD_ROWS:
+            raise OptionError(name, rows, f"at most {MAX_SHARD_ROWS:,} rows (a reader decodes whole shards in memory)")
     if shard_rows is not None and chunk_rows is not None:
         if shard_rows // chunk_rows > MAX_CHUNKS:
             raise OptionError(

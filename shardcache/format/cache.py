@@ -45,7 +45,7 @@ from .local_cache import LocalCache
 from .manifest import Manifest
 from .objects import get_whole
 from .paths import is_url, local_path, probe, read_options
-from .remote import RemoteError, remote_failed
+from .remote import reported
 from .zarr_adapter import async_group, sync
 
 __all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "open_cache"]
@@ -422,8 +422,9 @@ class Cache:
         root, codec = self.handles.group.store_path, chunk_codec("zstd")
         keys = {(i, c): chunk_key(i, "time", c) for i, c, _ in groups if (i, c) not in have}
         prefix = f"{root.path}/" if root.path else ""
-        try:
+        with reported(self.url, self.storage_options):  # a failed fetch is no swap: outside the check below
             got = get_whole(root.store, [prefix + key for key in keys.values()])
+        try:
             for (i, c), key in keys.items():
                 raw = got[prefix + key]
                 if raw is None:
@@ -435,8 +436,6 @@ class Cache:
                         f"{self.url}: {key} is corrupt ({describe_damage(exc)}); rebuild the cache"
                     ) from None
                 have[(i, c)] = ts[: min(size, int(self.bars_per_symbol[i]) - c * size)]
-        except RemoteError as exc:
-            raise remote_failed(self.url, self.storage_options, exc) from None
         except CacheError:
             self.check_same()  # a cache swapped during the reads: "replaced", not damaged
             raise
@@ -511,19 +510,18 @@ class Cache:
 
     def _read_symbol(self, i: int, base: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
         """Virtual rows ``[start, stop)`` of symbol ``i`` (its first row ``base``), checked as ``read_rows`` says."""
-        try:
-            return self._decoder(i).read(start - base, stop - base, out)
-        except RemoteError as exc:
-            raise remote_failed(self.url, self.storage_options, exc) from None
-        except (MissingShard, ChunkError) as exc:
-            assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
-            self.check_same()  # a swap between an index and its chunks' reads: "replaced", not damaged
-            shard = base // self.shard_rows + exc.shard
-            problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
-            raise CacheError(
-                f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
-                "`shardcache verify` lists every damaged shard; rebuild the cache"
-            ) from None
+        with reported(self.url, self.storage_options):
+            try:
+                return self._decoder(i).read(start - base, stop - base, out)
+            except (MissingShard, ChunkError) as exc:
+                assert exc.shard is not None  # ShardDecoder.read names the shard it was reading
+                self.check_same()  # a swap between an index and its chunks' reads: "replaced", not damaged
+                shard = base // self.shard_rows + exc.shard
+                problem = "is missing" if isinstance(exc, MissingShard) else f"is corrupt: {exc}"
+                raise CacheError(
+                    f"{self.url}: shard {shard} ({self.shard_key(shard)}) {problem}; "
+                    "`shardcache verify` lists every damaged shard; rebuild the cache"
+                ) from None
 
     def shard_symbol(self, shard: int) -> tuple[int, int]:
         """Symbol index and local shard number of virtual shard ``shard``."""

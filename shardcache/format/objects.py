@@ -26,7 +26,8 @@ from zarr.storage import LocalStore
 
 from .layout import gather
 from .paths import check_storage_options, is_url, local_path
-from .remote import RemoteError, guarded, open_store, remote_failed
+from .remote import guarded, open_store, reported
+from .zarr_adapter import sync
 
 __all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects", "get_whole"]
 
@@ -137,7 +138,7 @@ def get_whole(store: Store, keys: Iterable[str], limit: int = 64) -> dict[str, b
 class Objects:
     """The objects of the cache at ``url``: ``put``/``put_many`` and ``get_many`` by key. Picklable
     (an object store's client is made again in each process). A request that fails after the client's
-    retries is a ``StoreError`` of one line (``remote.remote_failed``): a build stops there, resumably."""
+    retries is a ``StoreError`` of one line (``remote.reported``): a build stops there, resumably."""
 
     def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> None:
         check_storage_options(storage_options)
@@ -166,9 +167,8 @@ class Objects:
         if self.root is not None:
             _write_file(os.path.join(self.root, key), data)
         else:
-            self._remote(
-                [guarded("store", key, self.store.set(key, default_buffer_prototype().buffer.from_bytes(data)))]
-            )
+            with reported(self.url, self.storage_options):
+                sync(guarded("store", key, self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))))
 
     def put_many(self, objects: Mapping[str, bytes], limit: int = 64, *, share: bool = False) -> None:
         """``put`` every object of ``objects``; on an object store ``limit`` requests at a time, locally
@@ -193,16 +193,10 @@ class Objects:
                 list(pool.map(self._put_files, parts, [share] * len(parts)))
             return
         store, buffer = self.store, default_buffer_prototype().buffer
-        self._remote(
-            [guarded("store", key, store.set(key, buffer.from_bytes(data))) for key, data in objects.items()], limit
-        )
-
-    def _remote(self, requests: list[Any], limit: int = 64) -> None:
-        """Run ``requests`` (``guarded`` ones), ``limit`` at a time; a ``RemoteError`` is one line."""
-        try:
-            gather(requests, limit)
-        except RemoteError as exc:
-            raise remote_failed(self.url, self.storage_options, exc) from None
+        with reported(self.url, self.storage_options):
+            gather(
+                [guarded("store", key, store.set(key, buffer.from_bytes(data))) for key, data in objects.items()], limit
+            )
 
     def _put_files(self, items: list[tuple[str, bytes]], share: bool) -> None:
         """``put_many``'s local objects ``items``, one after the other (see ``share`` there)."""
@@ -225,14 +219,13 @@ class Objects:
             except FileNotFoundError:
                 pass
         else:
-            self._remote([guarded("delete", key, self.store.delete(key))])
+            with reported(self.url, self.storage_options):
+                sync(guarded("delete", key, self.store.delete(key)))
 
     def get_many(self, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
         """The whole objects ``keys`` (None for an absent one): one request each, ``limit`` at a time."""
         keys = list(keys)
         if self.root is not None:
             return {key: _read_file(os.path.join(self.root, key)) for key in keys}
-        try:
+        with reported(self.url, self.storage_options):
             return get_whole(self.store, keys, limit)
-        except RemoteError as exc:
-            raise remote_failed(self.url, self.storage_options, exc) from None

@@ -4,13 +4,14 @@ Every store of a cache on an object store (reads, builds, appends, ``verify``) i
 connect and read timeouts and botocore's standard retries (``CLIENT_DEFAULTS``, under any
 ``config_kwargs`` key the caller sets), and s3fs's own retry loop around botocore's attempts bounded
 (``S3FS_TRIES``). A request that fails after its retries is a ``RemoteError`` (``guarded`` makes one of
-any client's error); ``remote_failed`` makes it a ``StoreError`` of one line naming the cache, the object
+any client's error); ``reported`` makes it a ``StoreError`` of one line naming the cache, the object
 and the endpoint, with what to check.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+import contextlib
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import fsspec
@@ -28,7 +29,7 @@ __all__ = [
     "filesystem",
     "guarded",
     "open_store",
-    "remote_failed",
+    "reported",
 ]
 
 # botocore's client config (s3fs takes it as ``config_kwargs``): a connection within 5 s, never 10 s
@@ -120,12 +121,16 @@ def endpoint(url: str, storage_options: Mapping[str, Any] | None) -> str:
     return str(found) if found else f"the {protocols[-1]}:// service"
 
 
-def remote_failed(url: str, storage_options: Mapping[str, Any] | None, exc: RemoteError) -> StoreError:
-    """The ``StoreError`` of a request that failed after its retries, in one line: the cache, the object,
-    the endpoint and what to check."""
-    where = "from" if exc.verb == "fetch" else "at"
-    return StoreError(
-        f"{url}: cannot {exc.verb} {exc.key} {where} {endpoint(url, storage_options)} after its retries "
-        f"({type(exc.cause).__name__}: {one_line(exc.cause)}); check that the endpoint answers and the "
-        "network, or allow longer: storage_options={'config_kwargs': {'read_timeout': ..., 'retries': ...}}"
-    )
+@contextlib.contextmanager
+def reported(url: str, storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Raise a ``RemoteError`` of the block as the ``StoreError`` of one line: the cache ``url``, the
+    object, the endpoint and what to check."""
+    try:
+        yield
+    except RemoteError as exc:
+        where = "from" if exc.verb == "fetch" else "at"
+        raise StoreError(
+            f"{url}: cannot {exc.verb} {exc.key} {where} {endpoint(url, storage_options)} after its retries "
+            f"({type(exc.cause).__name__}: {one_line(exc.cause)}); check that the endpoint answers and the "
+            "network, or allow longer: storage_options={'config_kwargs': {'read_timeout': ..., 'retries': ...}}"
+        ) from None

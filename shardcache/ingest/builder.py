@@ -97,13 +97,14 @@ def build_cache(
     known = [s for s in inputs.sources if s.bar_ns is not None]
     check_bar_sizes(known, [None] * len(known), options.bar)  # DBN files know theirs: refused before reading any
     frozen = None if options.stats_from is None else _frozen(options, run.storage_options, inputs.names)
+    chunking = _chunking(options, len(inputs.names))  # refused before any bar is read
     wanted = fingerprint(inputs.sources, options.to_json(), __version__)
     staging = prepare(out, run.storage_options, wanted, resume=run.resume, overwrite=run.overwrite, inputs=inputs.specs)
     if isinstance(staging, Cache):
         return staging
     with staging.guard("build"), connect(run.scheduler, staging.root, [out, *inputs.paths]) as client:
         stage = functools.partial(staging.run, workers=run.workers, client=client, show=run.progress)
-        _build(stage, staging, inputs, options, frozen, run, digest(wanted), t0)
+        _build(stage, staging, inputs, options, chunking, frozen, run, digest(wanted), t0)
         staging.publish()
         staging.remove()
     return open_cache(out, run.storage_options)
@@ -114,12 +115,13 @@ def _build(
     staging: Staging,
     inputs: Inputs,
     options: BuildOptions,
+    chunking: tuple[int, int],
     frozen: Cache | None,
     run: RunOptions,
     fingerprint: str,
     t0: float,
 ) -> None:
-    """Every stage into the staging folder's cache, the manifest last."""
+    """Every stage into the staging folder's cache, the manifest last; ``chunking`` its shard and inner-chunk rows."""
     spec, srcs = options.splits(), inputs.sources
     described = [s.describe() for s in srcs]  # the history's; the sources go after the scan
     scanned = scan_inputs(
@@ -135,7 +137,7 @@ def _build(
     max_gap_ns = options.max_gap_ns(bar_ns or (int(np.median(dts)) if dts else None))
     cuts = _cut_times(spec, frozen, scanned)
     scanned.sketch = scanned.sketch[:0]  # placed the cuts; the merge does not need it
-    shard_rows, chunk_rows = _chunking(options, len(inputs.names))
+    shard_rows, chunk_rows = chunking
     merged = merge_symbols(stage, staging.root, scanned, max_gap_ns, cuts, shard_rows)
     scanned.runs = scanned.runs[:0]  # merged: what grows with the data goes
     if not sum(m.n for m in merged):

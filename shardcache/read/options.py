@@ -236,15 +236,16 @@ on every asynchronous read (it never records the download), ``blockcache`` has n
 
 def _warn_idle_layer(url: str) -> None:
     """One warning when ``url``'s outer layer is one of ``IDLE_LAYERS``, naming what to use instead."""
-    if not is_url(url) or layers(url)[0] not in IDLE_LAYERS:
+    protocols = layers(url) if is_url(url) else []
+    if not protocols or protocols[0] not in IDLE_LAYERS:
         return
     inner = url.split("::", 1)[1]
     warnings.warn(
-        f"{url}: fsspec's {layers(url)[0]}:: caches nothing under a stream's reads (every read goes to "
-        f"{inner.split('://')[0]}://); the stream keeps node-local copies itself: read {inner!r} with "
+        f"{url}: fsspec's {protocols[0]}:: caches nothing under a stream's reads (every read goes to "
+        f"{protocols[-1]}://); the stream keeps node-local copies itself: read {inner!r} with "
         "cache_dir=FOLDER to keep them across runs, bounded by cache_limit and shared by the node's processes",
         UserWarning,
-        stacklevel=4,
+        stacklevel=5,  # the caller of WindowStream or WindowDataset (through Sources.open and apply)
     )
 
 
