@@ -3,7 +3,8 @@
 ``build_cache`` writes DBN, Parquet or CSV bars once into a compressed, sharded Zarr v3 store with
 ``BuildOptions`` (``RunOptions`` say how one run goes) and ``append_cache`` adds later bars to it;
 ``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
-``WindowStream`` streams every window of it (stride 1) with bounded memory;
+``WindowStream`` streams every window of it (stride 1) with bounded memory, its settings given as
+objects (``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, one ``CacheSource`` per cache) or their fields;
 ``WindowDataset`` is the map-style twin for evaluation;
 ``info``, ``shards``, ``open_symbol``, ``open_symbols`` and ``to_xarray`` show a cache to people
 (``shardcache.inspect.views``).
@@ -25,13 +26,18 @@ if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and I
     from .ingest.builder import build_cache
     from .ingest.run import RunOptions
     from .inspect.views import info, open_symbol, shards, to_xarray
+    from .read.settings import CacheSource, LoaderSettings, LocalCopy, PlanSettings
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
 __all__ = [
     "BuildOptions",
     "Cache",
     "CacheError",
+    "CacheSource",
+    "LoaderSettings",
+    "LocalCopy",
     "Manifest",
+    "PlanSettings",
     "RunOptions",
     "ShardcacheError",
     "SourceError",
@@ -59,6 +65,10 @@ _LAZY = {  # name: the module that defines it
     "WindowStream": "read.stream",
     "WindowDataset": "read.stream",
     "WindowSpec": "read.stream",
+    "PlanSettings": "read.settings",
+    "LoaderSettings": "read.settings",
+    "LocalCopy": "read.settings",
+    "CacheSource": "read.settings",
     "build_cache": "ingest.builder",
     "append_cache": "ingest.append",
     "RunOptions": "ingest.run",

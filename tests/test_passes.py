@@ -10,9 +10,9 @@ import pytest
 from helpers import synthetic_bars
 
 from shardcache.errors import OptionError, StateError
-from shardcache.read.options import PlanSettings
 from shardcache.read.passes import MAX_HISTORY, MAX_WORKERS, Pass, PassState, Planner, SharedPass, check_history
 from shardcache.read.plan import valid_ranges
+from shardcache.read.settings import PlanSettings
 
 
 def test_a_pin_and_the_passes_after_it():
@@ -122,7 +122,7 @@ def test_history_values_and_positions_inside_the_epoch():
             return None
 
     ranges = valid_ranges(Table(), 10)
-    settings = PlanSettings.of(batch_size=100, shuffle=True, seed=0, mix=2, drop_last=False)
+    settings = PlanSettings(batch_size=100, shuffle=True, seed=0, mix=2, drop_last=False)
     planner = Planner(ranges=ranges, n_rows=3072, shard_rows=256, settings=settings, what="the table")
     n = planner.batches(Pass(epoch=0))
     assert n == -(-ranges.total() // 100)

@@ -89,7 +89,7 @@ def test_counts_are_refused_unless_whole_numbers(stream_cache, name, value):
 
 def test_counts_given_as_numpy_ints_are_taken(stream_cache):
     s = WindowStream(stream_cache, np.int64(16), split="all", batch_size=np.int32(100), mix=np.int64(2))
-    assert (s.seq_len, s.batch_size, s.mix) == (16, 100, 2) and len(next(iter(s)).x) == 100
+    assert (s.seq_len, s.order.batch_size, s.order.mix) == (16, 100, 2) and len(next(iter(s)).x) == 100
 
 
 def test_meta_keeps_only_a_few_chunks_of_bar_times(tmp_path):

@@ -14,7 +14,7 @@ from helpers import brute_starts, make_cache, synthetic_bars
 from helpers.stream import rows_of, spy_block_reads
 from numpy.lib.stride_tricks import sliding_window_view
 
-import shardcache.read.stream as stream_mod
+import shardcache.read.serve as serve_mod
 from shardcache.errors import CacheError
 from shardcache.format.cache import Cache
 from shardcache.read.stream import WindowDataset, WindowStream
@@ -102,13 +102,13 @@ def test_feature_and_target_subsets(stream_bars, stream_cache):
 @pytest.mark.parametrize("run_bytes", [1, 40_000, 1 << 30])
 def test_runs_of_batches_give_the_same_batches(monkeypatch, stream_bars, stream_cache, run_bytes):
     """Single batches, short runs and runs as long as a pool: the same batches, right content."""
-    monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
+    monkeypatch.setattr(serve_mod, "RUN_BYTES", run_bytes)
     batches, x, y, idx = collect(
         WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2)
     )
     rx, ry = reference(stream_bars, idx, 11, 2)
     assert np.array_equal(x, rx) and np.array_equal(y, ry)
-    monkeypatch.setattr(stream_mod, "RUN_BYTES", 1)
+    monkeypatch.setattr(serve_mod, "RUN_BYTES", 1)
     single = collect(WindowStream(stream_cache, 11, horizon=2, split="all", batch_size=64, meta=True, mix=2))[0]
     assert [b.index.tolist() for b in batches] == [b.index.tolist() for b in single]
 
@@ -286,7 +286,7 @@ def test_small_blocks_that_read_fast_are_read_on_the_gather_thread(monkeypatch, 
     assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
     here = [name.startswith("shardcache-reader") for name in threads]
     if fast:  # the first pool's blocks go to the decoders while no read was timed yet, then none does
-        assert not here[0] and sum(not h for h in here) <= ds.mix and all(here[ds.mix :])
+        assert not here[0] and sum(not h for h in here) <= ds.order.mix and all(here[ds.order.mix :])
     else:
         assert not any(here)
 
@@ -345,7 +345,7 @@ def test_small_blocks_are_read_in_groups_and_checked_once_per_group(monkeypatch,
         pools = len(ds.plan(0).pool_bounds) - 1
     assert len(got) == len(want) and all(torch.equal(u, v) for u, v in zip(got, want))
     assert pools > 20 and max(groups) > 4 and sum(groups) >= pools  # most blocks read in groups of several
-    assert len(checks) <= len(groups) + ds.mix + 2 < pools  # once per group (and per pool read by the decoders)
+    assert len(checks) <= len(groups) + ds.order.mix + 2 < pools  # once per group (and per pool read by the decoders)
 
 
 def test_an_epoch_never_scans_every_symbol_per_shard(monkeypatch, tmp_path):
@@ -445,7 +445,7 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
     with pytest.raises(ValueError, match="memory_budget"):
         WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=need * block - 1)
     peak = []
-    real, group = stream_mod.Reader._decode, stream_mod.Reader._read_group
+    real, group = serve_mod.Reader._decode, serve_mod.Reader._read_group
 
     def watched(self, pool, k):
         real(self, pool, k)
@@ -455,8 +455,8 @@ def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):
         group(self)
         peak.append((self.used, self.capacity))
 
-    monkeypatch.setattr(stream_mod.Reader, "_decode", watched)
-    monkeypatch.setattr(stream_mod.Reader, "_read_group", watched_group)
+    monkeypatch.setattr(serve_mod.Reader, "_decode", watched)
+    monkeypatch.setattr(serve_mod.Reader, "_read_group", watched_group)
     budget = need * block
     n = sum(len(x) for x, _ in WindowStream(stream_cache, 30, split="all", batch_size=64, mix=2, memory_budget=budget))
     assert n == ds.plan().n_windows and max(u for u, _ in peak) <= budget
@@ -539,7 +539,7 @@ def test_batches_kept_in_part_are_never_overwritten(monkeypatch, stream_bars, st
     """Output buffers are reused only once nothing refers to them: views kept of every third
     batch (and whole batches of others) still hold their windows at the end of the epoch."""
     if run_bytes:
-        monkeypatch.setattr(stream_mod, "RUN_BYTES", run_bytes)
+        monkeypatch.setattr(serve_mod, "RUN_BYTES", run_bytes)
     kept = []
     ds = WindowStream(stream_cache, 12, split="all", batch_size=32, meta=True, mix=2)
     for i, b in enumerate(ds):

@@ -87,8 +87,8 @@ def test_memory_budget_takes_bytes_sizes_and_auto(stream_cache):
     assert parse_budget(123456, cpu) == 123456 and parse_budget(None, cpu) is None
     avail = psutil.virtual_memory().available
     s = WindowStream(stream_cache, 10, split="all", memory_budget="auto")
-    assert 0.2 * avail < s.memory_budget < 0.3 * avail and f"memory_budget={s.memory_budget}" in repr(s)
-    assert WindowStream(stream_cache, 10, split="all", memory_budget="64MiB").memory_budget == 64 << 20
+    assert 0.2 * avail < s.loading.memory_budget < 0.3 * avail and f"memory_budget={s.loading.memory_budget}" in repr(s)
+    assert WindowStream(stream_cache, 10, split="all", memory_budget="64MiB").loading.memory_budget == 64 << 20
     for bad in ("lots", "12 parsecs", -5, 0, 1.5):
         with pytest.raises(ValueError, match="memory_budget"):
             WindowStream(stream_cache, 10, split="all", memory_budget=bad)

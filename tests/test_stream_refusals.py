@@ -222,7 +222,7 @@ def test_a_batch_that_cannot_be_allocated_is_refused_up_front(tmp_path):
     ],
 )
 def test_a_memory_budget_is_any_whole_number_of_bytes(stream_cache, given, bytes_):
-    assert WindowStream(stream_cache, 10, split="all", memory_budget=given).memory_budget == bytes_
+    assert WindowStream(stream_cache, 10, split="all", memory_budget=given).loading.memory_budget == bytes_
 
 
 @pytest.mark.parametrize(

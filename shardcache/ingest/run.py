@@ -9,11 +9,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError
 from ..format.build_options import BuildOptions
 from ..format.cache import Cache
 from ..format.numbers import whole_number
 from ..format.paths import check_storage_options
+from ..format.settings import grouped, only_known
 
 __all__ = ["RunOptions", "settings"]
 
@@ -59,19 +60,14 @@ def settings(
     """``caller``'s options and run settings from its ``options``/``run`` objects or from keyword
     arguments ``given`` naming their fields (one or the other for each). Without ``build`` (an
     append) a build option is refused: the cache keeps its own."""
-    names, run_names = BuildOptions.names(), RunOptions.names()
-    for key, value in given.items():
-        if key not in names and key not in run_names:
-            raise OptionTypeError(f"{caller}() got an unexpected keyword argument {key!r}")
-        if key in names and not build:
-            raise OptionError(key, value, f"{caller} keeps the build options of its cache; drop it")
-    opts = {k: v for k, v in given.items() if k in names}
-    runs = {k: v for k, v in given.items() if k in run_names}
-    if options is not None and opts:
-        raise OptionTypeError(f"{caller}(): pass options=BuildOptions(...) or its fields ({', '.join(opts)}), not both")
-    if run is not None and runs:
-        raise OptionTypeError(f"{caller}(): pass run=RunOptions(...) or its fields ({', '.join(runs)}), not both")
-    if isinstance(opts.get("stats_from"), (Cache, os.PathLike)):
-        frozen = opts["stats_from"]
-        opts["stats_from"] = frozen.url if isinstance(frozen, Cache) else os.fspath(frozen)
-    return options or BuildOptions(**opts), run or RunOptions(**runs)
+    fields = dict(given)
+    only_known(caller, fields, BuildOptions.names() + RunOptions.names())
+    if not build:
+        for key in BuildOptions.names():
+            if key in fields:
+                raise OptionError(key, fields[key], f"{caller} keeps the build options of its cache; drop it")
+    if isinstance(fields.get("stats_from"), (Cache, os.PathLike)):
+        frozen = fields["stats_from"]
+        fields["stats_from"] = frozen.url if isinstance(frozen, Cache) else os.fspath(frozen)
+    options = grouped(caller, "options", BuildOptions, options, fields)
+    return options, grouped(caller, "run", RunOptions, run, fields)

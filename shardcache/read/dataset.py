@@ -15,10 +15,9 @@ a window's cache and its index among that cache's windows.
 from __future__ import annotations
 
 import operator
-import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -26,10 +25,12 @@ from torch.utils.data import Dataset
 
 from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
+from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
-from .options import Batch, LocalCopy, MetaBatch, window_spec
-from .readspec import ReadSpec
-from .sources import CacheInput, ReadsWindows, Sources
+from .options import Batch, MetaBatch, window_spec
+from .readspec import ReadSpec, ReadsWindows
+from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
+from .sources import Sources
 
 __all__ = ["WindowDataset"]
 
@@ -55,27 +56,25 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
 
     def __init__(
         self,
-        caches: CacheInput | Sequence[CacheInput],
+        caches: CacheInput | CacheSource | Sequence[CacheInput | CacheSource],
         seq_len: int | WindowSpec,
         *,
         split: str | None = None,  # first: an evaluation names the split it reads
         split_times: str | Mapping[str, str] | None = None,
-        horizon: int | Sequence[int] | None = None,
-        stride: int | None = None,
-        features: Sequence[str] | None = None,
-        target: Sequence[str] | None = None,
-        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
         meta: bool = False,
+        local: LocalCopy | None = None,
+        **fields: Unpack[DatasetFields],
     ) -> None:
-        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
-        local = LocalCopy.of(Sources.given(caches), cache_dir, cache_limit)
+        given = dict(fields)
+        only_known("WindowDataset", given, DatasetFields.__optional_keys__)
+        self.spec = window_spec(seq_len, given)  # options first, then the caches
+        sources = sources_of(caches, given.pop("storage_options", None))
+        local = grouped("WindowDataset", "local", LocalCopy, local, given)
         # a temporary local copy (``sources.temporary``) lives as long as this dataset: removed when it is
         # collected, or at exit
-        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times, local=local)
-        self._read = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=meta)
-        self._ranges = self._read.ranges
+        self.sources = Sources.open(sources, split=split, split_times=split_times, local=local)
+        self.read_spec = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=meta)
+        self._ranges = self.read_spec.ranges
         self._n = self._ranges.total()
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         """Index of each cache's first window, then the total (``len(caches) + 1`` ints)."""
@@ -101,11 +100,6 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         pos = int(self._positions(np.asarray([_scalar(i)]))[0])
         k = int(np.searchsorted(self.offsets, pos, side="right")) - 1
         return k, pos - int(self.offsets[k])
-
-    @property
-    def meta(self) -> bool:
-        """Whether items are ``MetaBatch``: the stream's metadata of each window (``meta=True``)."""
-        return self._read.meta
 
     def __getitem__(self, index: Any) -> Batch | MetaBatch:
         """One window (an int index), or the windows of a slice or a sequence of ints, stacked."""
@@ -136,7 +130,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
     def _gather(self, pos: np.ndarray) -> Batch | MetaBatch:
         """Windows at positions ``pos`` (checked), stacked: each shard's block read once, its windows
         copied out of it together; with ``meta``, their metadata as the stream gives it."""
-        r, n = self._read, len(pos)
+        r, n = self.read_spec, len(pos)
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
         x = np.empty(r.x_shape(n), np.float32)
         y = np.empty(r.y_shape(n), np.float32)

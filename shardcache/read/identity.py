@@ -11,6 +11,7 @@ one line that says what changed and how to go on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from ..errors import StateError
 from ..format.cache import Cache
 from ..format.windows import Ranges
 
-__all__ = ["check_reads", "reads_of"]
+__all__ = ["Reads", "check_reads", "reads_of"]
 
 
 def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) -> list[dict[str, str]]:
@@ -42,6 +43,19 @@ def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) ->
         n = int(ranges.count[mine].sum())
         out.append({"build": _digest(build), "windows": f"{n} #{h.hexdigest()}"})
     return out
+
+
+class Reads:
+    """``reads_of`` a stream's caches, worked out when a state is first saved or loaded (a stream that
+    never saves one never locates its windows)."""
+
+    def __init__(self, caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) -> None:
+        self._of = (caches, row_bounds, ranges)
+
+    @functools.cached_property
+    def digests(self) -> list[dict[str, str]]:
+        """Per cache, its build and windows digests (``reads_of``)."""
+        return reads_of(*self._of)
 
 
 def check_reads(saved: Any, mine: list[dict[str, str]], caches: Sequence[Cache], split: str | None, epoch: Any) -> None:

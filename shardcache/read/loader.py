@@ -43,7 +43,7 @@ class StreamLoader(DataLoader[Batch | MetaBatch]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         stream: WindowStream = self.dataset  # type: ignore[assignment]
-        stream.check_open()
+        stream.resources.check_open()
         if self.num_workers == 0:
             return super().__iter__()  # the stream's own iterator counts in this process
         self._board.write(stream.begin_pass())  # before any worker reads it

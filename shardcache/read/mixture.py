@@ -176,7 +176,7 @@ class Shares:
     def _draw(
         k: int, n: int, shards: np.ndarray, sizes: np.ndarray, seed: int, epoch: int, shuffle: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Source ``k``'s pieces of epoch ``epoch``: positions ``[epoch * n, (epoch + 1) * n)`` of its cycles."""
+        """CacheSource ``k``'s pieces of epoch ``epoch``: positions ``[epoch * n, (epoch + 1) * n)`` of its cycles."""
         whole = int(sizes.sum())
         out: list[tuple[np.ndarray, ...]] = [(np.zeros(0, np.int64),) * 3 + (np.zeros(0, bool),)]
         if not n or not whole:

@@ -1,9 +1,8 @@
-"""A stream's settings resolved and checked, and the batches it yields.
+"""The checks a stream's settings share, and the batches it yields.
 
-Shared by ``WindowStream`` and ``WindowDataset``: memory budgets (``parse_budget``), the split a
-stream must name, column names, the device, the rank and world of the current process. The
-settings that decide which batches an epoch has (``PlanSettings``) and how a stream reads them
-(``LoaderSettings``) are each checked by their own class, so ``WindowStream`` only groups them.
+Shared by ``WindowStream`` and ``WindowDataset``: memory budgets and sizes (``parse_budget``,
+``parse_size``), the split a stream must name, column names, the device, the rank and world of the
+current process. The settings objects that use them are in ``shardcache.read.settings``.
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -22,9 +19,6 @@ import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
-from ..format.local_cache import LocalCache
-from ..format.numbers import whole_number
-from ..format.paths import is_url, layers
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 
 __all__ = [
@@ -32,12 +26,8 @@ __all__ = [
     "AUTO_CUDA_FRACTION",
     "CUDA_WORKERS",
     "MAX_DECODERS",
-    "TEMPORARY_LIMIT",
     "Batch",
-    "LoaderSettings",
-    "LocalCopy",
     "MetaBatch",
-    "PlanSettings",
     "check_device",
     "check_split",
     "columns",
@@ -53,8 +43,6 @@ __all__ = [
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
 MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
-_SURE_TO_FIT = 256 << 20  # a batch of at most this many bytes is not checked against free memory
-TEMPORARY_LIMIT = 1 << 30  # bytes of a remote cache's temporary local copy when cache_limit is not given
 
 
 class Batch(NamedTuple):
@@ -180,75 +168,6 @@ def _whole_bytes(value: Any, option: str, forms: str) -> int:
     raise OptionTypeError(f"{option}={value!r}: {type(value).__name__} is not a number of bytes; {forms}")
 
 
-@dataclass(frozen=True)
-class LocalCopy:
-    """Where a stream keeps node-local copies of the shard objects it reads (``cache_dir``, with at most
-    ``cache_limit`` bytes), checked before the cache is opened; ``apply`` reads a cache through it."""
-
-    directory: str | None
-    limit: int | None
-
-    @classmethod
-    def of(cls, caches: Sequence[Cache | str | os.PathLike[str]], cache_dir: Any, cache_limit: Any) -> LocalCopy:
-        """The options checked: ``cache_dir`` a folder path (or None), ``cache_limit`` a positive size
-        (or None), and no limit for a local cache without ``cache_dir`` (it would bound nothing)."""
-        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
-            raise OptionTypeError(f"cache_dir={cache_dir!r}: must be a folder path (a str or os.PathLike)")
-        directory = None if cache_dir is None else os.fspath(cache_dir)
-        if directory is not None and not directory.strip():
-            raise OptionError("cache_dir", directory, "is empty: give a folder for the node-local copies, or None")
-        if directory is not None and os.path.exists(directory) and not os.path.isdir(directory):
-            raise OptionError("cache_dir", directory, "is a file, not a folder")
-        limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
-        urls = [c.url if isinstance(c, Cache) else os.fspath(c) for c in caches]
-        if limit is not None and directory is None and not any(is_url(url) for url in urls):
-            raise OptionError(
-                "cache_limit",
-                cache_limit,
-                "bounds a node-local copy of a remote cache's shards; this cache is local: give {cache_dir} too",
-                {"cache_dir": None},
-            )
-        return cls(directory, limit)
-
-    def apply(self, caches: Sequence[Cache]) -> tuple[list[Cache], LocalCache | None]:
-        """``caches`` read through this local copy (one folder for them all, a subfolder each), and the
-        temporary ``LocalCache`` made for them (the caller removes it): ``cache_dir`` when given; else,
-        for the caches behind a URL, a temporary folder of ``cache_limit`` (default ``TEMPORARY_LIMIT``)
-        bytes, so DataLoader workers fetch each shard object once between them; else (a local cache, or
-        one the caller already reads through a local copy) the cache as it is. A ``filecache::`` or
-        ``blockcache::`` layer, which caches nothing under these reads, is named in one warning."""
-        for cache in caches:
-            _warn_idle_layer(cache.url)
-        if self.directory is not None:
-            shared = LocalCache(self.directory, self.limit)
-            return [c.with_local(shared) for c in caches], None
-        remote = [c.local is None and is_url(c.url) for c in caches]
-        if not any(remote):
-            return list(caches), None
-        temporary = LocalCache.temporary_dir(TEMPORARY_LIMIT if self.limit is None else self.limit)
-        return [c.with_local(temporary) if r else c for c, r in zip(caches, remote)], temporary
-
-
-IDLE_LAYERS = ("filecache", "blockcache")
-"""fsspec caching layers that keep nothing under a stream's reads: ``filecache`` downloads an object again
-on every asynchronous read (it never records the download), ``blockcache`` has no asynchronous read."""
-
-
-def _warn_idle_layer(url: str) -> None:
-    """One warning when ``url``'s outer layer is one of ``IDLE_LAYERS``, naming what to use instead."""
-    protocols = layers(url) if is_url(url) else []
-    if not protocols or protocols[0] not in IDLE_LAYERS:
-        return
-    inner = url.split("::", 1)[1]
-    warnings.warn(
-        f"{url}: fsspec's {protocols[0]}:: caches nothing under a stream's reads (every read goes to "
-        f"{protocols[-1]}://); the stream keeps node-local copies itself: read {inner!r} with "
-        "cache_dir=FOLDER to keep them across runs, bounded by cache_limit and shared by the node's processes",
-        UserWarning,
-        stacklevel=5,  # the caller of WindowStream or WindowDataset (through Sources.open and apply)
-    )
-
-
 def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] | None:
     """Column indices of ``names`` in the cache (None keeps every feature)."""
     if names is None:
@@ -317,14 +236,13 @@ def default_decoders(readers: int = 1) -> int:
     return max(1, min(MAX_DECODERS, cores // max(1, readers)))
 
 
-def window_spec(seq_len: int | WindowSpec, horizon: Any, stride: Any, features: Any, target: Any) -> WindowSpec:
-    """The ``WindowSpec`` given, or one made of the separate settings (None: the default), not both."""
+def window_spec(seq_len: int | WindowSpec, fields: dict[str, Any]) -> WindowSpec:
+    """The ``WindowSpec`` given, or one made of ``seq_len`` and the entries of ``fields`` naming its other
+    settings (taken out of ``fields``; None: the default), not both."""
+    given = {n: fields.pop(n) for n in ("horizon", "stride", "features", "target") if n in fields}
+    horizon, stride, features, target = (given.get(n) for n in ("horizon", "stride", "features", "target"))
     if isinstance(seq_len, WindowSpec):
-        beside = [
-            n
-            for n, v in zip(("horizon", "stride", "features", "target"), (horizon, stride, features, target))
-            if v is not None
-        ]
+        beside = [n for n, v in given.items() if v is not None]
         if beside:
             raise OptionTypeError(f"{', '.join(beside)} given beside a WindowSpec: pass them inside the WindowSpec")
         return seq_len
@@ -346,106 +264,3 @@ CUDA_WORKERS = (
     "needs num_workers=0: the stream's own threads decode and copy to the GPU "
     "(worker processes cannot share its CUDA tensors)"
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanSettings:
-    """What decides an epoch's batches besides the windows: their size, the shuffle and its seed,
-    shards mixed per pool, and whether each rank's last partial batch is dropped.
-
-    ``PlanSettings.of`` checks the values as a user gives them; ``signature`` is what a saved
-    position records of them.
-    """
-
-    batch_size: int
-    shuffle: bool
-    seed: int
-    mix: int
-    drop_last: bool
-
-    @classmethod
-    def of(cls, *, batch_size: Any, shuffle: Any, seed: Any, mix: Any, drop_last: Any) -> PlanSettings:
-        return cls(
-            batch_size=whole_number("batch_size", batch_size, 1),
-            shuffle=bool(shuffle),
-            seed=whole_number("seed", seed, 0),
-            mix=whole_number("mix", mix, 1),
-            drop_last=bool(drop_last),
-        )
-
-    def signature(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "mix": self.mix,
-            "drop_last": self.drop_last,
-        }
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoaderSettings:
-    """How a stream reads its batches, whatever they are: ``prefetch`` blocks decoded ahead of the
-    open pools by ``decoders`` threads (None: ``default_decoders``), or ``memory_budget`` bytes of
-    decoded blocks (shared by the DataLoader workers), on ``device``.
-
-    ``LoaderSettings.of`` checks and resolves the values as a user gives them (a budget string,
-    ``"auto"``, a device name).
-    """
-
-    prefetch: int
-    decoders: int | None
-    memory_budget: int | None
-    device: torch.device
-
-    @classmethod
-    def of(cls, *, prefetch: Any, decoders: Any, memory_budget: Any, device: Any) -> LoaderSettings:
-        dev = check_device(device)
-        return cls(
-            prefetch=whole_number("prefetch", prefetch, 0),
-            decoders=None if decoders is None else whole_number("decoders", decoders, 0),
-            memory_budget=parse_budget(memory_budget, dev),
-            device=dev,
-        )
-
-    def decoders_for(self, readers: int) -> int:
-        """Decoder threads of each of ``readers`` readers: as given, else ``default_decoders``."""
-        return self.decoders if self.decoders is not None else default_decoders(readers)
-
-    def capacity(self, blocks: int, block_bytes: int, readers: int, mix: int) -> int:
-        """Bytes of decoded blocks each of ``readers`` readers may hold when a batch needs ``blocks``
-        blocks of up to ``block_bytes`` at once: those plus ``prefetch``, or an equal share of the
-        ``memory_budget``, which must hold them."""
-        if self.memory_budget is None:
-            return (blocks + self.prefetch) * block_bytes
-        per = self.memory_budget // readers
-        if per < blocks * block_bytes:
-            raise OptionError(
-                "memory_budget",
-                self.memory_budget,
-                f"gives each of {readers} reader(s) {per} B, but a reader must hold {blocks} blocks of up to "
-                f"{block_bytes} B at once (mix={mix} shards per pool, a batch can straddle two pools): raise "
-                f"memory_budget to at least {blocks * block_bytes * readers} B or lower mix",
-            )
-        return per
-
-    def check_batch(self, batch_size: int, windows: int, window_bytes: int) -> None:
-        """Refuse batches of ``windows`` windows (``batch_size``, or fewer when the stream has fewer
-        windows) of ``window_bytes`` each that the device's memory cannot hold, before anything is
-        allocated."""
-        nbytes = windows * window_bytes
-        if nbytes <= _SURE_TO_FIT:
-            return
-        if self.device.type == "cuda":
-            free = int(torch.cuda.mem_get_info(self.device)[0])
-        else:
-            import psutil
-
-            free = int(psutil.virtual_memory().available)
-        if nbytes > free:
-            raise OptionError(
-                "batch_size",
-                batch_size,
-                f"a batch of {windows:,} windows is {nbytes / 2**30:,.1f} GiB ({window_bytes:,} B each), more than "
-                f"the {free / 2**30:,.1f} GiB of {self.device.type} memory available: lower batch_size",
-            )

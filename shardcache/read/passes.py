@@ -41,8 +41,8 @@ from ..errors import OptionError, StateError
 from ..format.numbers import MAX_COUNT
 from ..format.windows import Ranges
 from .mixture import Shares
-from .options import PlanSettings
 from .plan import EpochPlan, make_plan
+from .settings import PlanSettings
 from .torch_adapter import in_shared_memory
 
 __all__ = [

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..format.cache import Cache
 from ..format.windows import Ranges, WindowSpec
 from .options import columns
 from .sources import Sources
 
-__all__ = ["ReadSpec"]
+__all__ = ["ReadSpec", "ReadsWindows"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,3 +85,47 @@ class ReadSpec:
         both = self.sources.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
         time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
         return tuple(torch.from_numpy(m) for m in (index, symbol, time, target_time, source))
+
+
+class ReadsWindows:
+    """The window settings (``spec``), the caches read (``sources``) and what is read of them
+    (``read_spec``) of a stream or a dataset, as the properties both show."""
+
+    spec: WindowSpec
+    sources: Sources
+    read_spec: ReadSpec
+
+    @property
+    def seq_len(self) -> int:
+        """Input bars per window."""
+        return self.spec.seq_len
+
+    @property
+    def horizon(self) -> int | tuple[int, ...]:
+        """Target rows after a window's last input bar (a tuple: one target each)."""
+        return self.spec.horizon
+
+    @property
+    def stride(self) -> int:
+        """Rows between consecutive window starts."""
+        return self.spec.stride
+
+    @property
+    def span(self) -> int:
+        """Rows one window reads: its inputs and its furthest target."""
+        return self.spec.span
+
+    @property
+    def caches(self) -> tuple[Cache, ...]:
+        """The caches read, in the order given."""
+        return self.sources.caches
+
+    @property
+    def split(self) -> str | None:
+        """The split read (``None``: every bar)."""
+        return self.sources.split
+
+    @property
+    def meta(self) -> bool:
+        """Whether batches are ``MetaBatch`` (each window's place and times: ``meta=True``)."""
+        return self.read_spec.meta

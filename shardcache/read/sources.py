@@ -17,7 +17,6 @@ with a raw one is refused, and so is one cache given twice under any name (``Man
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +29,10 @@ from ..format.local_cache import LocalCache
 from ..format.readahead import will_read
 from ..format.splits import parse_split
 from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
-from .options import LocalCopy, check_split, no_windows_error, open_for_reading
+from .options import check_split, no_windows_error, open_for_reading
+from .settings import CacheSource, LocalCopy
 
-__all__ = ["CacheInput", "ReadsWindows", "Sources", "SplitTimes"]
-
-CacheInput = Cache | str | os.PathLike[str]
-"""One cache as a stream takes it: an open ``Cache``, or a path or fsspec URL to open."""
+__all__ = ["Sources", "SplitTimes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,43 +127,23 @@ class Sources:
         """The split read (``None``: every bar)."""
         self.tables: list[SegmentSource] = [c if split_times is None else split_times.table(c) for c in self.caches]
 
-    @staticmethod
-    def given(caches: Any) -> list[CacheInput]:
-        """What a stream is given as a list of caches (one cache is a list of one), each a path, an
-        fsspec URL or an open ``Cache``; checked before any cache is opened."""
-        if isinstance(caches, Cache | str | os.PathLike):
-            return [caches]
-        if not isinstance(caches, Sequence) or isinstance(caches, bytes):
-            raise OptionTypeError(
-                f"caches={caches!r}: give a cache (a path, an fsspec URL or an open Cache) or a list of them"
-            )
-        items = list(caches)
-        if not items:
-            raise OptionError("caches", items, "give at least one cache")
-        bad = next((c for c in items if not isinstance(c, Cache | str | os.PathLike)), None)
-        if bad is not None:
-            raise OptionTypeError(f"caches: {bad!r} is not a cache (a path, an fsspec URL or an open Cache)")
-        return items
-
     @classmethod
     def open(
         cls,
-        caches: CacheInput | Sequence[CacheInput],
-        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+        sources: Sequence[CacheSource],
         *,
         split: str | None,
         split_times: Any = None,
         local: LocalCopy | None = None,
     ) -> Sources:
-        """The caches given to a stream (settings first, then the stores): one path, URL or ``Cache``,
-        or a sequence of them; ``storage_options`` one mapping (for every path or URL) or one per cache;
-        read through ``local`` (``cache_dir``, ``cache_limit``) when given."""
+        """The caches of ``sources`` (``sources_of``) opened, with their ``storage_options``, and read through
+        ``local`` (``cache_dir``, ``cache_limit``) when given; the split chosen and checked."""
         times = SplitTimes.of(split_times)
-        items = cls.given(caches)
-        if isinstance(caches, Cache | str | os.PathLike):  # one cache, as it always was
-            opened = [open_for_reading(caches, storage_options)]  # type: ignore[arg-type]
-        else:
-            opened = [open_for_reading(c, o) for c, o in zip(items, _per_cache(storage_options, items))]
+        if local is not None:
+            local.check(sources)
+        opened = [
+            open_for_reading(s.cache, None if s.storage_options is None else dict(s.storage_options)) for s in sources
+        ]
         opened, temporary = (opened, None) if local is None else local.apply(opened)
         try:
             return cls(opened, split=split, split_times=times, temporary=temporary)
@@ -337,30 +314,6 @@ class Sources:
         return f"Sources({self.urls!r}, split={self.split!r}, stats={self.stats!r})"
 
 
-def _mapping(options: Any) -> dict[str, Any] | None:
-    """One cache's ``storage_options``: a mapping or None (a sequence is one per cache)."""
-    if options is None or isinstance(options, Mapping):
-        return None if options is None else dict(options)
-    raise OptionTypeError(f"storage_options={options!r}: one cache takes one mapping of fsspec options")
-
-
-def _per_cache(options: Any, items: list[Any]) -> list[dict[str, Any] | None]:
-    """Each cache's ``storage_options``: one mapping for every path or URL (an open ``Cache`` keeps its
-    own), or a sequence of one mapping (or None) per cache."""
-    if options is None:
-        return [None] * len(items)
-    if isinstance(options, Mapping):
-        if all(isinstance(c, Cache) for c in items):
-            raise OptionError("storage_options", options, "apply to paths or URLs; every cache given is already open")
-        return [None if isinstance(c, Cache) else dict(options) for c in items]
-    if isinstance(options, Sequence) and not isinstance(options, str | bytes) and len(options) == len(items):
-        return [_mapping(o) for o in options]
-    raise OptionTypeError(
-        f"storage_options={options!r}: give one mapping for every path or URL, or a list of "
-        f"{len(items)} (a mapping or None per cache)"
-    )
-
-
 def _check_distinct(caches: Sequence[Cache], urls: list[str]) -> None:
     """Refuse one cache given twice under any name (a link, a ``file://`` URL, another spelling of its
     path, a copy): caches are told apart by ``Manifest.identity``, not by how they are written."""
@@ -451,36 +404,3 @@ def _named(exc: ShardcacheError, url: str) -> ShardcacheError:
     if isinstance(exc, OptionError):
         return OptionError(exc.option, exc.value, f"{url}: {exc.problem}", exc.mentions)
     return CacheError(f"{url}: {exc}" if url not in str(exc) else str(exc))
-
-
-class ReadsWindows:
-    """The window settings (``spec``) and the caches read (``sources``) of a stream or a dataset, as the
-    properties both show."""
-
-    spec: WindowSpec
-    sources: Sources
-
-    @property
-    def seq_len(self) -> int:
-        """Input bars per window."""
-        return self.spec.seq_len
-
-    @property
-    def horizon(self) -> int | tuple[int, ...]:
-        """Target rows after a window's last input bar (a tuple: one target each)."""
-        return self.spec.horizon
-
-    @property
-    def span(self) -> int:
-        """Rows one window reads: its inputs and its furthest target."""
-        return self.spec.span
-
-    @property
-    def caches(self) -> tuple[Cache, ...]:
-        """The caches read, in the order given."""
-        return self.sources.caches
-
-    @property
-    def split(self) -> str | None:
-        """The split read (``None``: every bar)."""
-        return self.sources.split

@@ -88,115 +88,109 @@ Resources
 
 from __future__ import annotations
 
-import functools
-import os
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..errors import OptionError, OptionTypeError, SeveralCachesError, StateError, StreamClosedError
+from ..errors import OptionError, OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
-from ..format.numbers import MAX_COUNT, whole_number
+from ..format.numbers import whole_number
+from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
 from .dataset import WindowDataset
-from .identity import check_reads, reads_of
+from .identity import Reads
 from .lifetime import StreamResources
 from .loader import StreamLoader
 from .mixture import Mixture
-from .options import (
-    CUDA_WORKERS,
-    Batch,
+from .options import CUDA_WORKERS, Batch, MetaBatch, parse_budget, rank_world, window_spec
+from .passes import Pass, PassState, Planner
+from .plan import EpochPlan
+from .readspec import ReadSpec, ReadsWindows
+from .resident import resident_bytes
+from .serve import serve
+from .settings import (
+    CacheInput,
+    CacheSource,
     LoaderSettings,
     LocalCopy,
-    MetaBatch,
     PlanSettings,
-    parse_budget,
-    rank_world,
-    window_spec,
+    StreamFields,
+    sources_of,
+    weights_of,
 )
-from .passes import Pass, PassState, Planner, check_history, check_signature
-from .plan import EpochPlan
-from .reader import RUN_BYTES, RUNS_AHEAD, Reader
-from .readspec import ReadSpec
-from .resident import resident_bytes
-from .ship import forget, ship
-from .sources import CacheInput, ReadsWindows, Sources
+from .ship import forget
+from .sources import Sources
+from .state import restore, saved_state
 
 __all__ = ["Batch", "MetaBatch", "WindowDataset", "WindowSpec", "WindowStream", "parse_budget"]
-
-_SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer iter()"
 
 
 class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     """Every valid window of a cache (one ``split``), shuffled by shard pools, as ready batches.
 
     ``WindowStream(cache, 60, split="train")``: ``seq_len`` (or a ``WindowSpec``) is the only
-    positional setting. ``caches`` is one cache (a path, an fsspec URL or an open ``Cache``) or a
-    sequence of them with the same features, streamed as one (``shardcache.read.sources``):
-    every window of every cache once per epoch, or ``epoch_windows`` windows in the proportions
-    ``weights`` (``shardcache.read.mixture``); ``split_times`` re-cuts every cache's splits at
-    shared times. Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the
-    ``features`` columns, all by default) and ``y`` the target row ``p + seq_len - 1 +
-    horizon`` (the ``target`` columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence
-    of horizons; ``meta=True`` yields ``MetaBatch`` (see there: ``time`` is the last input
-    bar's, ``target_time`` the target bar's). A cache with several splits needs ``split`` (a
-    name, or ``"all"``). The epoch's batches are fixed by the windows and ``PlanSettings``
-    (``batch_size``, ``shuffle``, ``seed``, ``mix``, ``drop_last``); how they are read by
-    ``LoaderSettings``: ``prefetch`` blocks are decoded ahead of the open pools, by ``decoders``
-    threads (default: one per core this process may run on, shared by the DataLoader workers,
-    at most 8: see ``default_decoders``); ``memory_budget`` (bytes, ``"512MiB"``, ``"auto"``:
-    see ``parse_budget``; shared by the DataLoader workers) caps the decoded blocks instead;
-    ``device`` is where blocks live and batches are gathered. ``cache_dir`` keeps a node-local copy
-    of each shard object read (shared by every DataLoader worker and rank of the node that names the
-    folder), at most ``cache_limit`` bytes (``"50GB"``; None: no limit), oldest evicted first; a
-    remote cache without ``cache_dir`` uses a temporary folder of ``cache_limit`` (default 1 GiB),
-    removed by ``close()``. See the module docstring for passes, epochs, ranks and resume.
+    positional setting. ``caches`` is one cache (a path, an fsspec URL, an open ``Cache`` or a
+    ``CacheSource``) or a sequence of them with the same features, streamed as one
+    (``shardcache.read.sources``): every window of every cache once per epoch, or ``epoch_windows``
+    windows in the proportions of the sources' weights (``shardcache.read.mixture``); ``split_times``
+    re-cuts every cache's splits at shared times. A cache with several splits needs ``split`` (a name,
+    or ``"all"``). Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the ``features``
+    columns, all by default) and ``y`` the target row ``p + seq_len - 1 + horizon`` (the ``target``
+    columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence of horizons; ``meta=True``
+    yields ``MetaBatch`` (see there: ``time`` is the last input bar's, ``target_time`` the target
+    bar's).
+
+    The other settings come as objects, or as keyword arguments naming their fields
+    (``batch_size=512`` for ``order=PlanSettings(batch_size=512)``; one or the other for each object):
+
+    - the window: ``horizon``, ``stride``, ``features``, ``target`` (a ``WindowSpec``'s fields);
+    - ``order`` (``PlanSettings``: ``batch_size``, ``shuffle``, ``seed``, ``mix``, ``drop_last``): which
+      batches an epoch has;
+    - ``loading`` (``LoaderSettings``: ``prefetch``, ``decoders``, ``memory_budget``, ``device``): how
+      they are read, and where batches are gathered;
+    - ``local`` (``LocalCopy``: ``cache_dir``, ``cache_limit``): node-local copies of the shard objects
+      read, shared by every DataLoader worker and rank of the node that names the folder; a remote
+      cache without ``cache_dir`` uses a temporary folder of ``cache_limit`` (default 1 GiB), removed
+      by ``close()``;
+    - per cache (``CacheSource``: ``storage_options``, ``weight``), or for all: ``storage_options`` (one
+      mapping, or one per cache) and ``weights`` (one per cache).
+
+    See the module docstring for passes, epochs, ranks and resume.
     """
 
     def __init__(
         self,
-        caches: CacheInput | Sequence[CacheInput],
+        caches: CacheInput | CacheSource | Sequence[CacheInput | CacheSource],
         seq_len: int | WindowSpec,
         *,
-        horizon: int | Sequence[int] | None = None,
-        stride: int | None = None,
-        features: Sequence[str] | None = None,
-        target: Sequence[str] | None = None,
         split: str | None = None,
         split_times: str | Mapping[str, str] | None = None,
-        weights: Sequence[float] | None = None,
         epoch_windows: int | None = None,
-        batch_size: int = 256,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        mix: int = 4,
-        prefetch: int = 2,
-        decoders: int | None = None,
-        memory_budget: int | str | None = None,
-        device: str | torch.device | None = None,
         meta: bool = False,
-        storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
+        order: PlanSettings | None = None,
+        loading: LoaderSettings | None = None,
+        local: LocalCopy | None = None,
+        **fields: Unpack[StreamFields],
     ) -> None:
-        self.spec = window_spec(seq_len, horizon, stride, features, target)  # options first, then the caches
-        self.order = PlanSettings.of(batch_size=batch_size, shuffle=shuffle, seed=seed, mix=mix, drop_last=drop_last)
-        self.settings = LoaderSettings.of(
-            prefetch=prefetch, decoders=decoders, memory_budget=memory_budget, device=device
-        )
-        given = Sources.given(caches)
-        self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=len(given))
-        local = LocalCopy.of(given, cache_dir, cache_limit)
-        self.sources = Sources.open(caches, storage_options, split=split, split_times=split_times, local=local)
-        self.read_spec = ReadSpec.of(self.sources, self.spec, self.device, meta)
+        given = dict(fields)
+        only_known("WindowStream", given, StreamFields.__optional_keys__)
+        self.spec = window_spec(seq_len, given)  # options first, then the caches
+        self.order = grouped("WindowStream", "order", PlanSettings, order, given)
+        """Which batches an epoch has: ``batch_size``, ``shuffle``, ``seed``, ``mix``, ``drop_last``."""
+        self.loading = grouped("WindowStream", "loading", LoaderSettings, loading, given)
+        """How batches are read: ``prefetch``, ``decoders``, ``memory_budget`` (resolved bytes), ``device``."""
+        sources = sources_of(caches, given.pop("storage_options", None))
+        weights = weights_of(sources, given.pop("weights", None))
+        self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=len(sources))
+        local = grouped("WindowStream", "local", LocalCopy, local, given)
+        self.sources = Sources.open(sources, split=split, split_times=split_times, local=local)
+        self.read_spec = ReadSpec.of(self.sources, self.spec, self.loading.device, meta)
         self.planner = Planner(
             ranges=self.read_spec.ranges,
             n_rows=self.sources.n_rows,
@@ -209,67 +203,12 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         self.resources = StreamResources(uuid.uuid4().hex)  # its id names this stream's workers' rings
         weakref.finalize(self, forget, self.resources.ship_id)
         self._dist_hint: tuple[int, int] | None = None  # in a spawned worker: the main process's rank
-        self._resident_bytes = None if self.memory_budget is None else resident_bytes(self.read_spec)
-        self.settings.check_batch(self.batch_size, self.batch_windows, self.read_spec.window_bytes)
+        self.reads = Reads(self.sources.caches, self.sources.row_bounds, self.read_spec.ranges)
+        budget = self.loading.memory_budget
+        self._resident_bytes = None if budget is None else resident_bytes(self.read_spec)
+        self.loading.check_batch(self.order.batch_size, self.batch_windows, self.read_spec.window_bytes)
         if not self.resident:
-            self._capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
-
-    # -- settings ------------------------------------------------------------------------
-
-    @property
-    def weights(self) -> tuple[float, ...] | None:
-        """Each cache's share of an epoch's windows (``None``: every window once)."""
-        return self.mixture.weights
-
-    @property
-    def stride(self) -> int:
-        """Rows between consecutive window starts."""
-        return self.spec.stride
-
-    @property
-    def meta(self) -> bool:
-        """Whether batches are ``MetaBatch`` (each window's place and times)."""
-        return self.read_spec.meta
-
-    @property
-    def batch_size(self) -> int:
-        """Windows per batch."""
-        return self.order.batch_size
-
-    @property
-    def shuffle(self) -> bool:
-        """Whether each epoch is shuffled (shard order and within pools)."""
-        return self.order.shuffle
-
-    @property
-    def seed(self) -> int:
-        """The shuffle's seed: epoch ``e`` of seed ``s`` is the same on every run."""
-        return self.order.seed
-
-    @property
-    def mix(self) -> int:
-        """Shards whose windows one pool shuffles together."""
-        return self.order.mix
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether a last short batch is dropped."""
-        return self.order.drop_last
-
-    @property
-    def prefetch(self) -> int:
-        """Batches read ahead of the one served (the bound on memory)."""
-        return self.settings.prefetch
-
-    @property
-    def memory_budget(self) -> int | None:
-        """Bytes a resident split may hold decoded (``None``: streamed)."""
-        return self.settings.memory_budget
-
-    @property
-    def device(self) -> torch.device:
-        """Where batches are made (``cuda`` gathers on the GPU)."""
-        return self.settings.device
+            self.capacity(self.plan(0), 1)  # a memory_budget too small for one pool fails here
 
     @property
     def cache(self) -> Cache:
@@ -285,7 +224,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         """Decoder threads of each reader: as given, else ``default_decoders`` of this process's
         affinity, divided among the DataLoader's workers when read in one."""
         info = get_worker_info()
-        return self.settings.decoders_for(1 if info is None else info.num_workers)
+        return self.loading.decoders_for(1 if info is None else info.num_workers)
 
     @property
     def batch_windows(self) -> int:
@@ -305,17 +244,13 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     @property
     def resident(self) -> bool:
         """Whether in-process passes keep the split's decoded bars: ``memory_budget`` covers them."""
-        need, budget = self._resident_bytes, self.memory_budget
+        need, budget = self._resident_bytes, self.loading.memory_budget
         return need is not None and budget is not None and need <= budget
 
     @property
     def closed(self) -> bool:
         """Whether ``close()`` ran: a closed stream serves no batch."""
         return self.resources.closed
-
-    def check_open(self) -> None:
-        """Raise ``StreamClosedError`` once the stream is closed."""
-        self.resources.check_open()
 
     # -- plan and state ------------------------------------------------------------------
     @property
@@ -350,50 +285,12 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     def state_dict(self) -> dict[str, Any]:
         """Where the epoch stands: its number and, per checkpoint, ``[world, batches delivered per
         rank]``, plus the settings a resume must match. The same on every rank."""
-        epoch, history = self.passes.position(self.planner.batches)
-        return {"epoch": epoch, "seed": self.seed, "history": [list(h) for h in history], **self._signature()}
+        return saved_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next pass continue ``state``'s epoch after its last delivered batch, at any world
         size. A state from another stream, or not inside its epoch, is refused (``StateError``)."""
-        if not isinstance(state, Mapping):
-            raise OptionTypeError(
-                f"load_state_dict takes a dict made by WindowStream.state_dict(), not {type(state).__name__}"
-            )
-        missing = [k for k in ("epoch", "history") if k not in state]
-        if missing:
-            raise StateError(f"state_dict has no {' or '.join(missing)}: not a WindowStream state_dict")
-        mine = self._signature()
-        if "cache" in state and all(state.get(k) == v for k, v in mine.items() if k not in ("cache", "n_windows")):
-            check_reads(state["cache"], self._reads, self.sources.caches, self.split, state["epoch"])
-        check_signature(state, mine)
-        epoch = state["epoch"]
-        if isinstance(epoch, bool | np.bool_) or not isinstance(epoch, int | np.integer) or not 0 <= epoch < MAX_COUNT:
-            raise StateError(f"state_dict epoch {epoch!r}: must be an int >= 0 (below 2**62)")
-        history = check_history(state["history"])
-        self.planner.check_position(int(epoch), history)
-        self.passes.pin(int(epoch), history)
-
-    def _signature(self) -> dict[str, Any]:
-        """The settings that fix the epoch's batches: a saved position means nothing without them
-        (a mixture's settings only when set, so a single cache's state is as it always was)."""
-        h, times = self.spec.horizon, self.sources.split_times
-        mixed = {**self.mixture.signature(), "split_times": None if times is None else times.text}
-        return {
-            "seq_len": self.seq_len,
-            "horizon": list(h) if isinstance(h, tuple) else h,
-            "stride": self.stride,
-            "split": self.split,
-            **self.order.signature(),
-            "n_windows": self.planner.n_windows,
-            "cache": self._reads[0] if len(self._reads) == 1 else self._reads,
-            **{k: v for k, v in mixed.items() if v is not None},
-        }
-
-    @functools.cached_property
-    def _reads(self) -> list[dict[str, str]]:
-        """Per cache, what this stream's plan reads (``shardcache.read.identity``)."""
-        return reads_of(self.sources.caches, self.sources.row_bounds, self.read_spec.ranges)
+        restore(self, state)
 
     def begin_pass(self) -> Pass:
         """Begin the next pass in this process, as ``iter()`` does (and a ``loader()`` before its
@@ -405,83 +302,23 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         self.resources.close_readers()  # the superseded iterator's reader
         return p
 
-    def _capacity(self, plan: EpochPlan, workers: int) -> int:
-        """Bytes of blocks one reader may hold: the open pool plus ``prefetch``, or the budget."""
+    def capacity(self, plan: EpochPlan, workers: int) -> int:
+        """Bytes of decoded blocks each of ``workers`` readers of ``plan`` may hold: the open pools plus
+        ``prefetch``, or a share of the ``memory_budget`` (refused when it cannot hold the open pools)."""
         block = self.spec.block_rows(self.sources.shard_rows) * self.read_spec.row_bytes
-        return self.settings.capacity(plan.max_open_pieces(), block, workers, self.mix)
+        return self.loading.capacity(plan.max_open_pieces(), block, workers, self.order.mix)
 
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch | MetaBatch]:
-        self.check_open()
+        self.resources.check_open()
         info = get_worker_info()
         if info is None:
             p = self.begin_pass()
-            return self._iterate(self.planner.plan(p), 0, 1, generation=self.passes.generation)
-        if self.device.type == "cuda":
-            raise OptionError("device", str(self.device), CUDA_WORKERS)
+            return serve(self, self.planner.plan(p), 0, 1, generation=self.passes.generation)
+        if self.loading.device.type == "cuda":
+            raise OptionError("device", str(self.loading.device), CUDA_WORKERS)
         p = self.passes.begin_worker(info.id, *rank_world(self._dist_hint))
-        return self._iterate(self.planner.plan(p), info.id, info.num_workers, generation=None)
-
-    def _iterate(
-        self, plan: EpochPlan, worker: int, workers: int, generation: int | None
-    ) -> Iterator[Batch | MetaBatch]:
-        """Batches ``worker``, ``+ workers``, ... of ``plan``; in the main process (``generation``) it
-        also counts each delivered batch into the pass state, and stops once a newer pass began."""
-        batches = range(worker, plan.n_batches, workers)
-        if not batches:
-            return
-        in_worker = generation is None
-        spec, passes = self.read_spec, self.passes
-        run = self.batch_size if in_worker else RUN_BYTES // (4 * self.seq_len * spec.nx)
-        resident = None
-        if not in_worker and self.resident:
-            resident = self.resources.arena(spec, self.sources.shard_rows)
-            if resident.complete:  # nothing to read: each batch gathered on this thread, no reader
-                for batch, gathered in resident.batches(spec, plan, batches):
-                    if generation != passes.generation or self.closed:
-                        raise StreamClosedError(_SUPERSEDED)
-                    passes.delivered = batch + 1
-                    yield gathered
-                return
-        capacity = self._capacity(plan, workers) if resident is None else resident.nbytes
-        reader = Reader(
-            spec,
-            plan,
-            batches,
-            capacity,
-            decoders=self.decoders,
-            run_windows=run,
-            outputs=self._worker_ring() if in_worker else None,
-            resident=resident,
-            ahead=1 if in_worker else RUNS_AHEAD,
-        )
-        self.resources.track_reader(reader)
-        try:
-            reader.start()
-            while (ready := reader.next()) is not None:
-                x, y = ready.x, ready.y
-                if ready.event is not None:  # CUDA: the gather thread's copies, on its own stream
-                    current = torch.cuda.current_stream(self.device)
-                    current.wait_event(ready.event)
-                    x.record_stream(current)
-                    y.record_stream(current)
-                for batch, p, r in ready.batches:
-                    if reader.stop.is_set() or (generation is not None and generation != passes.generation):
-                        raise StreamClosedError(_SUPERSEDED)
-                    if not in_worker:
-                        passes.delivered = batch + 1
-                    if ready.meta is None:
-                        out: Batch | MetaBatch = Batch(x[p:r], y[p:r])
-                    else:
-                        out = MetaBatch(x[p:r], y[p:r], *(m[p:r] for m in ready.meta))
-                    yield ship(out) if in_worker else out
-        finally:
-            reader.close()
-
-    def _worker_ring(self) -> Any:
-        """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
-        s, n = self.read_spec, self.batch_windows
-        return self.resources.worker_ring((s.x_shape(n), s.y_shape(n)))
+        return serve(self, self.planner.plan(p), info.id, info.num_workers, generation=None)
 
     def loader(self, num_workers: int = 0, **dataloader_kwargs: Any) -> DataLoader[Batch | MetaBatch]:
         """A DataLoader (``batch_size=None``) that counts delivered batches into this stream's
@@ -494,9 +331,9 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
                 "in_order", False, "loader() needs in_order=True: batch i comes from worker i % num_workers"
             )
         num_workers = whole_number("num_workers", num_workers, 0)
-        if num_workers > 0 and self.device.type == "cuda":
-            raise OptionError("device", str(self.device), CUDA_WORKERS)
-        self._capacity(self.plan(), max(1, num_workers))  # a budget too small for the workers fails here
+        if num_workers > 0 and self.loading.device.type == "cuda":
+            raise OptionError("device", str(self.loading.device), CUDA_WORKERS)
+        self.capacity(self.plan(), max(1, num_workers))  # a budget too small for the workers fails here
         return StreamLoader(self, batch_size=None, num_workers=num_workers, **dataloader_kwargs)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -527,7 +364,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         return {
             "split": self.split,
             "split_times": None if s.split_times is None else s.split_times.text,
-            "weights": None if self.weights is None else list(self.weights),
+            "weights": None if self.mixture.weights is None else list(self.mixture.weights),
             "epoch_windows": self.planner.n_windows,
             "stats": s.stats,
             "caches": [
@@ -545,11 +382,11 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     def __repr__(self) -> str:
         rank, world = rank_world(self._dist_hint)
         s = self.sources
-        mixed = "" if self.weights is None else f"weights={self.weights}, "
+        mixed = "" if self.mixture.weights is None else f"weights={self.mixture.weights}, "
         mixed += "" if len(s) == 1 else f"stats={s.stats!r}, "
         return (
             f"WindowStream({s.urls[0] if len(s) == 1 else s.urls!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
-            f"stride={self.stride}, split={self.split!r}, batch_size={self.batch_size}, {mixed}"
-            f"windows={self.planner.n_windows}, memory_budget={self.memory_budget}, "
-            f"device={str(self.device)!r}, rank={rank}/{world})"
+            f"stride={self.stride}, split={self.split!r}, batch_size={self.order.batch_size}, {mixed}"
+            f"windows={self.planner.n_windows}, memory_budget={self.loading.memory_budget}, "
+            f"device={str(self.loading.device)!r}, rank={rank}/{world})"
         )

@@ -44,7 +44,7 @@ def _stream_rss(cache_path: str, limit: int, out: str, kwargs: dict) -> None:
             break
     batch_bytes = x.numel() * 4 + y.numel() * 4
     with open(out, "w") as f:
-        capacity = ds._capacity(ds.plan(), 1)
+        capacity = ds.capacity(ds.plan(), 1)
         json.dump({"peak": peak - base, "capacity": capacity, "batch_bytes": batch_bytes, "windows": n}, f)
     ds.close()
 

@@ -1,0 +1,90 @@
+"""One pass's batches for one worker of a ``WindowStream``: ``serve``.
+
+A resident split whose bars are all decoded is gathered on the caller's thread, batch by batch, with no
+reader; otherwise a ``Reader`` (``shardcache.read.reader``) decodes and gathers ahead in its threads. In
+the main process each delivered batch is counted into the stream's pass state; a DataLoader worker
+hands its batches over in shared memory (``shardcache.read.ship``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import StreamClosedError
+from .options import Batch, MetaBatch
+from .plan import EpochPlan
+from .reader import RUN_BYTES, RUNS_AHEAD, Reader
+from .ship import ship
+
+if TYPE_CHECKING:
+    from .stream import WindowStream
+
+__all__ = ["SUPERSEDED", "serve"]
+
+SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer iter()"
+
+
+def serve(
+    stream: WindowStream, plan: EpochPlan, worker: int, workers: int, generation: int | None
+) -> Iterator[Batch | MetaBatch]:
+    """Batches ``worker``, ``+ workers``, ... of ``plan``; in the main process (``generation``) it
+    also counts each delivered batch into the pass state, and stops once a newer pass began."""
+    batches = range(worker, plan.n_batches, workers)
+    if not batches:
+        return
+    in_worker = generation is None
+    spec, passes = stream.read_spec, stream.passes
+    run = stream.order.batch_size if in_worker else RUN_BYTES // (4 * stream.seq_len * spec.nx)
+    resident = None
+    if not in_worker and stream.resident:
+        resident = stream.resources.arena(spec, stream.sources.shard_rows)
+        if resident.complete:  # nothing to read: each batch gathered on this thread, no reader
+            for batch, gathered in resident.batches(spec, plan, batches):
+                if generation != passes.generation or stream.closed:
+                    raise StreamClosedError(SUPERSEDED)
+                passes.delivered = batch + 1
+                yield gathered
+            return
+    capacity = stream.capacity(plan, workers) if resident is None else resident.nbytes
+    reader = Reader(
+        spec,
+        plan,
+        batches,
+        capacity,
+        decoders=stream.decoders,
+        run_windows=run,
+        outputs=_worker_ring(stream) if in_worker else None,
+        resident=resident,
+        ahead=1 if in_worker else RUNS_AHEAD,
+    )
+    stream.resources.track_reader(reader)
+    try:
+        reader.start()
+        while (ready := reader.next()) is not None:
+            x, y = ready.x, ready.y
+            if ready.event is not None:  # CUDA: the gather thread's copies, on its own stream
+                current = torch.cuda.current_stream(stream.loading.device)
+                current.wait_event(ready.event)
+                x.record_stream(current)
+                y.record_stream(current)
+            for batch, p, r in ready.batches:
+                if reader.stop.is_set() or (generation is not None and generation != passes.generation):
+                    raise StreamClosedError(SUPERSEDED)
+                if not in_worker:
+                    passes.delivered = batch + 1
+                if ready.meta is None:
+                    out: Batch | MetaBatch = Batch(x[p:r], y[p:r])
+                else:
+                    out = MetaBatch(x[p:r], y[p:r], *(m[p:r] for m in ready.meta))
+                yield ship(out) if in_worker else out
+    finally:
+        reader.close()
+
+
+def _worker_ring(stream: WindowStream) -> Any:
+    """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
+    s, n = stream.read_spec, stream.batch_windows
+    return stream.resources.worker_ring((s.x_shape(n), s.y_shape(n)))
