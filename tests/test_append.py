@@ -121,12 +121,12 @@ def test_append_rewrites_only_each_symbols_tail_shard(files, tmp_path):
     out = tmp_path / "c.zarr"
     cache = build_cache(files[:-1], out, **OPTS)
     before = _shard_files(out)
-    table = cache.shard_table
+    table = cache.rows.shard_table
     sym = cache.segments[np.searchsorted(cache.segments[:, 1], table[:, 1], side="right") - 1, 0]
     last = {s: int(table[sym == s][-1, 0]) for s in np.unique(sym)}  # each symbol's last shard
     partial = {s: sh for s, sh in last.items() if table[table[:, 0] == sh][0, 2] % cache.shard_rows}
     expected = sorted(cache.shard_key(sh, a) for sh in partial.values() for a in ("features", "time"))
-    last_local = {s: cache.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c.<local>...
+    last_local = {s: cache.rows.shard_symbol(sh)[1] for s, sh in last.items()}  # symbols/<s>/<array>/c.<local>...
     after_cache = append_cache(files[-1:], out, progress=False)  # `cache` is the one before: its arrays are gone
     after = _shard_files(out)
     changed = sorted(k for k in before if before[k] != after[k])
@@ -171,7 +171,7 @@ def test_new_symbols_get_new_regions(tmp_path, capsys):
     assert cache.symbols == ["ESM4", "NQM4", "TINY"]  # a symbol shorter than a window is kept, as in a build
     assert cache.manifest.groups == ["symbols/0", "symbols/1", "symbols/2"]
     assert cache.manifest.bars_per_symbol == [150, 150, 10]
-    assert cache.array(1, "features").shape == (150, cache.n_features) and cache.segments[1, 1] == cache.bases[1]
+    assert cache.array(1, "features").shape == (150, cache.n_features) and cache.segments[1, 1] == cache.rows.bases[1]
     assert verify_cache(out).ok and n_windows(cache, 60) == 2 * (150 - 61 + 1)  # TINY gives none at 60
     assert n_windows(cache, 5) == 2 * (150 - 6 + 1) + (10 - 6 + 1)
     assert main(["ls", str(out)]) == 0

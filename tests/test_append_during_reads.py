@@ -51,7 +51,7 @@ def _mixed(cache: Cache) -> list[str]:
             shape = cache.array(i, name).shape
             if shape[0] != n:
                 found.append(f"{symbol} {name} {shape[0]} rows, manifest {n}")
-        last = int(cache.bases[i]) + n - 1
+        last = int(cache.rows.bases[i]) + n - 1
         if int(cache.bar_times(np.array([last]))[0]) != int(cache.manifest.tails[symbol]["ts"]):
             found.append(f"{symbol} last bar time")
     return found
@@ -139,8 +139,8 @@ try:
 except CacheError as exc:
     print(json.dumps({"refused": str(exc)}))
     raise SystemExit
-rows = [cache.read_rows(int(cache.bases[i]), int(cache.bases[i] + n)).tolist() for i, n in enumerate(cache.bars_per_symbol)]
-times = cache.bar_times(np.concatenate([cache.bases[i] + np.arange(n) for i, n in enumerate(cache.bars_per_symbol)]))
+rows = [cache.read_rows(int(cache.rows.bases[i]), int(cache.rows.bases[i] + n)).tolist() for i, n in enumerate(cache.bars_per_symbol)]
+times = cache.bar_times(np.concatenate([cache.rows.bases[i] + np.arange(n) for i, n in enumerate(cache.bars_per_symbol)]))
 print(json.dumps({"bars": cache.bars_per_symbol.tolist(), "rows": rows, "times": times.tolist()}))
 """
 
@@ -154,11 +154,11 @@ def _read_in_another_process(url: str, options: dict) -> dict:
 
 def _as_read(cache: Cache) -> dict:
     rows = [
-        cache.read_rows(int(cache.bases[i]), int(cache.bases[i] + n)).tolist()
+        cache.read_rows(int(cache.rows.bases[i]), int(cache.rows.bases[i] + n)).tolist()
         for i, n in enumerate(cache.bars_per_symbol)
     ]
     times = cache.bar_times(
-        np.concatenate([cache.bases[i] + np.arange(n) for i, n in enumerate(cache.bars_per_symbol)])
+        np.concatenate([cache.rows.bases[i] + np.arange(n) for i, n in enumerate(cache.bars_per_symbol)])
     )
     return {"bars": cache.bars_per_symbol.tolist(), "rows": rows, "times": times.tolist()}
 

@@ -89,7 +89,7 @@ def test_rows_and_timestamps_match_independent_decode(small_sample, tmp_path):
     np.testing.assert_array_equal(got_rows, rows)
     assert cache.n_bars == len(ts) and cache.symbols == sorted(decode_bars(small_sample))
     first = cache.segments[np.r_[True, np.diff(cache.segments[:, 0]) != 0]]
-    np.testing.assert_array_equal(first[:, 1], cache.bases[first[:, 0]])  # symbol i starts at its virtual base
+    np.testing.assert_array_equal(first[:, 1], cache.rows.bases[first[:, 0]])  # symbol i starts at its virtual base
 
 
 def test_default_sample_every_row_and_timestamp(tmp_path):

@@ -521,7 +521,7 @@ def test_object_store_build_is_written_in_place_and_resumes(files, clean, tmp_pa
         open_cache(url)
     monkeypatch.setattr(CacheWriter, "write_shards", real)
     assert compare_caches(clean, build_cache(files, url, resume=True, **OPTS)) == []
-    assert open_cache(url)._identity() is None
+    assert open_cache(url)._stamp is None  # no folder stamp on an object store
 
 
 def test_newer_format_version_is_refused(clean, tmp_path, capsys):

@@ -153,7 +153,7 @@ def test_fsspec_chained_urls_stream_an_epoch_and_read_ranges(few, tmp_path, prot
             )
             assert idle == [want], workers
     cache = open_cache(chained, chain_options)  # no local copy: a few rows of a shard are asked for as a range
-    for _, a, _ in cache.shard_table.tolist():
+    for _, a, _ in cache.rows.shard_table.tolist():
         np.testing.assert_array_equal(cache.read_rows(a, a + 10), local.read_rows(a, a + 10))
 
 
@@ -168,7 +168,7 @@ def test_open_symbols_reads_only_the_groups_it_opens(many):
             opened = open_symbols(cache, pick)
             keys[tuple(pick)] = [r.key or r.kind for r in log.requests()[mark:]]  # a listing names no key
             for i, ds in zip(pick, opened.values()):
-                rows = int(local.bases[i]), int(local.bases[i]) + int(local.bars_per_symbol[i])
+                rows = int(local.rows.bases[i]), int(local.rows.bases[i]) + int(local.bars_per_symbol[i])
                 np.testing.assert_array_equal(ds.features.values, local.read_rows(*rows))
     for pick, read in keys.items():
         assert read and all(k == "LIST" or any(k.startswith(f"c.zarr/symbols/{i}/") for i in pick) for k in read), read

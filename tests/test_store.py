@@ -111,8 +111,8 @@ def test_the_root_index_describes_every_shard(cache, bars):
     assert g["shards"].attrs["fields"] == fields
     assert table.shape == (cache.n_shards, 7) and digests.shape == (cache.n_shards, 2) and digests.dtype == np.uint64
     for s, (i, k, rows, first, last, stored, chunk_rows) in enumerate(table.tolist()):
-        assert cache.shard_symbol(s) == (i, k)
-        a, b = cache.shard_table[s, 1:].tolist()
+        assert cache.rows.shard_symbol(s) == (i, k)
+        a, b = cache.rows.shard_table[s, 1:].tolist()
         assert rows == b - a and (first, last) == (bars.ts[a], bars.ts[b - 1])
         assert stored == (Path(cache.url) / cache.shard_key(s)).stat().st_size
         assert digests[s].astype("<u8").tobytes().hex() == shard_digest(bars.features[a:b])
@@ -133,17 +133,17 @@ def test_a_short_symbols_inner_chunks_are_halved_while_they_hold_it():
 
 def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):
     bases = symbol_bases(cache.bars_per_symbol, SHARD)
-    np.testing.assert_array_equal(cache.bases, bases)
+    np.testing.assert_array_equal(cache.rows.bases, bases)
     assert cache.n_rows == bases[-1] == bars.features.shape[0] and np.all(bases % SHARD == 0)
     np.testing.assert_array_equal(cache.segments, bars.segments)
     rows = np.concatenate([np.arange(bases[i], bases[i] + cache.bars_per_symbol[i]) for i in range(4)])
-    sym, local = cache.locate(rows)
+    sym, local = cache.rows.locate(rows)
     assert sym.dtype == local.dtype == np.int64
     np.testing.assert_array_equal(cache.array(0, "time")[...], cache.bar_times(rows[sym == 0]))
     np.testing.assert_array_equal(cache.bar_times(rows), bars.ts[rows])
     for i in range(4):
         np.testing.assert_array_equal(local[sym == i], np.arange(cache.bars_per_symbol[i]))
-        assert cache.region_stop(int(bases[i]) + 3) == bases[i] + cache.bars_per_symbol[i]
+        assert cache.rows.region_stop(int(bases[i]) + 3) == bases[i] + cache.bars_per_symbol[i]
     a, b = int(bases[2]) + 10, int(bases[2] + cache.bars_per_symbol[2])
     np.testing.assert_array_equal(cache.read_rows(a, b), bars.features[a:b])
     with pytest.raises(IndexError, match="inside one symbol"):
@@ -153,7 +153,7 @@ def test_virtual_rows_locate_symbols_and_their_rows(cache, bars):
 def test_read_many_reads_what_read_rows_reads_and_checks_once(cache, bars, monkeypatch):
     """``read_many`` (a reader's group of small blocks) fills each block as ``read_rows`` does, refuses a block
     outside one symbol before reading any, and checks that the cache was not replaced once after them all."""
-    bases = cache.bases
+    bases = cache.rows.bases
     starts = np.array([int(bases[i]) + k for i in range(4) for k in (0, 7)], dtype=np.int64)
     stops = np.minimum(starts + 40, np.repeat(bases[:4] + cache.bars_per_symbol, 2))
     outs = [np.full((int(b - a), 3), np.nan, np.float32) for a, b in zip(starts, stops)]
@@ -178,7 +178,7 @@ def test_read_many_names_a_missing_shard(cache, tmp_path):
     shutil.copytree(cache.url, out)
     shutil.rmtree(out / "symbols" / "2")
     c = open_cache(out)
-    a = np.array([0, int(c.bases[2])], dtype=np.int64)
+    a = np.array([0, int(c.rows.bases[2])], dtype=np.int64)
     with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c.0.0\) is missing"):
         c.read_many(a, a + 2, [np.empty((2, 3), np.float32), np.empty((2, 3), np.float32)])
 
@@ -199,17 +199,19 @@ def test_shards_written_together_are_the_shards_written_one_at_a_time(tmp_path):
 
 
 def test_shard_keys_name_real_objects(cache):
-    for shard, a, _ in cache.shard_table.tolist():
-        i, local = cache.shard_symbol(shard)
+    for shard, a, _ in cache.rows.shard_table.tolist():
+        i, local = cache.rows.shard_symbol(shard)
         assert cache.shard_key(shard) == f"symbols/{i}/features/c.{local}.0"
         assert cache.shard_key(shard, "time") == f"symbols/{i}/time/c.{local}"
-        assert cache.shard_exists(shard) and cache.shard_exists(shard, "time")
-        assert a == cache.bases[i] + local * SHARD
+        assert (Path(cache.url) / cache.shard_key(shard)).is_file() and (
+            Path(cache.url) / cache.shard_key(shard, "time")
+        ).is_file()
+        assert a == cache.rows.bases[i] + local * SHARD
 
 
 def test_a_pickled_cache_reopens(cache, bars):
     copy = pickle.loads(pickle.dumps(cache))
-    stop = copy.region_stop(0)
+    stop = copy.rows.region_stop(0)
     np.testing.assert_array_equal(copy.read_rows(0, stop), bars.features[:stop])
 
 
@@ -238,4 +240,4 @@ def test_opening_reads_neither_symbol_groups_nor_json_objects(cache, tmp_path, m
     c = open_cache(out)  # symbols 1-3 are gone, yet it opens
     assert c.n_bars == cache.n_bars and c.read_rows(0, 2).shape == (2, 3)
     with pytest.raises(CacheError, match=r"shard \d+ \(symbols/2/features/c.0.0\) is missing"):
-        c.read_rows(int(c.bases[2]), int(c.bases[2]) + 5)
+        c.read_rows(int(c.rows.bases[2]), int(c.rows.bases[2]) + 5)

@@ -74,7 +74,7 @@ def test_flipped_bytes_are_named_by_verify_and_raised_by_readers(cache, capsys):
 
     c = open_cache(cache)
     with pytest.raises(CacheError, match=r"shard 1 \(symbols/0/features/c.1.0\) is corrupt: crc32c checksum mismatch"):
-        c.read_rows(0, c.region_stop(0))  # one read over all of symbol 0's shards names the first that fails
+        c.read_rows(0, c.rows.region_stop(0))  # one read over all of symbol 0's shards names the first that fails
     with pytest.raises(CacheError, match=r"shard 3 \(symbols/0/features/c.3.0\) is corrupt"):
         c.read_rows(3 * SHARD - 10, 4 * SHARD)
     assert np.isfinite(c.read_rows(0, SHARD)).all()  # sound shards still read
@@ -150,7 +150,7 @@ def test_timestamps_and_segment_table(cache, capsys):
 
 def test_each_zarr_json_and_shard_size_is_checked_against_the_layout_and_the_root_index(cache):
     c = open_cache(cache)
-    first = int(c.bases[1]) // SHARD  # symbol 1's first shard
+    first = int(c.rows.bases[1]) // SHARD  # symbol 1's first shard
     group = zarr.open_group(str(cache), mode="r+")
     shards = group["shards"][...]
     shards[first, 5] += 1  # its stored bytes, one more than the object holds

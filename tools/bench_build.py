@@ -161,7 +161,7 @@ def prepare_data(work: Path, f: int, builds: list[BuildResult], seq_len: int = 6
     print(f"bench: build-cache F={f} ...", file=sys.stderr, flush=True)
     builds.append(measure_build(label, src, cache_path, *extra)[0])
     cache = open_cache(cache_path)
-    raw, table = work / f"rows-{f}.f32", cache.shard_table  # (shard, start, stop) of the stored rows
+    raw, table = work / f"rows-{f}.f32", cache.rows.shard_table  # (shard, start, stop) of the stored rows
     with open(raw, "wb") as fh:
         fh.writelines(cache.read_rows(a, b).tobytes() for _, a, b in table.tolist())
     starts, cache_starts = work / f"starts-{f}.npy", valid_ranges(cache, seq_len, horizon).starts()
@@ -279,7 +279,7 @@ def flat_verdict(results: list[BuildResult]) -> tuple[bool, str]:
 
 def _zarr_rows(cache: Any, start: int, n: int) -> np.ndarray:
     """Virtual rows ``[start, start + n)`` read with plain zarr from their symbol's ``features``."""
-    sym, local = (int(x[0]) for x in cache.locate(np.array([start])))
+    sym, local = (int(x[0]) for x in cache.rows.locate(np.array([start])))
     return np.asarray(cache.array(sym, "features")[local : local + n])
 
 
@@ -317,7 +317,7 @@ def _probe_cache(path: str, spec: dict) -> dict[str, Any]:
     from shardcache.format.layout import compressors
 
     cache = open_cache(path)
-    rows, f, seq_len, table = cache.shard_rows, cache.n_features, spec["seq_len"], cache.shard_table
+    rows, f, seq_len, table = cache.shard_rows, cache.n_features, spec["seq_len"], cache.rows.shard_table
     # whole shards followed by another in the same region (so a block's overhang exists)
     firsts = [int(a) for (_, a, b), (_, c, _) in itertools.pairwise(table) if b - a == rows and c == b]
     firsts = firsts[: spec["shards"]]

@@ -135,7 +135,7 @@ def measure(url: str, options: dict | None, args: argparse.Namespace, moto: Moto
     raw, n_reads = cache.n_bars * cache.n_features * 4, args.repeat * cache.n_shards
     row = {"open (ms)": f"{t_open * 1000:.0f}"}
     reads = {
-        "shard by shard": lambda: [cache.read_rows(a, b) for _, a, b in cache.shard_table.tolist()],
+        "shard by shard": lambda: [cache.read_rows(a, b) for _, a, b in cache.rows.shard_table.tolist()],
         f"zarr, one call per symbol, async.concurrency={zarr.config.get('async.concurrency')}": lambda: [
             np.asarray(cache.array(i, "features")[...]) for i in range(len(cache.symbols))
         ],

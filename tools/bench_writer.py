@@ -46,14 +46,14 @@ def one(out: str, n_symbols: int, bars: int, features: int) -> dict[str, float]:
     records, compute = [], 0.0
     for s in writer.shard_ids:
         c0 = time.perf_counter()
-        _, a, b = writer.shard_symbol(s)
+        _, a, b = writer.rows.shard_span(s)
         block = rng.standard_normal((b - a, features), dtype=np.float32)
         ts = 10**18 + 60 * 10**9 * np.arange(a, b, dtype=np.int64)
         compute += time.perf_counter() - c0  # the bars themselves: not the writer's
         records.append(writer.write_shard(s, block, ts))
     t2 = time.perf_counter()
     index = ShardIndex.empty().updated(records, per, shard_rows)
-    segments = np.stack([np.arange(n_symbols), writer.bases[:-1], writer.bases[:-1] + per], axis=1)
+    segments = np.stack([np.arange(n_symbols), writer.rows.bases[:-1], writer.rows.bases[:-1] + per], axis=1)
     manifest = Manifest(
         feature_names=names,
         symbols=[f"S{i}" for i in range(n_symbols)],

@@ -316,7 +316,7 @@ def section_chained(p: Probe, args: argparse.Namespace) -> None:
                 warnings.simplefilter("always")
                 c_open, _, cache = p.count(lambda u=url, o=options: open_cache(u, o), bucket)
             steps.append(c_open.summary() + (" + a warning: not created with asynchronous=True" if caught else ""))
-            table = cache.shard_table.tolist()
+            table = cache.rows.shard_table.tolist()
             for label, width in (("whole", None), ("10 rows", 10)):
                 for _ in range(2):
 

@@ -47,7 +47,7 @@ def will_read(cache: Cache, starts: np.ndarray, stops: np.ndarray) -> None:
     folder = os.path.join(str(root.store.root), root.path)
     starts = np.asarray(starts, dtype=np.int64)
     shards = spanned_shards(starts, np.maximum(np.asarray(stops, dtype=np.int64) - 1, starts), cache.shard_rows)
-    symbol, row = cache.locate(shards * cache.shard_rows)  # every shard's symbol at once, not one search each
+    symbol, row = cache.rows.locate(shards * cache.shard_rows)  # every shard's symbol at once, not one search each
     paths = [
         os.path.join(folder, chunk_key(i, "features", k))
         for i, k in zip(symbol.tolist(), (row // cache.shard_rows).tolist())

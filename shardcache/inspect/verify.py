@@ -227,7 +227,7 @@ class _Checker:
         self.cache, self.problems = cache, problems
         self.table = cache.root_shards
         try:
-            self.digests: np.ndarray | None = cache.shard_digests()
+            self.digests: np.ndarray | None = cache.shard_index().digests
         except Exception as exc:  # noqa: BLE001 - a damaged digest array is a finding, not the end
             problems.append(Problem("shard_digests", f"unreadable ({describe_damage(exc)})"))
             self.digests = None
@@ -348,7 +348,7 @@ def verify_cache(
                 n = int(cache.bars_per_symbol[i])
                 for key, want in check.documents(i).symbol(i, n).items():
                     _check_document(key, got[key], want, problems)
-                first, prev = int(cache.bases[i]) // rows, None
+                first, prev = int(cache.rows.bases[i]) // rows, None
                 for k in range(-(-n // rows)):
                     shard, a, b = first + k, k * rows, min((k + 1) * rows, n)
                     check.features(got, i, shard, a, b)
@@ -384,9 +384,9 @@ def compare_caches(
     for name in ("segments", "segment_split", "bars_per_symbol"):
         if not np.array_equal(getattr(ca, name), getattr(cb, name)):
             out.append(f"{name} differ")
-    if ca.shard_rows != cb.shard_rows or not np.array_equal(ca.shard_table, cb.shard_table):
+    if ca.shard_rows != cb.shard_rows or not np.array_equal(ca.rows.shard_table, cb.rows.shard_table):
         return [*out, "shards differ (shard rows or bars per symbol)"]
-    for shard, lo, hi in ca.shard_table.tolist():
+    for shard, lo, hi in ca.rows.shard_table.tolist():
         if not np.array_equal(ca.read_rows(lo, hi), cb.read_rows(lo, hi), equal_nan=True):
             out.append(f"{ca.shard_key(shard)} differs")
         if not np.array_equal(ca.bar_times(np.arange(lo, hi)), cb.bar_times(np.arange(lo, hi))):

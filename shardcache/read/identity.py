@@ -36,7 +36,7 @@ def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) ->
         build = [m.created, m.build.fingerprint, m.feature_names, stats, m.layout.shard_rows]
         lo, hi = int(row_bounds[k]), int(row_bounds[k + 1])
         mine = (ranges.start >= lo) & (ranges.start < hi)
-        symbol, row = cache.locate(ranges.start[mine] - lo)
+        symbol, row = cache.rows.locate(ranges.start[mine] - lo)
         h = hashlib.blake2b(json.dumps([ranges.stride, ranges.span]).encode(), digest_size=6)
         h.update(json.dumps([cache.symbols[s] for s in symbol.tolist()]).encode())
         h.update(np.stack([row, ranges.count[mine]]).astype(np.int64).tobytes())

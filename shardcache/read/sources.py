@@ -285,18 +285,18 @@ class Sources:
     def region_stop(self, row: int) -> int:
         """End of the rows of the symbol holding ``row``: reads must stop there."""
         cache, off = self._one(row)
-        return cache.region_stop(row - off) + off
+        return cache.rows.region_stop(row - off) + off
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Cache, symbol (in that cache) and row in that symbol's own arrays of each row (int64 all)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(self.caches) == 1:
-            return (np.zeros(rows.shape, np.int64), *self.caches[0].locate(rows))
+            return (np.zeros(rows.shape, np.int64), *self.caches[0].rows.locate(rows))
         src = self.source_of(rows)
         symbol, local = np.empty_like(rows), np.empty_like(rows)
         for k in np.unique(src).tolist():
             m = src == k
-            symbol[m], local[m] = self.caches[k].locate(rows[m] - self.row_bounds[k])
+            symbol[m], local[m] = self.caches[k].rows.locate(rows[m] - self.row_bounds[k])
         return src, symbol, local
 
     def bar_times(self, rows: np.ndarray) -> np.ndarray:

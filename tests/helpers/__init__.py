@@ -160,12 +160,12 @@ def make_cache(
     )
     items = []
     for s in writer.shard_ids:
-        i, a, b = writer.shard_symbol(s)
+        i, a, b = writer.rows.shard_span(s)
         rows = slice(int(first[i]) + a, int(first[i]) + b)
         items.append((s, bars.features[rows], bars.ts[rows]))
     records = writer.write_shards(items) if together else [writer.write_shard(*item) for item in items]
     virtual = seg.copy()
-    virtual[:, 1:] += (writer.bases[:-1] - first)[seg[:, 0]][:, None]
+    virtual[:, 1:] += (writer.rows.bases[:-1] - first)[seg[:, 0]][:, None]
     manifest = Manifest(
         feature_names=names,
         symbols=bars.symbols,
