@@ -128,7 +128,7 @@ def test_source_storage_options_are_its_own(tmp_path, two):
         assert [c.url for c in s.caches] == [a.url, b.url] and s.n_batches > 0
 
 
-def test_build_cache_takes_its_options_the_same_way(tmp_path, two):
+def test_build_cache_takes_its_options_the_same_way(tmp_path):
     from shardcache import BuildOptions
 
     with pytest.raises(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,11 +37,8 @@ class BarTimes:
         self._kept: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # (symbol, shard): times
         self._lock = threading.Lock()  # several readers' gather threads may ask at once
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {}  # read again where needed
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+    def __reduce__(self) -> tuple[type[BarTimes], tuple[()]]:
+        return BarTimes, ()  # a copy in another process starts empty: its times are read again where needed
 
     def read(self, cache: Cache, rows: np.ndarray) -> np.ndarray:
         """Bar start times (int64 ns since the epoch) of ``cache``'s virtual ``rows``."""

@@ -65,7 +65,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         local: LocalCopy | None = None,
         **fields: Unpack[DatasetFields],
     ) -> None:
-        given = dict(fields)
+        given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
         only_known("WindowDataset", given, DatasetFields.__optional_keys__)
         self.spec = window_spec(seq_len, given)  # options first, then the caches
         sources = sources_of(caches, given.pop("storage_options", None))

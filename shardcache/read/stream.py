@@ -178,7 +178,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         local: LocalCopy | None = None,
         **fields: Unpack[StreamFields],
     ) -> None:
-        given = dict(fields)
+        given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
         only_known("WindowStream", given, StreamFields.__optional_keys__)
         self.spec = window_spec(seq_len, given)  # options first, then the caches
         self.order = grouped("WindowStream", "order", PlanSettings, order, given)
