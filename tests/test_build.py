@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from shardcache import ShardcacheError, open_cache
 from shardcache.errors import OptionError
 from shardcache.format.splits import parse_split
+from shardcache.format.typed_json import dump
 from shardcache.ingest import compute, merge, scan
 from shardcache.ingest.builder import build_cache
 from shardcache.ingest.sample import make_sample, write_dbn
@@ -211,7 +212,7 @@ def test_short_symbol_is_kept_and_gives_no_windows_at_a_longer_seq_len(tmp_path)
     path = write_dbn(tmp_path / "x.dbn", "ohlcv-1m", recs, symbols={1: "LONG", 2: "TINY"})
     cache = build_cache([path], tmp_path / "c.zarr", features="close", normalize="none", progress=False)
     assert cache.symbols == ["LONG", "TINY"] and cache.n_bars == 210
-    assert "skipped_symbols" not in cache.manifest.counts.to_json()
+    assert "skipped_symbols" not in dump(cache.manifest.counts)
     assert n_windows(cache, 60, horizon=1) == 200 - 60  # TINY's 10 bars hold no 61-bar span
     assert n_windows(cache, 5, horizon=1) == (200 - 5) + (10 - 5)  # at a shorter read-time window they count
     r = run_cli(str(path), "--out", str(tmp_path / "d.zarr"), "--features", "close", "--seq-len", "100")

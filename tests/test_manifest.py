@@ -43,11 +43,12 @@ def _attrs(path: Path) -> dict:
 def test_a_manifest_round_trips_key_for_key_after_a_build_and_an_append(files, built, tmp_path):
     raw = _attrs(built)
     assert json.dumps(Manifest.from_json(raw).to_json()) == json.dumps(raw)  # same keys, same order, same values
+    assert "appends" not in raw  # written only once there was one
     out = tmp_path / "appended.zarr"
     shutil.copytree(built, out)
     appended = append_cache(files[3:], out, progress=False)
     raw = _attrs(out)
-    assert raw["appends"] == 1 and list(raw)[-1] == "appends"
+    assert raw["appends"] == 1
     assert json.dumps(Manifest.from_json(raw).to_json()) == json.dumps(raw)
     assert appended.manifest == Manifest.from_json(raw) and appended.manifest.appends == 1
 
@@ -61,7 +62,8 @@ def test_the_manifest_holds_the_build_options_it_was_built_with(files, built, tm
     assert (
         again.manifest.build.options == options and again.manifest.build.fingerprint == cache.manifest.build.fingerprint
     )
-    assert BuildOptions.from_json(_attrs(built)["build"]) == options
+    recorded = _attrs(built)["build"]  # the options' fields, beside what they resolved to
+    assert BuildOptions.from_json({k: recorded[k] for k in BuildOptions.names() if k in recorded}) == options
 
 
 @pytest.mark.parametrize(
@@ -69,7 +71,7 @@ def test_the_manifest_holds_the_build_options_it_was_built_with(files, built, tm
     [
         (lambda m: m["layout"].pop("shard_rows"), "the manifest has no layout.shard_rows (it was edited"),
         (lambda m: m.pop("bars_per_symbol"), "the manifest has no bars_per_symbol (it was edited"),
-        (lambda m: m["build"].update(max_gap="soon"), "the manifest's build options cannot be used (max_gap='soon'"),
+        (lambda m: m["build"].update(max_gap="soon"), "the manifest's build cannot be used (max_gap='soon'"),
     ],
 )
 def test_an_unreadable_manifest_is_refused_in_one_line_naming_what(built, tmp_path, capsys, edit, message):

@@ -6,8 +6,8 @@ and ``--stats recompute`` rebuilds with it. Its field names are the one list of 
 append refuses any of them. Settings of one run (workers, scheduler, overwrite, resume, storage
 options, progress) are not recorded and live apart (``shardcache.ingest.run.RunOptions``).
 
-The format's, as the manifest records it (``to_json``, in the order of the fields, ``stats_from``
-and ``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
+The manifest records it as its fields in order (``to_json``, ``typed_json``: ``stats_from`` and
+``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
 the command line shows its flag.
 """
 
@@ -22,17 +22,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, OptionTypeError
-from .durations import format_duration, parse_duration
+from .durations import parse_duration
 from .layout import CODECS
 from .numbers import whole_number
 from .splits import SplitSpec, parse_split
+from .typed_json import dump, json_field, load
 
 __all__ = ["DELIMITERS", "MAX_CHUNKS", "MAX_SHARD_ROWS", "NORMALIZE", "BuildOptions", "parse_delimiter"]
 
 NORMALIZE = ("zscore", "none")
 DELIMITERS = {"comma": ",", "semicolon": ";", "tab": "\t", "pipe": "|"}
 _AUTO_GAP = 3_600 * 10**9  # max_gap="auto": max(1 h, 5 bars)
-_OPTIONAL = ("stats_from", "split_cuts_ns")  # recorded only when set
 
 
 def parse_delimiter(value: str | None) -> str | None:
@@ -77,8 +77,8 @@ class BuildOptions:
     codec: str = "blosc-lz4"
     seq_len: int = 60
     horizon: int = 1
-    stats_from: str | None = None
-    split_cuts_ns: tuple[int, ...] | None = None
+    stats_from: str | None = json_field(when_set=True, default=None)
+    split_cuts_ns: tuple[int, ...] | None = json_field(when_set=True, default=None)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the checked, normalized values are set once, here
@@ -158,25 +158,14 @@ class BuildOptions:
 
     def to_json(self) -> dict[str, Any]:
         """The options as the manifest's ``build`` records them (lists for sequences)."""
-        out: dict[str, Any] = {}
-        for name in self.names():
-            value = getattr(self, name)
-            if name in _OPTIONAL and value is None:
-                continue
-            out[name] = list(value) if isinstance(value, tuple) else value
+        out: dict[str, Any] = dump(self)
         return out
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> BuildOptions:
-        """The options a manifest's ``build`` records (other keys ignored; an option recorded before it
-        existed takes its default)."""
-        given = {k: doc[k] for k in cls.names() if k in doc}
-        gap = given.get("max_gap")
-        if gap == "None":  # recorded from max_gap=None (auto) before the options were checked here
-            given["max_gap"] = "auto"
-        elif isinstance(gap, str) and gap.isdigit():  # an int (ns) recorded as its text
-            given["max_gap"] = format_duration(int(gap)) if int(gap) else "0"
-        return cls(**given)
+        """The options ``to_json`` recorded; a ``FieldError`` naming a missing, unknown or mistyped one."""
+        options: BuildOptions = load(dict(doc), cls)
+        return options
 
 
 def _features(value: Any) -> str | tuple[str, ...] | None:

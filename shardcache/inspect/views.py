@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import CacheError
 from ..format.cache import Cache, open_cache
 from ..format.remote import filesystem
+from ..format.typed_json import dump
 
 if TYPE_CHECKING:
     import xarray
@@ -179,14 +180,14 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "features": cache.feature_names,
         "stats": cache.stats,
         "normalize": m.normalize,
-        "splits": m.splits.to_json(),
+        "splits": dump(m.splits),
         "seq_len": seq_len,
         "horizon": horizon,
         "windows": sum(per_split.values()),
         "windows_per_split": per_split,
-        "layout": m.layout.to_json(),
-        "counts": m.counts.to_json(),
-        "bytes": m.bytes.to_json(),
+        "layout": dump(m.layout),
+        "counts": dump(m.counts),
+        "bytes": dump(m.bytes),
         "created": m.created,
     }
 

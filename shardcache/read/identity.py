@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..format.cache import Cache
+from ..format.typed_json import dump
 from ..format.windows import Ranges
 
 __all__ = ["Reads", "check_reads", "reads_of"]
@@ -32,7 +33,7 @@ def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) ->
     out = []
     for k, cache in enumerate(caches):
         m = cache.manifest
-        stats = None if m.stats is None else m.stats.to_json()
+        stats = None if m.stats is None else dump(m.stats)
         build = [m.created, m.build.fingerprint, m.feature_names, stats, m.layout.shard_rows]
         lo, hi = int(row_bounds[k]), int(row_bounds[k + 1])
         mine = (ranges.start >= lo) & (ranges.start < hi)
