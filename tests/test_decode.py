@@ -135,16 +135,3 @@ def test_a_shard_holding_few_chunks_is_one_ranged_request(monkeypatch):
     asked.clear()
     assert dec.read(0, 64).tobytes() == data[:64].tobytes()  # one chunk of a full shard
     assert len(asked) == 2 and asked[0][1] is not None and asked[1][1] is not None
-
-
-def test_a_threads_partial_chunk_scratch_is_kept_only_when_small():
-    """A small symbol's shard ends in a partly read inner chunk: its scratch is made once per thread; a large
-    one (wide features, big chunks) is made per read and not kept, so a decoder thread holds no more."""
-    from shardcache.format.decode import _KEEP_ROWS, _rows_scratch
-
-    small = _rows_scratch(512, 16)
-    assert small.shape == (512, 16) and _rows_scratch(512, 16) is small
-    rows = _KEEP_ROWS // (4 * 256) * 2
-    big = _rows_scratch(rows, 256)
-    assert big.shape == (rows, 256) and _rows_scratch(rows, 256) is not big
-    assert _rows_scratch(512, 16) is small  # a large one does not replace the kept one

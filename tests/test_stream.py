@@ -373,7 +373,6 @@ def test_an_epoch_asks_the_os_for_its_shard_files_before_reading_them(monkeypatc
     bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
     cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
     want = [b.index for b in WindowStream(cache, 10, split="all", batch_size=16, meta=True)]
-    monkeypatch.setattr("shardcache.format.readahead.in_page_cache", lambda path: False)  # every file gone cold
     events, real_hint = [], os.posix_fadvise
 
     def hint(fd, offset, length, advice):
@@ -397,45 +396,6 @@ def test_an_epoch_asks_the_os_for_its_shard_files_before_reading_them(monkeypatc
             assert ("hint", ino, os.POSIX_FADV_WILLNEED) in events[:i]
     hints = [k for kind, k, _ in events if kind == "hint"]
     assert sorted(set(hints)) == sorted(set(reads)) and len(hints) == len(set(hints))  # each hinted once
-
-
-def _drop_from_page_cache(folder) -> None:
-    """Every file under ``folder`` written to disk and dropped from the OS's page cache."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="the OS cannot tell whether a file is in its page cache")
-def test_files_in_the_page_cache_are_not_asked_for_again(monkeypatch, tmp_path):
-    """When the first and the last files of a batch of pools are in the page cache, none of the batch is hinted
-    (files read together go cold together); once they are dropped from it, every one is."""
-    from shardcache.format.readahead import in_page_cache
-
-    bars = synthetic_bars(2400, 3, n_symbols=12, seed=5, shard_rows=128)
-    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=128, chunk_rows=32)
-    files = [p for p in (tmp_path / "c.zarr").rglob("c.*") if p.is_file()]
-    for path in files:
-        path.read_bytes()
-    if not all(in_page_cache(str(p)) for p in files):
-        pytest.skip("this file system does not tell what is in the page cache (tmpfs)")
-    hints, real_hint = [], os.posix_fadvise
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, *a: hints.append(fd) or real_hint(fd, *a))
-    n = sum(len(b.x) for b in WindowStream(cache, 10, split="all", batch_size=16))
-    assert n > 0 and hints == []
-    monkeypatch.setattr(os, "posix_fadvise", real_hint)
-    _drop_from_page_cache(tmp_path / "c.zarr")
-    if any(in_page_cache(str(p)) for p in files):
-        pytest.skip("the OS kept the files in its page cache (the drop is advice)")
-    _drop_from_page_cache(tmp_path / "c.zarr")  # again: a read that may not wait still starts one
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, *a: hints.append(fd) or real_hint(fd, *a))
-    sum(len(b.x) for b in WindowStream(cache, 10, split="all", batch_size=16))
-    assert len(hints) >= len(cache.symbols)
 
 
 def test_memory_budget_bounds_the_reader(monkeypatch, stream_cache):

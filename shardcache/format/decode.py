@@ -54,7 +54,6 @@ __all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk", "decode
 
 _EMPTY = 2**64 - 1
 _KEEP = 32 << 20  # a thread keeps its read buffer up to this size
-_KEEP_ROWS = 1 << 20  # and its scratch for a partly read inner chunk up to this size
 _scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
 _CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
@@ -138,19 +137,6 @@ def _ranges_work(store: Store) -> bool:
     from fsspec.implementations.cached import WholeFileCacheFileSystem
 
     return not isinstance(store.fs, WholeFileCacheFileSystem)
-
-
-def _rows_scratch(rows: int, features: int) -> np.ndarray:
-    """This thread's float32 ``(rows, features)`` array for one inner chunk decoded in part (valid until its next
-    use): made once per thread and shape, not once per read (a small symbol's shard ends in one), where it is
-    small (``_KEEP_ROWS`` bytes); a new array otherwise, which is not kept."""
-    if rows * features * 4 > _KEEP_ROWS:
-        return np.empty((rows, features), dtype=np.float32)
-    key = (rows, features)
-    kept = getattr(_scratch, "rows", None)
-    if kept is None or kept.shape != key:
-        kept = _scratch.rows = np.empty(key, dtype=np.float32)
-    return kept
 
 
 def _buffer(n: int) -> np.ndarray:
@@ -388,7 +374,7 @@ class ShardDecoder:
             if a <= r0 and r1 <= b:  # the whole chunk: straight into place
                 self._decode(body, out[r0 - a : r1 - a], c)
             else:
-                scratch = _rows_scratch(self.chunk_rows, self.n_features)
+                scratch = np.empty((self.chunk_rows, self.n_features), dtype=np.float32)
                 self._decode(body, scratch, c)
                 lo, hi = max(a, r0), min(b, r1)
                 out[lo - a : hi - a] = scratch[lo - r0 : hi - r0]

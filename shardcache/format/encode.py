@@ -66,7 +66,8 @@ _BUFFERS = threading.local()
 def _filled(rows: int, shape: tuple[int, ...], dtype: np.dtype, fill: Any) -> np.ndarray:
     """A chunk of ``rows`` rows of ``fill``, this thread's own, made once per shape and fill (a small
     symbol's 65,536-row time chunk is 300 values and 512 KiB of padding: writing that padding
-    again for each symbol cost as much as compressing it)."""
+    again for each symbol cost as much as compressing it: paired, a build of 2,000 symbols of 200 bars
+    takes 11% less wall time with it, ``farm-bench -n 5``)."""
     key = (rows, shape, dtype.str, np.asarray(fill, dtype=dtype).tobytes())
     made: dict[tuple[Any, ...], np.ndarray] = _BUFFERS.__dict__.setdefault("made", {})
     full = made.get(key)
