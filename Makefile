@@ -51,7 +51,7 @@ test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -ra -m "not slow"
 
 bench: $(VENV)/.installed
-	$(PY) tools/bench.py
+	$(PY) tools/bench.py loaders
 
 # torch pinned by the constraints file; a torchvision that cannot load against it (PyPI's CUDA
 # wheel on the CPU torch) is uninstalled, openly: see tools/peers-constraints.txt.
@@ -65,7 +65,7 @@ $(PEERS)/.installed: pyproject.toml tools/peers-constraints.txt
 	touch $@
 
 bench-peers: $(PEERS)/.installed
-	$(PEERS)/bin/python tools/bench.py --peers $(PEERS_ARGS)
+	$(PEERS)/bin/python tools/bench.py peers $(PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(PEERS) data/sample site .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""tools/bench_peers.py's parts that need no peer installed: the window sample, the disk check, the refusal."""
+"""tools/bench_peers.py's parts (``tools/bench.py peers``) that need no peer installed: the window sample, the disk check, the refusal."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_disk_check_refuses_samples_that_do_not_fit(tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("litdata") is not None, reason="the peers are installed here")
 def test_peers_without_the_peers_venv_is_a_one_line_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(TOOLS / "bench.py"), "--peers", "--work", str(tmp_path)],
+        [sys.executable, str(TOOLS / "bench.py"), "peers", "--work", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -49,7 +49,6 @@ def test_peers_without_the_peers_venv_is_a_one_line_error(tmp_path: Path) -> Non
     )
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "bench: --peers needs litdata and mosaicml-streaming: run `make bench-peers` "
-        "(it installs them into .venv-peers)"
+        "bench: peers needs litdata and mosaicml-streaming: run `make bench-peers` (it installs them into .venv-peers)"
     )
     assert not list(tmp_path.iterdir())  # refused before building anything

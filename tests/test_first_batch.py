@@ -1,5 +1,5 @@
 """The first batch waits for nothing it does not need: the first run is one batch, and the reader
-hands it over before it decodes any later pool (timings are in tools/bench_first.py)."""
+hands it over before it decodes any later pool (timings: `tools/bench.py first`)."""
 
 from __future__ import annotations
 

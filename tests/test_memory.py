@@ -4,7 +4,7 @@ They extend ``tests/test_stream_workers.py`` (in-process RSS at 200K vs 2M rows;
 and loader lifecycles inside the pytest process) with what those do not cover:
 
 * the whole process tree with two DataLoader workers, sampled in the background by
-  ``tools/profile_memory.py`` (RSS summed over the tree, and PSS), at 100K and 1M rows;
+  ``tools/bench_harness.py``'s sampler (RSS summed over the tree, and PSS), at 100K and 1M rows;
 * ten hyperparameter "trials" in one fresh process, each opening the cache anew with other
   ``seq_len``/``batch_size``/``mix``, streaming and closing: nothing of a trial outlives it
   and RSS stays flat (the team's leak across hyperopt trials);
@@ -37,7 +37,7 @@ RANDOM_BOUND = 16 * MIB  # WindowDataset peak growth: 1M rows minus 100K rows
 
 
 def _profile_memory():
-    spec = importlib.util.spec_from_file_location("profile_memory", TOOLS / "profile_memory.py")
+    spec = importlib.util.spec_from_file_location("bench_harness", TOOLS / "bench_harness.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""tools/profile_memory.py, run on real subprocesses."""
+"""``tools/bench.py profile`` (the sampler of ``tools/bench_harness.py``), run on real subprocesses."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "profile_memory.py"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 PY = sys.executable
 MIB = 2**20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +33,11 @@ sys.exit(max(k.wait() for k in kids))
 
 def run_tool(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=timeout, check=False
+        [PY, str(TOOLS / "bench.py"), "profile", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -45,7 +49,7 @@ def table_rows(stderr: str) -> list[list[str]]:
 
 
 def load_module():
-    spec = importlib.util.spec_from_file_location("profile_memory", TOOL)
+    spec = importlib.util.spec_from_file_location("bench_harness", TOOLS / "bench_harness.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look the module up
     spec.loader.exec_module(module)
@@ -110,7 +114,7 @@ def test_interrupted_command_is_still_reported(tmp_path: Path, to_group: bool, s
     started = tmp_path / "started"
     code = f"import time; open({str(started)!r}, 'w').close(); time.sleep(30)"
     tool = subprocess.Popen(
-        [PY, str(TOOL), "--", PY, "-c", code],
+        [PY, str(TOOLS / "bench.py"), "profile", "--", PY, "-c", code],
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -173,7 +177,7 @@ def test_plot_one_series_per_command() -> None:
     assert [lab.split(":")[0] for lab in labels].count("b") == 3  # + main process
     assert "MiB" in ax.get_ylabel() and "(s)" in ax.get_xlabel() and ax.get_title()
     assert ax.get_legend() is not None
-    assert "| a |" in pm.markdown_table(profiles)
+    assert "| a |" in pm.profile_table(profiles)
 
 
 @pytest.mark.parametrize(
@@ -196,7 +200,7 @@ def test_unstartable_command_is_one_line_error(
     res = run_tool("--", cmd)
     assert res.returncode == code
     assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
-    assert res.stderr.startswith("profile_memory: error:") and "Traceback" not in res.stderr
+    assert res.stderr.startswith("bench.py profile: error:") and "Traceback" not in res.stderr
 
 
 def test_compare_checks_every_command_before_running(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""tools/train_loop.py on a tiny cache: every scenario runs in its own process and trains on the same batches."""
+"""``tools/bench.py train`` on a tiny cache: every scenario runs in its own process and trains on the same batches."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "train_loop.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench.py"
 SCENARIOS = ["model", "stream", "dataloader", "loader", "model-1t", "stream-1t", "dataloader-1t", "loader-1t"]
 
 
 def _tool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, str(TOOL), "train", *args], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_two_steps_of_every_scenario_give_one_table_row_each(stream_cache, tmp_path: Path) -> None:

@@ -1,19 +1,13 @@
-"""Requests to a moto S3 server, counted by kind from its request log between two points of a run.
+"""A moto S3 server on loopback (``Moto``) and its requests, counted by kind from its log between two points of a run.
 
-moto's server (werkzeug) logs one line per request when it sends the response's status line, before
-the body, so every request a client call made is in the log once that call has returned::
-
-    127.0.0.1 - - [01/Dec/2026 10:00:00] "GET /bucket/c.zarr/zarr.json HTTP/1.1" 200 -
-
-That makes a count deterministic, where a timing on loopback is not (and on real S3 each request
-costs a 10-50 ms first byte, so the count is what to compare). A request is counted as one of
-``KINDS``: by method, and for object GETs and PUTs by key class (``zarr.json`` metadata, ``data``:
-a zarr chunk or shard ``.../c.0.0`` or ``.../c/0/0``, ``other``); a GET of a bucket with a prefix or ``list-type`` is
-a ``LIST``; a multi-object delete (``POST ?delete``) is one ``DELETE``.
-
-Two logs: ``RequestLog(path)`` reads the log file of a ``python -m moto.server`` subprocess
-(``bench_s3.Moto``); ``werkzeug_log()`` catches the lines of a server running in this process
-(``moto.server.ThreadedMotoServer``, the tests' ``s3_endpoint``)::
+moto's server (werkzeug) logs one line per request as it sends the status line, before the body, so every request
+a client call made is in the log once the call has returned (``"GET /bucket/c.zarr/zarr.json HTTP/1.1" 200 -``):
+a count is deterministic where a loopback timing is not (on real S3 each request costs a 10-50 ms first byte). A
+request is one of ``KINDS``: by method, and for object GETs and PUTs by key class (``zarr.json``, ``data``: a chunk
+or shard ``.../c.0.0`` or ``.../c/0/0``, ``other``); a bucket GET with a prefix or ``list-type`` is a ``LIST``, a
+multi-object delete (``POST ?delete``) one ``DELETE``. ``RequestLog(path)`` reads the log file of ``Moto`` (``python
+-m moto.server`` on a free 127.0.0.1 port, fake credentials); ``werkzeug_log()`` catches the lines of a server in
+this process (``moto.server.ThreadedMotoServer``, the tests' ``s3_endpoint``)::
 
     log = RequestLog(moto.log)
     mark = log.mark()
@@ -26,14 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import socket
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["COLUMNS", "KINDS", "Counts", "Request", "RequestLog", "classify", "parse", "werkzeug_log"]
+__all__ = ["COLUMNS", "ENV", "KINDS", "Counts", "Moto", "Request", "RequestLog", "classify", "parse", "werkzeug_log"]
+
+ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 KINDS = (
     "GET zarr.json",
@@ -203,3 +204,38 @@ def werkzeug_log() -> Iterator[RequestLog]:
         level, handlers, logger.propagate = saved
         logger.handlers[:] = handlers
         logger.setLevel(level)
+
+
+class Moto:
+    """``python -m moto.server`` on a free loopback port, in a subprocess; its request log in the file ``log``,
+    read by ``request_log`` (None: the log is discarded)."""
+
+    def __init__(self, log: str | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log, self.request_log = log, None if log is None else RequestLog(log)
+        with contextlib.ExitStack() as files:  # the server writes to its own copy of the file
+            err = subprocess.DEVNULL if log is None else files.enter_context(open(log, "w"))
+            cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **ENV})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            time.sleep(0.1)
+        raise RuntimeError("moto server did not start")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """s3fs storage options for this server."""
+        return {"endpoint_url": self.url, "key": ENV["AWS_ACCESS_KEY_ID"], "secret": ENV["AWS_SECRET_ACCESS_KEY"]}
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
