@@ -51,7 +51,7 @@ def fresh(
     """A build's manifest before its bars are counted in (``grown``): what it was built with and from."""
     spec = options.splits()
     return Manifest(
-        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),  # two builds in one second are two caches
         shardcache_version=__version__,
         feature_names=names,
         symbols=[],
