@@ -12,6 +12,8 @@ import logging
 import os
 import sys
 import time
+import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -536,8 +538,11 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
             raise
         print(f"{prog}: error: needs the build extra: pip install 'shardcache[build]'", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print(f"{prog}: interrupted", file=sys.stderr)
+        with warnings.catch_warnings():  # a zarr call Ctrl-C stopped before it ran its coroutine: not news
+            warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+            traceback.clear_frames(exc.__traceback__)  # the coroutine goes now, inside this filter
         return 130
     except BrokenPipeError:  # e.g. `shardcache ls CACHE | head`: stop quietly, like other tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

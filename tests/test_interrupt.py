@@ -84,3 +84,22 @@ def test_the_console_scripts_are_the_interruptible_entry_points():
     with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as fh:
         scripts = tomllib.load(fh)["project"]["scripts"]
     assert scripts == {"shardcache": "shardcache.entry:main", "build-cache": "shardcache.entry:build_cache_main"}
+
+
+# Ctrl-C inside a zarr call, after it made its coroutine and before it ran it (what the timed SIGINT
+# above can land on): the coroutine is dropped with the interrupt, and the line stays the last one
+UNRUN_COROUTINE = """
+import sys
+from shardcache.cli import _run
+async def create_array():
+    pass
+def sync(coro):
+    raise KeyboardInterrupt
+sys.exit(_run(lambda args: sync(create_array()), type("Args", (), {"quiet": True})(), "build-cache"))
+"""
+
+
+def test_ctrl_c_before_a_made_coroutine_ran_still_ends_in_one_line():
+    run = [sys.executable, "-c", UNRUN_COROUTINE]
+    done = subprocess.run(run, check=False, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (130, "build-cache: interrupted\n"), done.stderr
