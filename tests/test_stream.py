@@ -121,6 +121,7 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
         raise AssertionError("the stream changed torch's thread settings")
 
     import shardcache.read.reader as reader_mod
+    import shardcache.read.storage as storage_mod
 
     for name in ("set_num_threads", "set_num_interop_threads"):
         monkeypatch.setattr(torch, name, refuse)
@@ -137,7 +138,7 @@ def test_the_stream_never_touches_torch_thread_settings(monkeypatch, stream_cach
             t.start()
             t.join()
     assert torch.get_num_threads() == before and seen == [before]
-    if reader_mod._omp_set_num_threads() is not None:  # libgomp: the gather thread alone runs on one thread
+    if storage_mod._omp_set_num_threads() is not None:  # libgomp: the gather thread alone runs on one thread
         assert inside and set(inside) == {1}
 
 

@@ -246,6 +246,7 @@ def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_
     """One index_select per pool on a one-thread gather thread (libgomp), inline index_select
     pieces, or numpy.take: forced each way, the batches are the same, and right."""
     import shardcache.read.reader as reader_mod
+    import shardcache.read.storage as storage_mod
 
     def run():
         ds = WindowStream(stream_cache, 14, horizon=(1, 2), split="all", batch_size=64, features=features, meta=True)
@@ -259,7 +260,7 @@ def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_
     x, y, p = run()
     monkeypatch.setattr(reader_mod, "one_thread_here", lambda: False)
     pieces = run()
-    monkeypatch.setattr(reader_mod, "_MIN_CHUNK", 10**9)
+    monkeypatch.setattr(storage_mod, "MIN_CHUNK", 10**9)
     taken = run()
     for x2, y2, p2 in (pieces, taken):
         assert torch.equal(x, x2) and torch.equal(y, y2) and np.array_equal(p, p2)

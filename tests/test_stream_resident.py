@@ -133,7 +133,7 @@ def test_close_and_dropping_the_stream_free_the_arena(stream_cache):
     sum(len(x) for x, _ in ds)
     it = iter(ds)
     next(it)
-    arena = weakref.ref(ds.resources.resident.x)
+    arena = weakref.ref(ds.resources.resident.arena.x)
     ds.close()
     gc.collect()
     assert arena() is None
@@ -141,7 +141,7 @@ def test_close_and_dropping_the_stream_free_the_arena(stream_cache):
         next(it)
     ds = WindowStream(stream_cache, 10, split="all", batch_size=64, memory_budget=BIG)
     sum(len(x) for x, _ in ds)
-    arena = weakref.ref(ds.resources.resident.x)
+    arena = weakref.ref(ds.resources.resident.arena.x)
     del ds
     gc.collect()
     assert arena() is None

@@ -31,6 +31,7 @@ from .options import Batch, MetaBatch, window_spec
 from .readspec import ReadSpec, ReadsWindows
 from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
 from .sources import Sources
+from .storage import Arena, gather, target_steps
 
 __all__ = ["WindowDataset"]
 
@@ -78,7 +79,8 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         self._n = self._ranges.total()
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         """Index of each cache's first window, then the total (``len(caches) + 1`` ints)."""
-        self._lru: OrderedDict[int, tuple[int, np.ndarray]] = OrderedDict()
+        self._lru: OrderedDict[int, tuple[int, Arena]] = OrderedDict()
+        self._steps = target_steps(self.read_spec.storage, self.spec)
 
     @property
     def cache(self) -> Cache:
@@ -129,34 +131,42 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
 
     def _gather(self, pos: np.ndarray) -> Batch | MetaBatch:
         """Windows at positions ``pos`` (checked), stacked: each shard's block read once, its windows
-        copied out of it together; with ``meta``, their metadata as the stream gives it."""
+        gathered out of it together (in shard order, then put back in the asked order); with ``meta``,
+        their metadata as the stream gives it."""
         r, n = self.read_spec, len(pos)
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
-        x = np.empty(r.x_shape(n), np.float32)
-        y = np.empty(r.y_shape(n), np.float32)
+        x, y = r.storage.empty(r.x_shape(n)), r.storage.empty(r.y_shape(n))
         shard = rows // self.sources.shard_rows
         order = np.argsort(shard, kind="stable")
         cuts = np.flatnonzero(np.diff(shard[order])) + 1
-        for sel in np.split(order, cuts) if n else []:
-            row0, block = self._block(int(shard[sel[0]]))
-            local = rows[sel] - row0
-            ix, iy = self.spec.input_rows(local), self.spec.target_rows(local)
-            x[sel] = block[ix] if r.xcols is None else block[ix[..., None], r.xcols]
-            y[sel] = block[iy] if r.ycols is None else block[iy[..., None], r.ycols]
+        for sel in np.split(np.arange(n), cuts) if n else []:
+            row0, arena = self._block(int(shard[order[sel[0]]]))
+            a, b = int(sel[0]), int(sel[-1]) + 1
+            gather(arena, rows[order[a:b]] - row0, self._steps, 0, out=(x[a:b], y[a:b]))
+        if n and (order[1:] < order[:-1]).any():  # asked out of shard order
+            back = torch.from_numpy(np.argsort(order))
+            x, y = x[back], y[back]
         if r.meta:
-            return MetaBatch(torch.from_numpy(x), torch.from_numpy(y), *r.window_meta(rows))
-        return Batch(torch.from_numpy(x), torch.from_numpy(y))
+            return MetaBatch(x, y, *r.window_meta(rows))
+        return Batch(x, y)
 
-    def _block(self, shard: int) -> tuple[int, np.ndarray]:
+    def _block(self, shard: int) -> tuple[int, Arena]:
         """Rows of ``shard`` plus the overhang its last windows need, from the LRU or one zarr call."""
         hit = self._lru.get(shard)
         if hit is not None:
             self._lru.move_to_end(shard)
             return hit
-        s = self.sources
+        s, r = self.sources, self.read_spec
         lo = shard * s.shard_rows
         hi = min(lo + self.spec.block_rows(s.shard_rows), s.region_stop(lo))
-        self._lru[shard] = hit = (lo, s.read_rows(lo, hi))
+        rows = s.read_rows(lo, hi)
+        x = torch.from_numpy(rows if r.xcols is None else np.ascontiguousarray(rows[:, r.xcols]))
+        y = (
+            x
+            if r.same_columns
+            else torch.from_numpy(rows if r.ycols is None else np.ascontiguousarray(rows[:, r.ycols]))
+        )
+        self._lru[shard] = hit = (lo, Arena(x, y, self.spec.seq_len))
         while len(self._lru) > _LRU_BLOCKS:
             self._lru.popitem(last=False)
         return hit

@@ -4,7 +4,7 @@ batches copied out of it on a background thread.
 Per iterator, a *gather thread* walks the iterator's runs (``plan.reader_runs``: up to
 ``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
 For each run it makes sure the pools the run draws from are decoded, copies the run's
-windows and targets with one ``index_select`` per pool (see "Torch threads") into new tensors
+windows and targets with one ``gather`` per pool (``shardcache.read.storage``) into new tensors
 and queues them, so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
 (one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
 ``plan.pool_layouts``, which lays out many small pools at once) are decoded in plan order by up
@@ -28,31 +28,18 @@ columns, the device, whether batches carry metadata), made by ``WindowStream``; 
 touches no private state of the stream. It reads rows of the caches' shared row space
 (``shardcache.read.sources``): one cache, or several.
 
-Torch threads: on the CPU the reader's copies never run on torch's intra-op thread pool.
-An ``index_select`` spread over several threads runs several times slower as soon as another
-thread is busy (a decoder, the training loop; docs/performance.md), and limiting it would mean
-``torch.set_num_threads``, which also sets the default of every thread started later: a
-process-wide setting the caller owns. Instead, where torch runs on libgomp (its CPU wheels),
-the gather thread sets its own OpenMP thread count to 1 (``omp_set_num_threads`` is per
-thread; torch's default for new threads and every other thread's count stay as they are), and
-copies a run with one ``index_select`` per pool. Elsewhere each copy is cut so that it runs on
-the calling thread anyway: narrow windows (at least ``_MIN_CHUNK`` of them in ``_GRAIN``
-elements) through ``index_select`` in pieces of at most ``_GRAIN`` elements, which ATen's
-``parallel_for`` runs inline (its grain, ``at::internal::GRAIN_SIZE``); wide ones through
-``numpy.take`` over rows (one thread, ``mode="clip"`` so the output is not buffered). Each
-window is copied once, straight into the batch, and torch's settings stay exactly as the
-caller sees them.
+Where the arenas live and how windows are copied out of them is the stream's storage
+(``shardcache.read.storage``: the host, or a device such as a GPU) and its one ``gather``; the reader
+runs every gather of the CPU on its own thread with one OpenMP thread (``one_thread_here``), leaving
+torch's settings exactly as the caller sees them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import glob
 import itertools
 import math
-import os
 import queue
 import threading
 import time
@@ -68,8 +55,9 @@ import torch
 from ..errors import StreamClosedError
 from .plan import EpochPlan, PoolLayout, Run, pool_layouts, reader_runs
 from .readspec import ReadSpec
-from .resident import Resident, mapped, window_view
+from .resident import Resident
 from .ship import Loan
+from .storage import WHOLE, Arena, chunk_for, gather, mapped, one_thread_here, target_steps
 
 __all__ = [
     "FAST_READ",
@@ -79,24 +67,19 @@ __all__ = [
     "SMALL_BLOCK",
     "Reader",
     "Ready",
-    "one_thread_here",
 ]
 
 RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
-_GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
-_MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
 RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
 SMALL_BLOCK = 256 << 10  # decoded bytes of a block that the gather thread may read itself, when reads are fast
 FAST_READ = 1e-3  # seconds a small block's read must take (the fastest of late) for that
 LAYOUT_WINDOWS = 1 << 16  # windows of the pools laid out together (``plan.pool_layouts``)
-SMALL_ARENA = 1 << 20  # bytes of a pool's arena below which it comes from the heap, not a map of its own
 GROUP_BLOCKS = 64  # small blocks the gather thread reads in one ``Sources.read_many`` call, at most
 _POLL = 0.1
 
 
 class _Pool:
-    """One pool's arena: input columns ``x`` and target columns ``y`` (the same tensor when
-    they are the same columns), laid out by ``layout``, with the decodes still under way.
+    """One pool's ``arena``, laid out by ``layout``, with the decodes still under way.
 
     Resident (``blocks`` given), the arena is the ``Resident``'s: ``layout`` holds only the
     blocks still to decode (``todo``, in the resident's numbering) and ``blocks`` every block
@@ -106,30 +89,25 @@ class _Pool:
         self,
         *,
         layout: PoolLayout,
-        arena: tuple[torch.Tensor, torch.Tensor],
-        seq_len: int,
+        arena: Arena,
+        index: Any,
         blocks: np.ndarray | None = None,
         todo: np.ndarray | None = None,
     ) -> None:
-        self.layout, (self.x, self.y) = layout, arena
+        self.layout, self.arena, self.index = layout, arena, index
         self.blocks, self.todo = blocks, todo
-        self.cuda = self.x.device.type == "cuda"
-        self.windows = window_view(self.x, seq_len)
-        if not self.cuda:  # the numpy views the gather copies from
-            self.xn, self.yn = self.x.numpy(), self.y.numpy()
         self.submitted = 0
         self.nbytes = 0
         self.unchecked = 0  # blocks read with no check that the caches were not replaced after them
         self.pending: list[Future[None]] = []
-        self.events: list[Any] = []  # CUDA: one per block copied to the device
-        self.host: list[torch.Tensor] = []  # CUDA: pinned blocks kept until their copies finish
+        self.events: list[Any] = []  # a device's: one per block copied to it
+        self.host: list[torch.Tensor] = []  # a device's: the host blocks kept until their copies finish
 
     @functools.cached_property
     def rows(self) -> Any:
-        """Each served window's arena row (on the device with CUDA): the pool's shuffle, computed
-        on first use, which ``Reader._wait_decoded`` makes while the pool's blocks decode."""
-        rows = self.layout.rows
-        return torch.from_numpy(rows).to(self.x.device) if self.cuda else rows
+        """Each served window's arena row (as the storage's gathers take them): the pool's shuffle,
+        computed on first use, which ``Reader._wait_decoded`` makes while the pool's blocks decode."""
+        return self.index(self.layout.rows)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,41 +150,8 @@ class _Outputs:
         return slot.lend(n)
 
 
-@functools.lru_cache(maxsize=1)
-def _omp_set_num_threads() -> Any:
-    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
-    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
-        try:
-            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_set_num_threads
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
-def one_thread_here() -> bool:
-    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
-    count and torch's default for new threads as they are; False where that is not possible."""
-    setter = _omp_set_num_threads()
-    if setter is None:
-        return False
-    torch.get_num_threads()  # torch's per-thread initialisation first: it would undo the setting below
-    setter(1)
-    return torch.get_num_threads() == 1
-
-
 class _Stopped(Exception):
     """Raised inside the reader's threads when its iterator was closed."""
-
-
-def _cuda_streams(dev: torch.device, resident: Resident | None) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
-    """A CUDA reader's copy and gather streams on ``dev``; the allocator waits for their work before it
-    frees the resident arena."""
-    copy, gather = torch.cuda.Stream(dev), torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
-    for t in {resident.x, resident.y} if resident is not None else ():
-        t.record_stream(copy)
-        t.record_stream(gather)
-    return copy, gather
 
 
 class Reader:
@@ -263,26 +208,22 @@ class Reader:
         self.runs, walk = itertools.tee(reader_runs(plan, batches, self.run_windows))
         self.schedule = self._schedule(walk)
         self.upcoming: tuple[_Pool, int] | None = None  # the next block, not yet submitted
-        self.cuda = spec.device.type == "cuda"
-        streams: tuple[torch.cuda.Stream | None, ...] = (
-            _cuda_streams(spec.device, resident) if self.cuda else (None,) * 2
-        )
-        self.copy_stream, self.gather_stream = streams
+        self.storage = st = spec.storage
         shapes = [spec.x_shape(self.run_windows), spec.y_shape(self.run_windows)]
-        self.outputs = (
-            outputs if outputs is not None or self.cuda else _Outputs(shapes, [np.float32] * 2, keep=RUNS_AHEAD + 3)
-        )
-        chunk = _GRAIN // (spec.window.seq_len * spec.nx)
-        self.chunk = chunk if chunk >= _MIN_CHUNK else 0  # windows per inline index_select, 0: numpy.take
-        # small blocks read on this thread go in groups (``_read_group``): straight into a CPU arena of every column
-        self.grouped = not self.cuda and spec.same_columns and resident is None
+        if outputs is None and st.on_host:
+            outputs = _Outputs(shapes, [np.float32] * 2, keep=RUNS_AHEAD + 3)
+        self.outputs = outputs  # None: new tensors from the storage
+        self.chunk = chunk_for(st, spec.window.seq_len, spec.nx, own_thread=False)  # ``_run`` may raise it
+        self.steps = target_steps(st, spec.window)
+        # small blocks read on this thread go in groups (``_read_group``): straight into a host arena of every column
+        self.grouped = st.on_host and spec.same_columns and resident is None
 
     # -- gather thread -------------------------------------------------------------------
     def _run(self) -> None:
         """Thread body: every run, then the end mark; an error goes to the consumer instead."""
         try:
-            if not self.cuda and one_thread_here():
-                self.chunk = self.run_windows  # one index_select per pool: it runs on this thread
+            if self.storage.on_host and one_thread_here():
+                self.chunk = WHOLE  # one index_select per pool: it runs on this thread
             for k, run in enumerate(self.runs):
                 for g in run.pools:
                     self._wait_decoded(g)
@@ -338,14 +279,14 @@ class Reader:
                             for x in laid:  # hot (3-5x faster than each between the copies of the runs before it)
                                 x.served()
                     layout = layouts.pop(g)
-                    pool = self.pools[g] = _Pool(
-                        layout=layout, arena=self._arena(layout.n_rows), seq_len=s.window.seq_len
-                    )
+                    pool = self.pools[g] = _Pool(layout=layout, arena=self._arena(layout.n_rows), index=s.storage.index)
                 else:  # every block scheduled before is submitted by now: share those still under way
                     r = self.resident
+                    if r.arena is None:  # released: the stream was closed
+                        raise _Stopped
                     layout, blocks, todo = r.pool_layout(self.plan, g, s.ranges, skip=set(self.inflight))
                     pool = self.pools[g] = _Pool(
-                        layout=layout, arena=(r.x, r.y), seq_len=s.window.seq_len, blocks=blocks, todo=todo
+                        layout=layout, arena=r.arena, index=s.storage.index, blocks=blocks, todo=todo
                     )
                     shared = {int(b) for b in blocks} - {int(b) for b in todo}
                     pool.pending += [f for b, f in self.inflight.items() if b in shared and f is not None]
@@ -360,27 +301,11 @@ class Reader:
         sizes = np.cumsum((self.plan.pool_to - self.plan.pool_from)[g : g + 64])
         return range(g, g + max(int(np.searchsorted(sizes, LAYOUT_WINDOWS, side="right")), 1))
 
-    def _arena(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input and target buffers of ``rows`` rows for a pool (one tensor if the columns are the
-        same). On the CPU each is a memory map of its own: only the decoded blocks' pages are
-        resident, and a dropped pool's pages go back to the OS at once; a small one (a pool of
-        small symbols' shards) comes from the heap, which the next pools reuse without a new map
-        and its page faults."""
+    def _arena(self, rows: int) -> Arena:
+        """A pool's arena of ``rows`` rows, from the storage (one tensor if the columns are the same)."""
         s = self.spec
-
-        def make(cols: int) -> torch.Tensor:
-            if not self.cuda:
-                if rows * cols * 4 < SMALL_ARENA:
-                    return torch.from_numpy(np.empty((rows, cols), np.float32))
-                return torch.from_numpy(mapped((rows, cols), np.float32, huge=False))
-            assert self.gather_stream is not None  # made with CUDA
-            with torch.cuda.stream(self.copy_stream):  # filled there, read on the gather stream:
-                t = torch.empty((rows, cols), device=s.device)
-            t.record_stream(self.gather_stream)  # the allocator waits for both before reusing it
-            return t
-
-        x = make(s.nx)
-        return x, x if s.same_columns else make(s.ny)
+        x = s.storage.arena(rows, s.nx)
+        return Arena(x, x if s.same_columns else s.storage.arena(rows, s.ny), s.window.seq_len)
 
     def _drop(self, g: int) -> None:
         """Forget pool ``g`` (its arena is freed) and take its bytes out of the count."""
@@ -445,7 +370,7 @@ class Reader:
         lo = np.array([p.layout.lo[k] for p, k in group], dtype=np.int64)
         hi = np.array([p.layout.hi[k] for p, k in group], dtype=np.int64)
         at = [int(p.layout.at[k]) for p, k in group]
-        outs = [p.xn[a : a + n] for (p, _), a, n in zip(group, at, (hi - lo).tolist())]
+        outs = [p.arena.x[a : a + n].numpy() for (p, _), a, n in zip(group, at, (hi - lo).tolist())]
         self.spec.sources.read_many(lo, hi, outs)
         self.small_read = min((time.perf_counter() - t0) / len(group), 1.5 * self.small_read)
 
@@ -466,7 +391,7 @@ class Reader:
             self.spec.sources.check_same()
             pool.unchecked = 0
         r = self.resident
-        if r is not None and self.cuda and pool.blocks is not None:  # copies of this pass or an earlier one
+        if r is not None and pool.blocks is not None:  # a device's copies, of this pass or an earlier one
             pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]
 
     def _decode(self, pool: _Pool, k: int) -> None:
@@ -488,33 +413,15 @@ class Reader:
             self.resident.done[int(pool.todo[k])] = True  # type: ignore[union-attr]
 
     def _read(self, pool: _Pool, k: int) -> None:
-        """The read of ``_decode``: on the CPU straight into the arena, on a GPU through pinned memory."""
+        """The read of ``_decode``, through the storage: into the arena on the host, copied to a device."""
         s = self.spec
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
-        if not self.cuda:  # numpy only: no torch thread pool
-            xn, yn = pool.xn[at : at + hi - lo], pool.yn[at : at + hi - lo]
-            if pool.y is pool.x:  # every column: straight into the arena
-                s.sources.read_rows(lo, hi, out=xn, check=False)
-                return
-            arr = s.sources.read_rows(lo, hi, check=False)
-            xn[:] = arr if s.xcols is None else arr[:, s.xcols]
-            yn[:] = arr if s.ycols is None else arr[:, s.ycols]
-            return
-        x, y = pool.x[at : at + hi - lo], pool.y[at : at + hi - lo]
-        arr = s.sources.read_rows(lo, hi, check=False)
-        hx = torch.from_numpy(arr if s.xcols is None else np.ascontiguousarray(arr[:, s.xcols]))
-        hy = (
-            hx
-            if pool.y is pool.x
-            else torch.from_numpy(arr if s.ycols is None else np.ascontiguousarray(arr[:, s.ycols]))
+        copy = s.storage.fill(
+            pool.arena, at, hi - lo, lambda out: s.sources.read_rows(lo, hi, out=out, check=False), (s.xcols, s.ycols)
         )
-        host = [hx.pin_memory()] + ([] if hy is hx else [hy.pin_memory()])
-        with torch.cuda.stream(self.copy_stream):
-            x.copy_(host[0], non_blocking=True)
-            if pool.y is not pool.x:
-                y.copy_(host[-1], non_blocking=True)
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record(self.copy_stream)
+        if copy is None:
+            return
+        event, host = copy
         pool.host.extend(host)
         if pool.todo is not None:
             self.resident.events[int(pool.todo[k])] = event  # type: ignore[union-attr]
@@ -523,40 +430,22 @@ class Reader:
 
     def _gather(self, run: Run) -> Ready:
         """Copy the run's windows and targets from its pools' arenas into new tensors."""
-        s, off = self.spec, self.plan.pool_offsets
+        s, st, off = self.spec, self.storage, self.plan.pool_offsets
         n = run.b - run.a
-        with torch.cuda.stream(self.gather_stream) if self.cuda else contextlib.nullcontext():
-            if self.outputs is not None:
-                x, y = self.outputs.take(n)
-            else:
-                x, y = torch.empty(s.x_shape(n), device=s.device), torch.empty(s.y_shape(n), device=s.device)
+        with st.gathering():
+            x, y = (
+                self.outputs.take(n) if self.outputs is not None else (st.empty(s.x_shape(n)), st.empty(s.y_shape(n)))
+            )
             starts = np.empty(n, dtype=np.int64) if s.meta else None
-            xn, yn = (None, None) if self.cuda else (x.numpy(), y.numpy())
             for g in run.pools:
                 pool = self.pools[g]
                 s0, s1 = max(run.a - int(off[g]), 0), min(run.b - int(off[g]), len(pool.rows))
-                o, m, rows = int(off[g]) + s0 - run.a, s1 - s0, pool.rows[s0:s1]
+                o, m = int(off[g]) + s0 - run.a, s1 - s0
                 if starts is not None:
                     starts[o : o + m] = pool.layout.starts[s0:s1]
-                if xn is not None and yn is not None:  # the CPU: numpy views of the outputs
-                    if self.chunk:
-                        trows = torch.from_numpy(rows)
-                        for i in range(0, m, self.chunk):
-                            j = min(i + self.chunk, m)
-                            torch.index_select(pool.windows, 0, trows[i:j], out=x[o + i : o + j])
-                    else:
-                        np.take(pool.xn, s.window.input_rows(rows), axis=0, out=xn[o : o + m], mode="clip")
-                    np.take(pool.yn, s.window.target_rows(rows), axis=0, out=yn[o : o + m], mode="clip")
-                    continue
-                for event in pool.events:
-                    self.gather_stream.wait_event(event)  # type: ignore[union-attr]
-                torch.index_select(pool.windows, 0, rows, out=x[o : o + m])
-                yrows = (rows[:, None] + torch.from_numpy(s.window.target_steps).to(rows.device)).reshape(-1)
-                torch.index_select(pool.y, 0, yrows, out=y[o : o + m].view(-1, s.ny))
-            event = None
-            if self.cuda:
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(self.gather_stream)
+                st.wait(pool.events)
+                gather(pool.arena, pool.rows[s0:s1], self.steps, self.chunk, out=(x[o : o + m], y[o : o + m]))
+            event = st.mark()
         meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]
         return Ready(batches=[(i, a - run.a, b - run.a) for i, a, b in spans], x=x, y=y, meta=meta, event=event)

@@ -13,6 +13,7 @@ from ..format.cache import Cache
 from ..format.windows import Ranges, WindowSpec
 from .options import columns
 from .sources import Sources
+from .storage import Host, storage_for
 
 __all__ = ["ReadSpec", "ReadsWindows"]
 
@@ -21,8 +22,9 @@ __all__ = ["ReadSpec", "ReadsWindows"]
 class ReadSpec:
     """Everything a reader needs to know about its stream: the caches (``Sources``: one or several in
     one row space) and their valid windows, the window (``WindowSpec``: its shape, its input and
-    target rows), the input/target columns (None: every column), the device, and whether batches
-    carry each window's source, symbol, row and times (``meta``). Made by ``ReadSpec.of``."""
+    target rows), the input/target columns (None: every column), where decoded rows and batches live
+    (``storage``: ``shardcache.read.storage``), and whether batches carry each window's source, symbol,
+    row and times (``meta``). Made by ``ReadSpec.of``."""
 
     sources: Sources
     ranges: Ranges
@@ -31,7 +33,7 @@ class ReadSpec:
     ycols: list[int] | None
     nx: int
     ny: int
-    device: torch.device
+    storage: Host
     meta: bool
 
     @classmethod
@@ -49,9 +51,14 @@ class ReadSpec:
             ycols=ycols,
             nx=len(xcols) if xcols is not None else sources.n_features,
             ny=len(ycols) if ycols is not None else sources.n_features,
-            device=device,
+            storage=storage_for(device),
             meta=bool(meta),
         )
+
+    @property
+    def device(self) -> torch.device:
+        """Where batches are made: the storage's device."""
+        return self.storage.device
 
     @property
     def same_columns(self) -> bool:

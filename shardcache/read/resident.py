@@ -7,10 +7,9 @@ that still has blocks to decode runs the stream's reader (``shardcache.read.read
 the arena: it decodes each missing block as the plan reaches it, as a streamed pass would,
 and marks it decoded once read (a pass left early keeps what it read). A pass with every
 block decoded (from the second epoch on, whatever its epoch, rank, world size or resume)
-reads nothing and starts no thread: ``Resident.batches`` gathers each batch on the caller's thread, straight
-from the arena (numpy fancy indexing on the CPU, one thread whatever torch's settings; on
-the GPU ``index_select`` on the current stream, no copy from the host but the pool's
-window index).
+reads nothing and starts no thread: ``Resident.batches`` gathers each batch on the caller's thread (and,
+on a GPU, its current stream), straight from the arena, with the one gather of every read
+(``shardcache.read.storage``: on the CPU one thread whatever torch's settings).
 
 Batches are the same as streamed ones: the plan, its pools and their served order do not
 change, only where a pool's windows are read from (``served`` gives the arena rows). The
@@ -19,7 +18,6 @@ arena is freed when the stream is closed or dropped. DataLoader workers never us
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,39 +30,12 @@ from ..format.layout import spanned_shards
 from ..format.windows import Ranges
 from .options import Batch, MetaBatch
 from .plan import EpochPlan, PoolLayout
+from .storage import WHOLE, Arena, gather, target_steps
 
 if TYPE_CHECKING:
     from .readspec import ReadSpec
 
-__all__ = ["BlockTable", "Resident", "mapped", "resident_bytes"]
-
-
-_HUGE = 4 << 20  # maps from this size ask for transparent huge pages, as numpy does for its own arrays
-
-
-def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: bool = True) -> np.ndarray:
-    """A new array in an anonymous memory map of its own (page-aligned): only written pages are
-    resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
-
-    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): windows gather
-    faster from them than from 4 KiB pages. The map is private: a shared anonymous map is shmem,
-    whose pages fault in slower and may take no huge pages. ``populate`` faults every page in at
-    once (an output buffer), faster than page by page. ``huge=False`` leaves the advice out for
-    short-lived maps faulted in on the way to a first batch, where fresh huge pages fault in
-    slower. docs/performance.md has the figures behind each choice."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
-    buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
-    if huge and nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
-
-
-def window_view(arena: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Every window of an arena of rows ``[n, F]`` as a view ``[n - seq_len + 1, seq_len, F]`` (no copy):
-    window ``r`` is rows ``r .. r + seq_len - 1``."""
-    n, f = arena.shape
-    return torch.as_strided(arena, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+__all__ = ["BlockTable", "Resident", "resident_bytes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,39 +76,28 @@ def resident_bytes(spec: ReadSpec) -> int:
 
 
 class Resident:
-    """The arena of a stream's resident passes: input columns ``x`` and target columns ``y`` (the
-    same tensor when they are the same columns) of every block, and which blocks are decoded.
+    """The arena of a stream's resident passes (input columns ``x`` and target columns ``y`` of every
+    block, on the stream's storage) and which blocks are decoded.
 
     Only the reader of the live pass writes it (a new pass closes the previous reader first);
-    on a CUDA device ``events[k]`` marks block ``k``'s copy to the device done. ``release``
+    on a device ``events[k]`` marks block ``k``'s copy to it done. ``release``
     drops the arena even while a pass's iterator is still referenced (that pass then fails).
     """
 
     def __init__(self, spec: ReadSpec, shard_rows: int) -> None:
         self.table = BlockTable.of(spec.ranges, shard_rows)
-        n, nx, device = self.table.n_rows, spec.nx, spec.device
-
-        def make(cols: int) -> torch.Tensor:
-            if device.type == "cuda":
-                return torch.empty((n, cols), device=device)
-            return torch.from_numpy(mapped((n, cols), np.float32))
-
-        self.x = make(nx)
-        self.y = self.x if spec.same_columns else make(spec.ny)
+        n, st = self.table.n_rows, spec.storage
+        x = st.arena(n, spec.nx, keep=True)
+        self.arena: Arena | None = Arena(
+            x, x if spec.same_columns else st.arena(n, spec.ny, keep=True), spec.window.seq_len
+        )
         self.nbytes = n * spec.row_bytes  # within the stream's memory_budget
         self.done = np.zeros(len(self.table.lo), dtype=bool)
         self.events: dict[int, Any] = {}
-        view = window_view(self.x, spec.window.seq_len)  # every window as a view: [n, seq_len, nx]
-        if device.type == "cuda":
-            self.windows: Any = view
-        else:
-            self.windows = view.numpy()
-            self.windows.flags.writeable = False
-        self.yn = self.y if device.type == "cuda" else self.y.numpy()
 
     def release(self) -> None:
         """Drop the arena (``close()``): memory goes back once no gather is under way."""
-        self.x = self.y = self.windows = self.yn = None  # type: ignore[assignment]
+        self.arena = None
 
     def served(
         self, plan: EpochPlan, g: int, ranges: Ranges, starts: bool = True
@@ -173,16 +133,13 @@ class Resident:
 
     def batches(self, spec: ReadSpec, plan: EpochPlan, batches: range) -> Iterator[tuple[int, Batch | MetaBatch]]:
         """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
-        caller's thread into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
-        dev = self.x.device
-        if dev.type == "cuda":
-            current = torch.cuda.current_stream(dev)
-            self.x.record_stream(current)  # the allocator waits for these gathers before freeing the arena
-            if self.y is not self.x:
-                self.y.record_stream(current)
-            for event in self.events.values():
-                current.wait_event(event)  # the first pass's copies to the device
-            ysteps = torch.from_numpy(spec.window.target_steps).to(dev)
+        caller's thread (and its current stream) into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
+        st = spec.storage
+        if self.arena is None:
+            raise StreamClosedError("this WindowStream iterator was closed")
+        st.here([self.arena.x, self.arena.y], list(self.events.values()))  # a device: the first pass's copies to it
+        steps, chunk = target_steps(st, spec.window), 0 if st.on_host else WHOLE  # the host's: numpy alone
+        cat = np.concatenate if st.on_host else torch.cat
         off, bounds = plan.pool_offsets, plan.batch_bounds
         first = (np.searchsorted(off, bounds[:-1], side="right") - 1).tolist()  # each batch's pools
         last = (np.searchsorted(off, bounds[1:] - 1, side="right") - 1).tolist()
@@ -195,29 +152,18 @@ class Resident:
                 for old in [k for k in pools if k < keep]:
                     del pools[old]
                 starts, rows = self.served(plan, g, spec.ranges, meta)
-                pools[g] = (starts, torch.from_numpy(rows).to(dev) if dev.type == "cuda" else rows)
+                pools[g] = (starts, rows if st.on_host else st.index(rows))
             return pools[g]
 
         for i in batches:
             a, b, g0, g1 = cuts[i], cuts[i + 1], first[i], last[i]
-            if g0 == g1:  # most batches: one pool
-                starts, rows = pool(g0, g0)
-                lo, hi = a - offs[g0], b - offs[g0]
-                rows, starts = rows[lo:hi], (None if starts is None else starts[lo:hi])
-            else:
-                parts = [(pool(g, g0), max(a - offs[g], 0), b - offs[g]) for g in range(g0, g1 + 1)]
-                got = [p[0][lo:hi] for p, lo, hi in parts if p[0] is not None]  # starts are made with meta
-                starts = np.concatenate(got) if meta else None
-                cat = torch.cat if dev.type == "cuda" else np.concatenate
-                rows = cat([p[1][lo:hi] for p, lo, hi in parts])
-            windows, yn = self.windows, self.yn  # no reference to the arena outlives the batch
-            if windows is None:
+            parts = [(pool(g, g0), max(a - offs[g], 0), b - offs[g]) for g in range(g0, g1 + 1)]
+            pieces = [p[1][lo:hi] for p, lo, hi in parts]
+            rows = pieces[0] if len(pieces) == 1 else cat(pieces)
+            starts = np.concatenate([p[0][lo:hi] for p, lo, hi in parts if p[0] is not None]) if meta else None
+            arena = self.arena  # no reference to the arena outlives the batch
+            if arena is None:
                 raise StreamClosedError("this WindowStream iterator was closed")
-            if isinstance(yn, torch.Tensor):  # CUDA: the arena is on the device
-                x = torch.index_select(windows, 0, rows)
-                y = torch.index_select(yn, 0, (rows[:, None] + ysteps).reshape(-1)).view(spec.y_shape(len(rows)))
-            else:
-                x = torch.from_numpy(windows[rows])
-                y = torch.from_numpy(yn[spec.window.target_rows(rows)])
-            del windows, yn
+            x, y = gather(arena, rows, steps, chunk)
+            del arena
             yield i, (Batch(x, y) if starts is None else MetaBatch(x, y, *spec.window_meta(starts)))

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..errors import StreamClosedError
 from .options import Batch, MetaBatch
 from .plan import EpochPlan
@@ -65,11 +63,8 @@ def serve(
         reader.start()
         while (ready := reader.next()) is not None:
             x, y = ready.x, ready.y
-            if ready.event is not None:  # CUDA: the gather thread's copies, on its own stream
-                current = torch.cuda.current_stream(stream.loading.device)
-                current.wait_event(ready.event)
-                x.record_stream(current)
-                y.record_stream(current)
+            if ready.event is not None:  # a device: the gather thread's copies, on its own stream
+                spec.storage.here([x, y], [ready.event])
             for batch, p, r in ready.batches:
                 if reader.stop.is_set() or (generation is not None and generation != passes.generation):
                     raise StreamClosedError(SUPERSEDED)

@@ -4,8 +4,10 @@ A stream of several caches plans over one *source-tagged* row space: cache ``k``
 ``[0, n_rows_k)`` (``Cache``'s own: each symbol on whole shards) are rows ``[row_bounds[k],
 row_bounds[k + 1])`` of the stream's. The plan, the reader, the resident arena and ``WindowDataset``
 see one row space cut into ``shard_rows``-row shards (the greatest common divisor of the caches'
-shard sizes, so that no shard straddles two caches or two symbols), and ``locate`` tags each row
-with its source again. One cache is the row space it always was: offset 0, its own shards.
+shard sizes, so that no shard straddles two caches or two symbols). It is one table of regions, one
+per (cache, symbol) pair, so ``locate`` names each row's cache, symbol and row in that symbol's own
+arrays with one search, and reads go to each row's cache. One cache is the row space it always was:
+offset 0, its own shards.
 
 Which windows each cache serves: ``split`` names a split every cache must have. The split must
 cover the same time range in every cache (else one cache's training bars would lie in another's
@@ -17,7 +19,7 @@ with a raw one is refused, and so is one cache given twice under any name (``Man
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +124,13 @@ class Sources:
         _check_normalized(self.caches, self.urls)
         self.shard_rows = math.gcd(*(c.shard_rows for c in self.caches))
         self.row_bounds = np.concatenate([[0], np.cumsum([c.n_rows for c in self.caches])]).astype(np.int64)
+        # one region per (cache, symbol), in row order: its first row, cache, symbol and bars
+        self._bases = np.concatenate(
+            [c.rows.bases[:-1] + o for c, o in zip(self.caches, self.row_bounds)] + [[self.n_rows]]
+        )
+        self._cache = np.repeat(np.arange(len(self.caches)), [len(c.rows.bars_per_symbol) for c in self.caches])
+        self._symbol = np.concatenate([np.arange(len(c.rows.bars_per_symbol)) for c in self.caches])
+        self._bars = np.concatenate([c.rows.bars_per_symbol for c in self.caches])
         self.split_times = split_times
         self.split = self._choose(split)
         """The split read (``None``: every bar)."""
@@ -234,38 +243,43 @@ class Sources:
     def n_features(self) -> int:
         return self.caches[0].n_features
 
-    def source_of(self, rows: np.ndarray) -> np.ndarray:
-        """The cache (index into ``caches``) of each row, int64."""
-        src: np.ndarray = np.searchsorted(self.row_bounds, np.asarray(rows, dtype=np.int64), side="right") - 1
-        return src.astype(np.int64)
+    def _regions(self, rows: np.ndarray) -> np.ndarray:
+        """The (cache, symbol) region of each row; a row outside every cache is refused."""
+        i = np.searchsorted(self._bases, rows, side="right") - 1
+        outside = (i < 0) | (i >= len(self._bars))
+        if outside.any():
+            raise IndexError(f"row {int(rows[outside][0])} outside the {self.n_rows} rows of the stream's caches")
+        return i
 
-    def _one(self, row: int) -> tuple[Cache, int]:
-        k = int(np.searchsorted(self.row_bounds, row, side="right")) - 1
-        if not 0 <= k < len(self.caches):
+    def _region(self, row: int) -> int:
+        """``_regions`` of one row (a scalar search: a block's read asks it once or twice)."""
+        i = int(np.searchsorted(self._bases, row, side="right")) - 1
+        if not 0 <= i < len(self._bars):
             raise IndexError(f"row {row} outside the {self.n_rows} rows of the stream's caches")
-        return self.caches[k], int(self.row_bounds[k])
+        return i
+
+    def _by_cache(self, rows: np.ndarray) -> Iterator[tuple[int, Cache, np.ndarray]]:
+        """``(k, cache, which)`` for each cache holding some of ``rows``: the positions of its rows."""
+        if len(self.caches) == 1:
+            yield 0, self.caches[0], np.arange(len(rows))
+            return
+        src = self._cache[self._regions(rows)]
+        for k in np.unique(src).tolist():
+            yield k, self.caches[k], np.flatnonzero(src == k)
 
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None, *, check: bool = True) -> np.ndarray:
         """Rows ``[start, stop)`` (inside one symbol of one cache) of its ``features`` (``Cache.read_rows``)."""
-        cache, off = self._one(start)
-        return cache.read_rows(start - off, stop - off, out, check=check)
+        k = int(self._cache[self._region(start)])
+        off = int(self.row_bounds[k])
+        return self.caches[k].read_rows(start - off, stop - off, out, check=check)
 
     def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
         """``read_rows`` of rows ``[starts[k], stops[k])`` into ``outs[k]`` for many blocks at once
         (``Cache.read_many`` of each cache's blocks)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
-        if len(self.caches) == 1:
-            self.caches[0].read_many(starts, stops, outs, check=check)
-            return
-        src = self.source_of(starts)
-        outside = (src < 0) | (src >= len(self.caches))
-        if outside.any():
-            raise IndexError(f"row {int(starts[outside][0])} outside the {self.n_rows} rows of the stream's caches")
-        for k, cache in enumerate(self.caches):
-            mine = np.flatnonzero(src == k)
-            if len(mine):
-                off = int(self.row_bounds[k])
-                cache.read_many(starts[mine] - off, stops[mine] - off, [outs[j] for j in mine.tolist()], check=check)
+        for k, cache, mine in self._by_cache(starts):
+            off = int(self.row_bounds[k])
+            cache.read_many(starts[mine] - off, stops[mine] - off, [outs[j] for j in mine.tolist()], check=check)
 
     def check_same(self) -> None:
         """``Cache.check_same`` of every cache: none was replaced since it was opened."""
@@ -275,39 +289,29 @@ class Sources:
     def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """``readahead.will_read`` of the row ranges ``[starts[k], stops[k])`` (each inside one symbol of one cache)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
-        src = self.source_of(starts)
-        for k, cache in enumerate(self.caches):
-            mine = src == k
-            if mine.any():
-                off = int(self.row_bounds[k])
-                will_read(cache, starts[mine] - off, stops[mine] - off)
+        for k, cache, mine in self._by_cache(starts):
+            off = int(self.row_bounds[k])
+            will_read(cache, starts[mine] - off, stops[mine] - off)
 
     def region_stop(self, row: int) -> int:
         """End of the rows of the symbol holding ``row``: reads must stop there."""
-        cache, off = self._one(row)
-        return cache.rows.region_stop(row - off) + off
+        i = self._region(row)
+        return int(self._bases[i] + self._bars[i])
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Cache, symbol (in that cache) and row in that symbol's own arrays of each row (int64 all)."""
         rows = np.asarray(rows, dtype=np.int64)
-        if len(self.caches) == 1:
-            return (np.zeros(rows.shape, np.int64), *self.caches[0].rows.locate(rows))
-        src = self.source_of(rows)
-        symbol, local = np.empty_like(rows), np.empty_like(rows)
-        for k in np.unique(src).tolist():
-            m = src == k
-            symbol[m], local[m] = self.caches[k].rows.locate(rows[m] - self.row_bounds[k])
-        return src, symbol, local
+        i = np.searchsorted(self._bases, rows, side="right") - 1
+        return self._cache[i], self._symbol[i], rows - self._bases[i]
 
     def bar_times(self, rows: np.ndarray) -> np.ndarray:
         """Bar start times (int64 ns since the epoch) of rows, read from each row's cache (``Cache.bar_times``)."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(self.caches) == 1:
             return self.caches[0].bar_times(rows)
-        src, out = self.source_of(rows), np.empty(rows.shape, np.int64)
-        for k in np.unique(src).tolist():
-            m = src == k
-            out[m] = self.caches[k].bar_times(rows[m] - self.row_bounds[k])
+        out = np.empty(rows.shape, np.int64)
+        for k, cache, mine in self._by_cache(rows.reshape(-1)):
+            out.reshape(-1)[mine] = cache.bar_times(rows.reshape(-1)[mine] - self.row_bounds[k])
         return out
 
     def __repr__(self) -> str:

@@ -1,89 +1,13 @@
-"""Stream every sliding window of a cache as ready batches, and read single windows by index.
+"""Stream every sliding window of a cache as ready batches: ``WindowStream``.
 
-``WindowStream`` is a ``torch.utils.data.IterableDataset`` for training
-(``DataLoader(stream, batch_size=None, num_workers=k)`` or ``stream.loader(k)``);
-``WindowDataset`` (``shardcache.read.dataset``) is its map-style twin for evaluation. Both take a
-``WindowSpec`` (or its fields: ``seq_len`` positionally, the rest by keyword only).
-
-How a batch is made
-    The epoch's plan (``plan.make_plan``) is computed before a byte is read. Each iterator
-    has a reader (``shardcache.read.reader``, given a ``ReadSpec``): ``decoders`` threads read each
-    mixing pool's shard blocks into one arena per pool, in plan order, as far ahead as the
-    budget allows (the open pools plus ``prefetch`` blocks, or ``memory_budget``); a gather
-    thread copies runs of consecutive batches out of the arenas (one ``index_select`` per
-    pool) and queues them, so each window is copied once, from the
-    decoded bars into the batch, and the consumer only takes ready batches. With a ``memory_budget``
-    that holds the split (``resident``) its bars stay decoded (``shardcache.read.resident``).
-
-Several caches
-    ``WindowStream([es, nq], 60, split="train")`` streams caches with the same features as one:
-    each cache's rows are laid out in one row space (``shardcache.read.sources``), so the plan,
-    exactly-once delivery, workers, ranks, resume and the resident arena are those of one cache,
-    and ``MetaBatch.source`` names each window's cache again. ``weights`` (with
-    ``epoch_windows``) serve the caches in given proportions instead of every window once
-    (``shardcache.read.mixture``). The split must cover the same times in every cache, or
-    ``split_times`` cuts them all again at shared times; each cache keeps its own statistics.
-
-Shuffling
-    Shards are permuted every epoch (from ``seed`` and the epoch), each rank takes an equal
-    contiguous run of that order, and its pieces are cut into pools of ``mix`` consecutive
-    shards whose windows are permuted together. One batch draws from the ``mix`` (at a pool
-    boundary ``2 * mix``) shards of its pool, not from the whole cache: raise ``mix`` for
-    more mixing at the cost of ``mix`` resident blocks per reader.
-
-Passes and epochs (one rule, whatever the loader)
-    Every new pass (``iter()``: a ``for`` loop, a DataLoader epoch, Lightning's) is a full
-    epoch from its first batch; a pass left early (a peek, a ``break``, a sanity check)
-    never shortens the next one. Each pass is the next epoch, so a shuffled stream shuffles
-    anew; ``shuffle=False`` serves the same windows in the same order every pass.
-    ``set_epoch(e)`` pins the next pass to epoch ``e`` (the ones after it are ``e + 1``, ...);
-    ``load_state_dict`` pins it to the saved epoch and position, and a ``set_epoch`` of that
-    same epoch before the pass keeps the position. In-process the stream counts passes
-    itself; a plain DataLoader's worker counts its own passes in the stream's shared-memory
-    state (its pass count is the DataLoader's), so plain, persistent and ``loader()``
-    workers all agree (``stream.epoch`` reads their count). Only ``loader()`` (or in-process
-    iteration) counts delivered batches, so only they make ``state_dict()`` exact mid-epoch.
-
-    A new ``iter()`` in the same process supersedes the previous iterator of the stream:
-    the old one raises ``StreamClosedError`` (a ``RuntimeError``) at its next batch (two live
-    iterators of one stream would make the position meaningless). The pass state itself
-    (``shardcache.read.passes``) is one object, ``stream.passes``.
-
-Ranks
-    Rank and world size are resolved when a pass's plan is made: ``torch.distributed`` if
-    initialized, else ``RANK``/``WORLD_SIZE``, else 0/1 (a DataLoader worker started by
-    spawn takes its main process's). A stream made before ``init_process_group`` is correct.
-    Every valid window is served once per epoch across workers and ranks: batch ``i`` of a
-    rank goes to worker ``i % num_workers``. So that every rank has the same number of
-    batches, ``plan().dropped`` windows (fewer than the world size) are left out of each
-    epoch, and with ``drop_last`` also each rank's last partial batch. A world with more ranks
-    than windows is refused when a plan is made (each rank would have no batch).
-
-Elastic resume
-    ``state_dict()`` is the same on every rank (ranks move in lockstep); loaded at another
-    world size, the rest of the epoch (every window no rank had delivered) is dealt out again,
-    each once, in the same order, with the same number of batches on every rank. A state is
-    refused (``StateError``, naming the field) when it is from another stream: another seed,
-    shuffle, mix, batch size, window shape, split, cache (its bars: an appended cache is
-    another; several caches, in their order), weights or split times, or when its history is
-    not a position inside its epoch.
-
-Torch threads
-    The stream never changes torch's thread settings as the caller sees them: only its gather
-    thread runs on one OpenMP thread, set for that thread alone (see ``shardcache.read.reader``).
-
-Outputs
-    Batches are ``Batch(x, y)`` (``x, y = batch`` works), or ``MetaBatch(x, y, index, symbol,
-    time, target_time, source)`` with ``meta=True`` (``time`` is the last input bar's,
-    ``target_time`` each target bar's, ``source`` the window's cache); every tensor is one the caller may keep. A DataLoader worker
-    gathers its batches into a few reused shared-memory slots that the main process maps once
-    (``shardcache.read.ship``): a batch crosses as a few integers, and a slot is reused only
-    once the caller has dropped every tensor over it. ``MetaBatch.index`` is each window's
-    symbol and row in that symbol's own arrays, which plain zarr and xarray users can read.
-
-Resources
-    ``close()`` (or ``with``) stops every reader's threads and DataLoader worker the stream
-    started and frees a resident arena; a garbage-collected iterator stops its reader.
+A ``torch.utils.data.IterableDataset`` for training (``DataLoader(stream, batch_size=None,
+num_workers=k)`` or ``stream.loader(k)``); ``WindowDataset`` (``shardcache.read.dataset``) is its
+map-style twin. The stream is a thin front: the epoch's plan (``plan``) is made before a byte is
+read, a pass's state lives in ``passes``, the caches' row space in ``sources``, and each iterator's
+batches come from ``serve`` (a ``reader`` decoding ahead in its threads, or a resident arena,
+``resident``). What it promises (every pass a full epoch, exactly once across workers and ranks,
+the shuffle, bounded memory, elastic resume, torch's thread settings left alone, several caches,
+devices) is docs/guarantees.md, each promise a test in ``tests/test_stream*.py``.
 """
 
 from __future__ import annotations

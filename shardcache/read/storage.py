@@ -1,0 +1,298 @@
+"""Where decoded rows live, and the one gather that copies windows out of them.
+
+Every read gathers the same way: ``gather`` copies a batch's windows (``index_select`` of an ``Arena``'s
+window view) and their targets from an arena of decoded rows into batch tensors. Streamed passes
+(``shardcache.read.reader``), resident passes (``shardcache.read.resident``) and ``WindowDataset`` differ
+only in which arena they gather from and which rows.
+
+Where an arena lives is a storage strategy: ``Host`` (the CPU: a block is read straight into its place in
+the arena) or ``Device`` (a torch device: a block is decoded on the host and copied over; on CUDA through
+pinned memory, non-blocking, on a copy stream, each copy marked by an event the gathers wait for). Only
+allocation and transfer differ between them; ``Device(torch.device("cpu"))`` runs the device strategy's
+code on the CPU, which is how the tests run it without a GPU.
+
+Torch threads: on the CPU a gather never runs on torch's intra-op thread pool. An ``index_select`` spread
+over several threads runs several times slower as soon as another thread is busy (a decoder, the training
+loop; docs/performance.md), and limiting it would mean ``torch.set_num_threads``, a process-wide setting
+the caller owns. A reader's own thread sets its own OpenMP thread count to 1 where torch runs on libgomp
+(``one_thread_here``: per thread, every other thread's count stays as it is) and gathers a run with one
+``index_select``. Elsewhere (the caller's thread, another OpenMP) a gather is cut so that it runs on the
+calling thread anyway: a reader's narrow windows through ``index_select`` in pieces of at most ``GRAIN``
+elements, which ATen's ``parallel_for`` runs inline (``chunk_for``), wide ones through ``numpy.take`` over
+rows; the caller's thread (resident and map-style reads) gathers with numpy alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import glob
+import mmap
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..format.windows import WindowSpec
+
+__all__ = ["Arena", "Device", "Host", "chunk_for", "gather", "mapped", "one_thread_here", "storage_for", "target_steps"]
+
+GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
+MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
+SMALL_ARENA = 1 << 20  # bytes of a pool's arena below which it comes from the heap, not a map of its own
+_HUGE = 4 << 20  # maps from this size ask for transparent huge pages, as numpy does for its own arrays
+WHOLE = 1 << 62  # a chunk no gather reaches: one index_select
+
+
+def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: bool = True) -> np.ndarray:
+    """A new array in an anonymous memory map of its own (page-aligned): only written pages are
+    resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
+
+    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): windows gather
+    faster from them than from 4 KiB pages. The map is private: a shared anonymous map is shmem,
+    whose pages fault in slower and may take no huge pages. ``populate`` faults every page in at
+    once (an output buffer), faster than page by page. ``huge=False`` leaves the advice out for
+    short-lived maps faulted in on the way to a first batch, where fresh huge pages fault in
+    slower. docs/performance.md has the figures behind each choice."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+    buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
+    if huge and nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
+
+
+class Arena:
+    """Decoded rows: input columns ``x`` and target columns ``y`` (the same tensor when they are the same
+    columns), with every window of ``x`` as a view ``windows`` ``[n - seq_len + 1, seq_len, F]`` (no copy):
+    window ``r`` is rows ``r .. r + seq_len - 1``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> None:
+        self.x, self.y, self.seq_len = x, y, seq_len
+        n, f = x.shape
+        self.windows = torch.as_strided(x, (max(n - seq_len + 1, 0), seq_len, f), (f, f, 1))
+
+    @property
+    def shared(self) -> bool:
+        """Inputs and targets are one tensor: every column."""
+        return self.y is self.x
+
+    @functools.cached_property
+    def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """numpy views of ``x``, ``y`` and ``windows`` (a host arena), made once: numpy's copies read them."""
+        return self.x.numpy(), self.y.numpy(), self.windows.numpy()
+
+
+def gather(
+    src: Arena,
+    rows: Any,
+    steps: torch.Tensor,
+    chunk: int,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows starting at arena rows ``rows`` (``[m, seq_len, nx]``) and their targets, rows ``rows + steps``
+    (``[m, ny]`` for a 0-d ``steps``, ``[m, len(steps), ny]`` for a 1-d one), copied into ``out`` or new tensors:
+    one ``index_select`` with ``WHOLE`` (``rows`` a tensor); on the host, pieces of ``chunk`` windows, or numpy
+    with 0 (new tensors: numpy's fancy indexing alone; ``rows`` may be a numpy array)."""
+    m, ny, lead = len(rows), src.y.shape[1], (-1,) + (1,) * steps.ndim
+    if chunk == WHOLE:  # a device, or a host thread whose torch ops run on it alone
+        ys = rows.reshape(lead) + steps
+        if out is None:
+            out = src.x.new_empty((m, src.seq_len, src.x.shape[1])), src.y.new_empty((*ys.shape, ny))
+        torch.index_select(src.windows, 0, rows, out=out[0])
+        torch.index_select(src.y, 0, ys.reshape(-1), out=out[1].view(-1, ny))
+        return out
+    r = rows if isinstance(rows, np.ndarray) else rows.numpy()
+    yr = r.reshape(lead) + steps.numpy()
+    xn, yn, wn = src.host
+    if out is None:  # one copy each
+        return torch.from_numpy(wn[r]), torch.from_numpy(yn[yr])
+    if chunk:
+        t = torch.as_tensor(rows)
+        for i in range(0, m, chunk):
+            torch.index_select(src.windows, 0, t[i : i + chunk], out=out[0][i : i + chunk])
+    else:  # ``mode="clip"``: the output is not buffered
+        np.take(xn, r[:, None] + np.arange(src.seq_len), axis=0, out=out[0].numpy(), mode="clip")
+    np.take(yn, yr.reshape(-1), axis=0, out=out[1].numpy().reshape(-1, ny), mode="clip")
+    return out
+
+
+def target_steps(storage: Host, window: WindowSpec) -> torch.Tensor:
+    """A window's target offsets as ``gather`` takes them: 0-d for one horizon, 1-d for a sequence of them."""
+    steps = window.target_steps
+    return storage.index(steps if window.multi else steps[:1].reshape(()))
+
+
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> Any:
+    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
+        try:
+            return ctypes.CDLL(path, mode=os.RTLD_NOLOAD).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def one_thread_here() -> bool:
+    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
+    count and torch's default for new threads as they are; False where that is not possible."""
+    setter = _omp_set_num_threads()
+    if setter is None:
+        return False
+    torch.get_num_threads()  # torch's per-thread initialisation first: it would undo the setting below
+    setter(1)
+    return torch.get_num_threads() == 1
+
+
+def chunk_for(storage: Host, seq_len: int, nx: int, own_thread: bool) -> int:
+    """Windows per ``index_select`` of a gather that must stay on the calling thread (0: ``numpy.take``);
+    ``WHOLE`` on a device or on a thread that runs its torch ops alone (``own_thread``)."""
+    if not storage.on_host or own_thread:
+        return WHOLE
+    chunk = GRAIN // (seq_len * nx)
+    return chunk if chunk >= MIN_CHUNK else 0
+
+
+Read = Callable[[np.ndarray | None], np.ndarray]
+"""A block's read: its rows of every column, into the given array (or a new one with None)."""
+
+
+class Host:
+    """The host storage strategy (and the base of ``Device``, which overrides allocation and transfer). The CPU: arenas in host memory, blocks read straight into them, gathers on the calling thread."""
+
+    device = torch.device("cpu")
+    on_host = True
+
+    def arena(self, rows: int, cols: int, *, keep: bool = False) -> torch.Tensor:
+        """An arena of ``rows`` x ``cols`` float32. A pool's (``keep=False``) is a memory map of its own, so
+        a dropped pool's pages go back to the OS at once, or, when small, heap memory the next pools reuse
+        without a new map and its page faults; a resident arena (``keep``) is a map with huge pages."""
+        if keep:
+            return torch.from_numpy(mapped((rows, cols), np.float32))
+        if rows * cols * 4 < SMALL_ARENA:
+            return torch.from_numpy(np.empty((rows, cols), np.float32))
+        return torch.from_numpy(mapped((rows, cols), np.float32, huge=False))
+
+    def index(self, rows: np.ndarray) -> torch.Tensor:
+        """Row numbers as the gathers take them."""
+        return torch.from_numpy(rows)
+
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """A new batch tensor."""
+        return torch.empty(shape, dtype=torch.float32)
+
+    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: tuple[list[int] | None, list[int] | None]) -> Any:
+        """Read a block of ``n`` rows into arena rows ``at:at + n`` (only ``cols``' input and target columns)."""
+        x = arena.x[at : at + n].numpy()
+        if arena.shared:  # every column: straight into the arena
+            read(x)
+            return None
+        arr, (xcols, ycols) = read(None), cols
+        x[:] = arr if xcols is None else arr[:, xcols]
+        arena.y[at : at + n].numpy()[:] = arr if ycols is None else arr[:, ycols]
+        return None
+
+    def copying(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a block's transfer runs."""
+        return contextlib.nullcontext()
+
+    def gathering(self) -> contextlib.AbstractContextManager[Any]:
+        """Where a reader's gathers run."""
+        return contextlib.nullcontext()
+
+    def mark(self) -> Any:
+        """An event marking the work queued so far in ``gathering``; None on the host (it is done)."""
+        return None
+
+    def wait(self, events: list[Any]) -> None:
+        """Make the gathers wait for ``events`` (block copies)."""
+
+    def here(self, tensors: list[torch.Tensor], events: list[Any]) -> None:
+        """Use ``tensors`` on the caller's (current) stream from now on, once ``events`` are done."""
+
+
+class Device(Host):
+    """A torch device: arenas and batches on it, blocks decoded on the host and copied over. On CUDA a copy
+    runs non-blocking from pinned memory on a copy stream and is marked by an event; the reader's gathers
+    run on a gather stream that waits for those events."""
+
+    on_host = False
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+
+    @functools.cached_property
+    def _streams(self) -> tuple[Any, Any]:
+        """The copy and the gather stream (None, None off CUDA), made on first use."""
+        if not self.cuda:
+            return None, None
+        return torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+
+    def arena(self, rows: int, cols: int, *, keep: bool = False) -> torch.Tensor:
+        """An arena on the device, made on the copy stream; the allocator waits for the gathers too before
+        it reuses the memory."""
+        with self.copying():
+            t = torch.empty((rows, cols), dtype=torch.float32, device=self.device)
+        if self.cuda:
+            t.record_stream(self._streams[1])
+        return t
+
+    def index(self, rows: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(rows).to(self.device)
+
+    def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.float32, device=self.device)
+
+    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: tuple[list[int] | None, list[int] | None]) -> Any:
+        """Decode the block on the host and copy it to arena rows ``at:at + n``: ``(event, host buffers)``
+        on CUDA, the buffers kept until the copy is done."""
+        arr, (xcols, ycols) = read(None), cols
+        hx = torch.from_numpy(arr if xcols is None else np.ascontiguousarray(arr[:, xcols]))
+        hy = hx if arena.shared else torch.from_numpy(arr if ycols is None else np.ascontiguousarray(arr[:, ycols]))
+        host = [t.pin_memory() for t in dict.fromkeys([hx, hy])] if self.cuda else [hx, hy]
+        with self.copying():
+            arena.x[at : at + n].copy_(host[0], non_blocking=self.cuda)
+            if not arena.shared:
+                arena.y[at : at + n].copy_(host[-1], non_blocking=self.cuda)
+            event = self._event(self._streams[0])
+        return None if event is None else (event, host)
+
+    def copying(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(self._streams[0]) if self.cuda else contextlib.nullcontext()
+
+    def gathering(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(self._streams[1]) if self.cuda else contextlib.nullcontext()
+
+    def mark(self) -> Any:
+        return self._event(self._streams[1])
+
+    def wait(self, events: list[Any]) -> None:
+        for event in events:
+            self._streams[1].wait_event(event)
+
+    def here(self, tensors: list[torch.Tensor], events: list[Any]) -> None:
+        if not self.cuda:
+            return
+        current = torch.cuda.current_stream(self.device)
+        for t in dict.fromkeys(tensors):  # the allocator waits for the current stream's work before freeing them
+            t.record_stream(current)
+        for event in events:
+            current.wait_event(event)
+
+    def _event(self, stream: Any) -> Any:
+        """An event recorded on ``stream`` (None off CUDA)."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(stream)
+        return event
+
+
+def storage_for(device: torch.device) -> Host:
+    """The storage of a stream's device: ``Host`` for the CPU, ``Device`` for any other."""
+    return Host() if device.type == "cpu" else Device(device)
