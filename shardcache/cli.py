@@ -40,12 +40,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _setup_logging(quiet: bool) -> None:
-    logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO, format="%(name)s: %(message)s", stream=sys.stderr
-    )
-
-
 def _add_storage_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage-option",
@@ -72,8 +66,7 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any] | None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    """``build-cache``'s arguments, in the order ``--help`` lists them: the inputs and the output, then the
-    options of what is built and of how this run goes."""
+    """``build-cache``'s arguments, in ``--help``'s order: inputs and output, what is built, how it runs."""
     default = BuildOptions.defaults()  # the build options' defaults are BuildOptions' own
     p.add_argument("sources", nargs="+", help="DBN (.dbn, .dbn.zst), Parquet or CSV files, directories or globs")
     p.add_argument("--out", "-o", required=True, help="cache location: a directory or an fsspec URL (s3://...)")
@@ -131,9 +124,7 @@ def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> N
 
 
 def _add_run_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
-    """The rest, in the order ``--help`` lists them: how a run goes (``RunOptions``), the summary's window
-    count (``--seq-len``, ``--horizon``), overwrites, resumes and appends, ``--stats-from`` and the output's
-    form; ``default`` the build options' defaults."""
+    """The rest, in ``--help``'s order: how a run goes (``RunOptions``), the summary, resumes and appends."""
     p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
     p.add_argument(
         "--scheduler",
@@ -214,13 +205,7 @@ def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
     from .inspect.views import info
 
     build_only = (*BuildOptions.names(), "overwrite")  # what --append refuses: the cache has them
-    explicit = getattr(args, "explicit", None)
-    if explicit is None:  # called without the command line: compare with the defaults
-        parser = argparse.ArgumentParser()
-        _add_build_args(parser)
-        explicit = {k for k in build_only if hasattr(args, k) and getattr(args, k) != parser.get_default(k)}
-    given = [k for k in build_only if k in explicit]
-    if given:
+    if given := [k for k in build_only if k in args.explicit]:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
         raise ShardcacheError(f"--append keeps the build options of {args.out}; drop {flags}")
     cache = append_cache(args.sources, args.out, stats=args.stats or "frozen", run=run)
@@ -305,17 +290,14 @@ def format_info(info: dict[str, Any]) -> str:
         f"records   {c.get('records_read', 0):,} read; dropped {drop_desc}; "
         f"{c.get('reordered', 0):,} out of order (sorted)"
     )
-    resampled = c.get("resampled")
-    if resampled:
+    if resampled := c.get("resampled"):
         lines.append(f"resampled {', '.join(resampled['from'])} bars into {resampled['to']} bars (--bar)")
-    rolls = c.get("rolls") or 0
-    if rolls:
+    if rolls := c.get("rolls") or 0:
         lines.append(
             f"rolls     {rolls:,} contract roll(s) in continuous symbols; each cuts its segment "
             "(the manifest's rolls have their times and instruments)"
         )
-    unmapped = c.get("unmapped") or {}
-    if unmapped:
+    if unmapped := c.get("unmapped") or {}:
         lines.append(
             f"unmapped  {unmapped.get('records', 0):,} records of {unmapped.get('instruments', 0)} "
             f"instrument(s) without a symbol mapping, {unmapped.get('outside_mapping_dates', 0):,} "
@@ -361,8 +343,7 @@ def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
         f"total: {sum(s.rows for s in shards):,} rows, {_fmt_bytes(stored)} stored for "
         f"{_fmt_bytes(raw)} of float32 ({ratio})"
     )
-    missing = [s.key for s in shards if s.missing]
-    if missing:
+    if missing := [s.key for s in shards if s.missing]:
         lines.append(f"MISSING: {len(missing)} shard object(s): {', '.join(missing)}")
     return "\n".join(lines)
 
@@ -375,9 +356,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .format.cache import open_cache
     from .inspect.views import info
 
-    if args.seq_len < 1 or args.horizon < 0:
-        flag, value = ("--seq-len", args.seq_len) if args.seq_len < 1 else ("--horizon", args.horizon)
-        raise ShardcacheError(f"{flag} {value}: must be at least {1 if flag == '--seq-len' else 0}")
+    _at_least(1, seq_len=args.seq_len)
+    _at_least(0, horizon=args.horizon)
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     _print_info(info(cache, args.seq_len, args.horizon), args.json)
     return 0
@@ -400,34 +380,24 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     cache = open_cache(args.cache, _storage_options(args.storage_option))
     table = shards(cache)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "path": cache.url,
-                    "shard_rows": cache.shard_rows,
-                    "n_features": cache.n_features,
-                    "symbols": len(cache.symbols),
-                    "shards": [s.to_dict() for s in table],
-                },
-                indent=2,
-            )
-        )
+        doc = dict(path=cache.url, shard_rows=cache.shard_rows, n_features=cache.n_features, symbols=len(cache.symbols))
+        print(json.dumps({**doc, "shards": [s.to_dict() for s in table]}, indent=2))
     else:
         print(format_shards(table, cache.url))
     return 1 if any(s.missing for s in table) else 0
 
 
-def _at_least_one(**options: int) -> None:
-    """Refuse a count option below 1 in one line, before anything is written."""
+def _at_least(minimum: int, **options: int) -> None:
+    """Refuse a count option below ``minimum`` in one line, before anything is written."""
     for name, value in options.items():
-        if value < 1:
-            raise ShardcacheError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+        if value < minimum:
+            raise ShardcacheError(f"--{name.replace('_', '-')} {value}: must be at least {minimum}")
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from .ingest.sample import make_sample
 
-    _at_least_one(days=args.days)
+    _at_least(1, days=args.days)
     t0 = time.perf_counter()
     files = make_sample(args.out, days=args.days, seed=args.seed)
     print(f"wrote {len(files)} DBN files to {args.out} in {time.perf_counter() - t0:.1f} s")
@@ -445,7 +415,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .read.plan import valid_ranges
     from .read.stream import WindowStream
 
-    _at_least_one(days=args.days, seq_len=args.seq_len)
+    _at_least(1, days=args.days, seq_len=args.seq_len)
     tune_allocator()
     data, out = os.path.join(args.dir, "dbn"), os.path.join(args.dir, "cache.zarr")
     files = sample_files(data, days=args.days)  # a shorter sample is the longer one's first days
@@ -480,7 +450,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if n == expected else 1
 
 
-_CACHE_HELP = "the cache: a directory or an fsspec URL (s3://...)"
+def _add_reader(
+    sub: Any, name: str, help: str, func: Callable[[argparse.Namespace], int], what: str, counts: Sequence[Any] = ()
+) -> None:
+    """A command that reads one cache (``info``, ``ls``, ``verify``), with ``counts``' (flag, default, help)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("cache", help="the cache: a directory or an fsspec URL (s3://...)")
+    for flag, default, text in counts:
+        p.add_argument(flag, type=int, default=default, help=text)
+    p.add_argument("--json", action="store_true", help=f"print the {what} as JSON")
+    _add_storage_arg(p)
+    p.set_defaults(func=func, quiet=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -493,23 +473,13 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a cache (same as build-cache)")
     _add_build_args(b)
     b.set_defaults(func=_cmd_build)
-    i = sub.add_parser("info", help="summarize a cache")
-    i.add_argument("cache", help=_CACHE_HELP)
-    i.add_argument("--seq-len", type=int, default=60, help="input bars per window, for the window counts (60)")
-    i.add_argument("--horizon", type=int, default=1, help="target bars ahead, for the window counts (1)")
-    i.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _add_storage_arg(i)
-    i.set_defaults(func=_cmd_info, quiet=True)
-    ls = sub.add_parser("ls", help="list the shards: rows, symbols, time range, stored bytes, ratio")
-    ls.add_argument("cache", help=_CACHE_HELP)
-    ls.add_argument("--json", action="store_true", help="print the table as JSON")
-    _add_storage_arg(ls)
-    ls.set_defaults(func=_cmd_ls, quiet=True)
-    v = sub.add_parser("verify", help="re-read every shard: checksums, digests, timestamps, segments")
-    v.add_argument("cache", help=_CACHE_HELP)
-    v.add_argument("--json", action="store_true", help="print the report as JSON")
-    _add_storage_arg(v)
-    v.set_defaults(func=_cmd_verify, quiet=True)
+    windows = (
+        ("--seq-len", 60, "input bars per window, for the window counts (60)"),
+        ("--horizon", 1, "target bars ahead, for the window counts (1)"),
+    )
+    _add_reader(sub, "info", "summarize a cache", _cmd_info, "summary", windows)
+    _add_reader(sub, "ls", "list the shards: rows, symbols, time range, stored bytes, ratio", _cmd_ls, "table")
+    _add_reader(sub, "verify", "re-read every shard: checksums, digests, timestamps, segments", _cmd_verify, "report")
     s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
     s.add_argument("out", help="folder to write the daily .dbn.zst files into")
     s.add_argument("--days", type=int, default=360, help="trading days to generate, from 2023-01-02 (360)")
@@ -527,7 +497,8 @@ _BUILD_EXTRA = frozenset({"dask", "distributed", "pyarrow", "databento_dbn"})  #
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, prog: str) -> int:
-    _setup_logging(getattr(args, "quiet", False))
+    level = logging.WARNING if getattr(args, "quiet", False) else logging.INFO
+    logging.basicConfig(level=level, format="%(name)s: %(message)s", stream=sys.stderr)
     try:
         return func(args)
     except ShardcacheError as exc:

@@ -1,41 +1,15 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-A cache keeps each symbol in its own group (``shardcache.format.layout``), so a symbol grows in
-place. ``append_cache`` scans and merges the new inputs with the build's own stages, then
-for every symbol with new bars:
+``append_cache`` scans and merges the new inputs with the build's stages, then for every symbol with new
+bars refuses any at or before its last stored bar, rewrites its partial last shard and writes new ones
+after it, and continues its last segment when the first new bar follows within ``max_gap`` in the same
+split on the same instrument (features from the raw last bar the manifest keeps, ``tails``), as one
+build of every bar would. New symbols get new groups; split cut times and statistics are the cache's
+(``stats="recompute"`` rebuilds from the recorded inputs plus the new ones).
 
-* refuses bars at or before the symbol's last stored bar (one line naming the file): an
-  append adds only later bars, it never inserts or replaces;
-* rewrites its partial last shard (its stored rows read back as they are, plus the new ones),
-  writes new whole shards after it, then the ``zarr.json`` of its ``features`` and ``time`` at
-  their new length; every other object of every symbol is left as it is, and the root index
-  (``segments``, ``shards``, ``shard_digests``) is written again whole;
-* continues the symbol's last segment when the first new bar follows the last stored one
-  within the cache's ``max_gap``, in the same split and on the same instrument (a continuous
-  symbol that rolls at the boundary starts a new segment, its roll recorded as a build
-  records it), so windows across the boundary become valid; the first new bar's features use
-  the raw last bar kept in the manifest (``tails``, with its instrument), as a build that
-  saw every bar at once would.
-
-New symbols get new groups after the existing ones (the symbol list keeps its order).
-Splits keep the cache's cut times (fraction splits were resolved to times at the first
-build), and statistics are frozen: the cache's mean/std normalize the new bars.
-``stats="recompute"`` instead rebuilds the cache from its recorded inputs plus the new ones
-(``--overwrite``) at the same split cut times: every shard is rewritten with statistics over
-all train bars.
-
-Atomicity reuses the build's staging (``shardcache.ingest.staging``): locally the append works on
-``OUT.staging/cache.zarr``, a tree of hard links to ``OUT``'s files, and is swapped in with
-one ``renameat2(RENAME_EXCHANGE)``. ``CacheWriter`` writes every object to a temporary name and
-renames it into place, which replaces a staged link instead of writing through it, so the
-staging copy never changes a file it shares with ``OUT``. A killed append leaves
-``OUT`` byte for byte untouched and resumes with ``resume=True``. On object stores the
-append writes in place: new and rewritten shards first (a rewritten tail shard keeps its
-stored rows), then the grown symbols' documents, the history, the root index and the manifest
-last. Those
-last writes are decided once and saved in the staging folder (``_Finish``) before the first of
-them, so a rerun after a kill among them writes the same ones (never a second history record),
-and a ``resume`` of an append already finished changes nothing.
+Locally the append works on hard links to ``OUT``'s files (``CacheWriter`` renames each object into
+place, never writing through a link) and is swapped in as a build is; on an object store it writes in
+place, the manifest last, its last writes decided once and saved (``_Finish``). See docs/cli.md.
 """
 
 from __future__ import annotations
@@ -58,7 +32,7 @@ from ..errors import CacheError, OptionError, ShardcacheError, SourceError
 from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.index import ShardIndex
 from ..format.layout import ATTR, open_group, symbol_bases, symbol_chunk_rows
-from ..format.manifest import Manifest
+from ..format.manifest import Layout, Manifest
 from ..format.paths import is_local, local_path
 from ..format.remote import filesystem
 from ..format.writer import CacheWriter
@@ -99,10 +73,9 @@ class _Placement:
 
 @dataclass(kw_only=True)
 class _Finish:
-    """An append's last writes (grown symbols' documents, history, root index, manifest), saved in its staging folder
-    before the first of them. On an object store they go in place, so a rerun after a kill among them
-    writes these again: it cannot place the bars again from a half-written cache, and it never records
-    its inputs and its append a second time."""
+    """An append's last writes (grown symbols' documents, history, root index, manifest), saved before the
+    first of them: a rerun after a kill among them writes these again, never placing bars from a half-written
+    cache nor recording the append twice."""
 
     bars_per_symbol: np.ndarray
     segments: np.ndarray
@@ -120,9 +93,7 @@ def _t(ts_ns: int) -> str:
 
 
 def _open_target(out: str, storage_options: dict[str, Any] | None) -> tuple[Manifest, Cache | None]:
-    """The manifest of the cache to append to and the cache opened, or a one-line refusal (missing,
-    not a cache, an old format). The cache is None when its segment index is already an append's
-    and its manifest not yet (an object-store append killed in its last writes, see ``_Finish``)."""
+    """The manifest of the cache at ``out`` and the cache (None: an append killed in its last writes)."""
     try:
         cache = open_cache(out, storage_options)
     except IndexAheadError:
@@ -136,9 +107,7 @@ def _open_target(out: str, storage_options: dict[str, Any] | None) -> tuple[Mani
 
 
 def _check_inputs(out: str, manifest: Manifest, history: dict[str, Any], inputs: Inputs) -> None:
-    """Refuse, before reading any bar, inputs a build would refuse to mix with the cache's own: other
-    features, other source columns (a tick schema beside bars) or, where a file knows it (DBN), another
-    bar size."""
+    """Refuse, before any bar is read, inputs of other features, other columns or (DBN) another bar size."""
     first = inputs.sources[0]
     if inputs.names != manifest.feature_names:
         raise ShardcacheError(
@@ -158,8 +127,7 @@ def _check_inputs(out: str, manifest: Manifest, history: dict[str, Any], inputs:
 
 
 def _check_bar_size(out: str, manifest: Manifest, srcs: list[Any], steps: list[int | None]) -> None:
-    """Refuse inputs whose bar size (DBN: the schema's; a table: the scan's most common ``steps``) is
-    not the cache's ``bar_ns``, as ``checks.check_bar_sizes`` refuses two sizes in one build."""
+    """Refuse inputs whose bar size (DBN: the schema's; a table: its commonest ``steps``) is not the cache's."""
     size, want = check_bar_sizes(srcs, steps, manifest.build.options.bar), manifest.build.bar_ns
     if size is not None and want and int(size) != int(want):
         path = next(s.path for s in srcs if s.bar_ns == size)
@@ -187,9 +155,7 @@ def _check_after(cache: Cache, scanned: Scanned, paths: list[str]) -> None:
 def _grown_segments(
     cache: Cache, merged: list[Merged]
 ) -> tuple[list[str], list[int], np.ndarray, dict[int, tuple[Merged, int]]]:
-    """Each symbol's segments with its new bars (symbol, start, stop, split in the symbol's rows): a stored
-    last segment goes on unless a gap, a split or a roll cuts it. Also the symbols (new ones last), their
-    bar counts and, by symbol, the new bars and the row they start at."""
+    """Symbols (new last), bar counts, segments (a stored last one goes on unless cut) and new bars by symbol."""
     max_gap, tails = int(cache.manifest.build.max_gap_ns), cache.manifest.tails
     symbols = cache.symbols
     where = {s: i for i, s in enumerate(symbols)}
@@ -220,8 +186,7 @@ def _grown_segments(
 
 
 def _place(cache: Cache, merged: list[Merged]) -> _Placement:
-    """Place each symbol's new bars after its stored ones (new symbols in new groups), in the
-    appended cache's virtual rows."""
+    """Place each symbol's new bars after its stored ones (new symbols in new groups), in virtual rows."""
     shard_rows, tails = cache.shard_rows, cache.manifest.tails
     symbols, n, local, grown = _grown_segments(cache, merged)
     bases = symbol_bases(n, shard_rows)
@@ -279,13 +244,10 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
 
 
 def _rebuild(cache: Cache, sources: Any, out: str, run: RunOptions) -> Cache:
-    """``stats="recompute"``: build again from the cache's recorded inputs plus the new ones, with its
-    build options at its split cut times (fractions are not resolved again over all bars: no bar
-    changes split)."""
+    """``stats="recompute"``: build again from the recorded inputs and the new ones, at the cache options and cuts."""
     old = [s["path"] for s in cache.history().get("sources", [])]
     new = [os.fspath(s) for s in ([sources] if isinstance(sources, (str, os.PathLike)) else sources)]
-    missing = next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)
-    if missing is not None:
+    if (missing := next((p for p in old if is_local(p) and not os.path.exists(local_path(p))), None)) is not None:
         raise ShardcacheError(
             f"{missing}: an input of {out} is gone; --stats recompute rebuilds from every input "
             "(use --stats frozen to append without it)"
@@ -375,20 +337,10 @@ def append_cache(
 def _write_finish(
     staging: Staging, finish: _Finish, m: Manifest, names: list[str], storage_options: dict[str, Any] | None, out: str
 ) -> None:
-    """Write a planned append (``finish``) into the staged cache: the grown symbols' documents, the
-    history, the root index and segments, the manifest last."""
+    """Write a planned append (``finish``) into the staged cache, the manifest last."""
     index = ShardIndex(table=finish.shards, digests=finish.digests)
-    writer = CacheWriter(
-        staging.cache_path,
-        feature_names=names,
-        bars_per_symbol=finish.bars_per_symbol,
-        shard_rows=m.layout.shard_rows,
-        chunk_rows=m.layout.chunk_rows,
-        codec=m.layout.codec,
-        storage_options=storage_options,
-        create=False,
-        symbol_chunks=index.symbol_chunk_rows(len(finish.bars_per_symbol)),
-    )
+    chunks = index.symbol_chunk_rows(len(finish.bars_per_symbol))
+    writer = _grown_writer(staging, m.layout, names, finish.bars_per_symbol, storage_options, chunks)
     writer.write_symbols(finish.grown, first_new=finish.first_new)
     writer.write_history(finish.history)
     writer.finish(finish.segments, finish.segment_split, Manifest.from_json(finish.manifest, url=out), index)
@@ -436,8 +388,7 @@ def _plan(
 
 
 def _finished(cache: Cache, inputs: Inputs, stats: str) -> dict[str, Any] | None:
-    """The fingerprint of this append if it is the cache's last one, finished (its manifest, written
-    after its history, counts it); else None."""
+    """The fingerprint of this append if it is the cache's last one, finished (its manifest counts it)."""
     last = (cache.history().get("appends") or [{}])[-1]
     if "append_to" not in last or cache.manifest.appends != last["append_to"]["appends"] + 1:
         return None
@@ -445,29 +396,32 @@ def _finished(cache: Cache, inputs: Inputs, stats: str) -> dict[str, Any] | None
     return wanted if digest(wanted) == last.get("fingerprint") else None
 
 
-def _grown_writer(cache: Cache, staging: Staging, names: list[str], bars_per_symbol: np.ndarray) -> CacheWriter:
-    """A writer into the staged copy of ``cache`` grown to ``bars_per_symbol``: a stored symbol keeps its
-    inner chunks, a new one gets the rule's."""
+def _grown_writer(
+    staging: Staging,
+    layout: Layout,
+    names: list[str],
+    bars_per_symbol: np.ndarray,
+    storage_options: dict[str, Any] | None,
+    symbol_chunks: np.ndarray,
+) -> CacheWriter:
+    """A writer into the staged copy of a cache grown to ``bars_per_symbol``, with these inner chunks."""
     return CacheWriter(
         staging.cache_path,
         feature_names=names,
         bars_per_symbol=bars_per_symbol,
-        shard_rows=cache.shard_rows,
-        chunk_rows=cache.chunk_rows,
-        codec=cache.manifest.layout.codec,
-        storage_options=cache.storage_options,
+        shard_rows=layout.shard_rows,
+        chunk_rows=layout.chunk_rows,
+        codec=layout.codec,
+        storage_options=storage_options,
         create=False,
-        symbol_chunks=np.concatenate(
-            [cache.symbol_chunks, symbol_chunk_rows(bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)]
-        ),
+        symbol_chunks=symbol_chunks,
     )
 
 
 def _write(
     stage: Stage, staging: Staging, cache: Cache, scanned: Scanned, inputs: Inputs
 ) -> tuple[_Placement, Manifest, ShardIndex]:
-    """Merge and place the scanned bars and write the shards they touch: the placement, the new
-    manifest and the new root shard index."""
+    """Merge, place and write the scanned bars: the placement, the new manifest and root shard index."""
     m = cache.manifest
     _check_after(cache, scanned, inputs.paths)
     instruments = {sym: int(t["instrument"]) for sym, t in m.tails.items() if "instrument" in t}
@@ -478,7 +432,9 @@ def _write(
     if not placement.new_bars:
         raise ShardcacheError(f"{', '.join(inputs.paths[:3])}: no bars to append")
     _stage_copy(cache, staging)
-    writer = _grown_writer(cache, staging, inputs.names, placement.bars_per_symbol)
+    new = symbol_chunk_rows(placement.bars_per_symbol[len(cache.symbols) :], cache.chunk_rows)  # the rule's
+    chunks = np.concatenate([cache.symbol_chunks, new])  # a stored symbol keeps its inner chunks
+    writer = _grown_writer(staging, m.layout, inputs.names, placement.bars_per_symbol, cache.storage_options, chunks)
     work = ShardWork(
         staging=staging.root,
         clusters=placement.clusters,
@@ -498,15 +454,5 @@ def _write(
         work.std = np.asarray(m.stats.std).astype(np.float32)
     records = write_batches(stage, staging, work, shard_batches(writer, placement.touched))
     index = cache.shard_index().updated(records, placement.bars_per_symbol, cache.shard_rows)
-    manifest = grown(
-        m,
-        symbols=placement.symbols,
-        segments=placement.segments,
-        segment_split=placement.segment_split,
-        merged=merged,
-        scanned=scanned,
-        writer=writer,
-        stored=index.stored_bytes,
-        appended=True,
-    )
+    manifest = grown(m, work, merged, scanned, index.stored_bytes, appended=True)
     return placement, manifest, index

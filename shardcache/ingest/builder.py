@@ -1,33 +1,18 @@
 """The builder: market-data files in, a complete sharded cache out, in bounded memory.
 
-Stages, each a set of independent dask tasks (``tasks.run_tasks``):
+Stages, each a set of independent dask tasks (``tasks.run_tasks``) of one file, or of a batch of
+symbols or shards holding at most one shard's rows (``tasks.pack``):
 
-1. **scan** (one task per input file, ``shardcache.ingest.scan``): read bounded pieces, clean values,
-   split each piece by symbol, sort it by time and spill it as an Arrow run file in the staging folder.
-2. **merge** (one task per batch of symbols, ``shardcache.ingest.merge``): group a symbol's runs into
-   clusters of overlapping time ranges, sort each cluster by time, drop duplicate timestamps (the last
-   record in input order wins) and find segment starts (gaps above ``max_gap`` and split boundaries).
-3. **place** (in the driver, small): lay each symbol's rows out in time order in its own group
-   (``format.layout``; shards addressed in the virtual row space of ``symbol_bases``), build the
-   segment table. A symbol shorter than a window is kept (it gives no windows at that length).
-4. **stats** (one task per batch of shards, z-score only): per-feature count/mean/M2 of each shard
-   over the train split, merged shard by shard with Chan's formula, so no statistic leaks from val/test.
-5. **write** (one task per batch of shards): compute features, normalize, write each shard whole.
-   One writer per shard; nothing writes a partial shard. Stages 4 and 5 are ``shardcache.ingest.compute``.
+1. **scan** (``scan``): bounded pieces, cleaned, split by symbol, sorted and spilled as run files;
+2. **merge** (``merge``): each symbol's runs sorted, deduplicated, cut into segments;
+3. **place** (in the driver): each symbol's rows in its own group, the segment table;
+4. **stats** (``compute``, z-score only): the train split's count/mean/M2, merged by Chan's formula;
+5. **write** (``compute``): features, normalized, each shard written whole by one task.
 
-A batch is one symbol or one shard, or consecutive small ones adding up to at most one shard's rows
-(``tasks.pack``), so a task, a marker and a spill file are paid per shard's worth of bars, not per
-symbol; the stages' shared description (``ShardWork``) reaches the tasks once (``tasks.run_tasks``).
-
-Then the manifest (``shardcache.ingest.summary``) is written last. ``stats_from=CACHE`` skips stage 4
-and normalizes with CACHE's statistics and split cut times instead: what ``shardcache.ingest.append``
-keeps, so a cache built at once this way equals one built by appends. Scan and merge are also the
-first stages of an append.
-
-Memory is bounded by a piece, a cluster and a shard per worker, never by the bar count.
-Every finished task is recorded in the staging folder, and the cache is published (renamed
-into place) only once complete, so a killed build resumes where it stopped (``resume``)
-and readers never see a partial cache: see ``shardcache.ingest.staging``.
+The manifest (``summary``) is written last. ``stats_from=CACHE`` skips stage 4 for CACHE's statistics
+and cut times, as an append does (``append``). Memory is bounded by a piece, a cluster and a shard per
+worker; finished tasks are recorded and the cache published once complete (``staging``), so a killed
+build resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -121,7 +106,7 @@ def _build(
     fingerprint: str,
     t0: float,
 ) -> None:
-    """Every stage into the staging folder's cache, the manifest last; ``chunking`` its shard and inner-chunk rows."""
+    """Every stage into the staging folder's cache, the manifest last (``chunking``: shard, inner-chunk rows)."""
     spec, srcs = options.splits(), inputs.sources
     described = [s.describe() for s in srcs]  # the history's; the sources go after the scan
     scanned = scan_inputs(
@@ -172,24 +157,13 @@ def _finish(
     work: ShardWork, base: Manifest, merged: list[Merged], scanned: Scanned, index: ShardIndex, described: list[Any]
 ) -> None:
     """The staged cache's last writes: the history, the root index and segments, the manifest last."""
-    manifest = grown(
-        base,
-        symbols=work.symbols,
-        segments=work.segments,
-        segment_split=work.segment_split,
-        merged=merged,
-        scanned=scanned,
-        writer=work.writer,
-        stored=index.stored_bytes,
-        appended=False,
-    )
+    manifest = grown(base, work, merged, scanned, index.stored_bytes, appended=False)
     work.writer.write_history({"sources": described, "appends": []})
     work.writer.finish(work.segments, work.segment_split, manifest, index)
 
 
 def write_batches(stage: Stage, staging: Staging, work: ShardWork, batches: list[list[int]]) -> list[ShardRecord]:
-    """Write the shards of ``batches`` (``shard_batches``) on ``stage``, and their records; the staging
-    folder holds progress from then on, and what a killed write left is swept."""
+    """Write the shards of ``batches`` (``shard_batches``) and return their records; sweep a killed write's."""
     sizes = [len(b) for b in batches]
     written = stage(write_shards, batches, "write", shared=work, weights=sizes, desc="write shards", unit="shard")
     staging.written = True
@@ -205,8 +179,7 @@ def _resampled(srcs: list[Source]) -> list[str]:
 
 
 def _cut_times(spec: SplitSpec, frozen: Cache | None, scanned: Scanned) -> Sequence[int]:
-    """The split cut times (ns): those of ``stats_from``, the spec's dates, or its fractions placed
-    over the scan's timestamp sketch."""
+    """The split cut times (ns): ``stats_from``'s, the spec's dates, or its fractions over the scan's sketch."""
     if frozen is not None:
         return frozen.manifest.splits.cuts_ns
     if spec.dates_ns is not None:
@@ -217,9 +190,7 @@ def _cut_times(spec: SplitSpec, frozen: Cache | None, scanned: Scanned) -> Seque
 
 
 def _chunking(options: BuildOptions, n_features: int) -> tuple[int, int]:
-    """Shard and inner-chunk rows: the options', else ``default_chunking``'s for ``n_features``, fitted to
-    the one given: the largest divisor of ``--shard-rows`` up to the default chunk, or the smallest
-    multiple of ``--chunk-rows`` from the default shard on."""
+    """Shard and inner-chunk rows: the options', else ``default_chunking``'s fitted to the one given."""
     auto_shard, auto_chunk = default_chunking(n_features)
     shard_rows, chunk_rows = options.shard_rows, options.chunk_rows
     if shard_rows is None:
@@ -241,8 +212,7 @@ def _chunking(options: BuildOptions, n_features: int) -> tuple[int, int]:
 def _zscore(
     stage: Stage, work: ShardWork, batches: list[list[int]], normalize: str, frozen: Cache | None
 ) -> Stats | None:
-    """Set ``work``'s z-score statistics (``stats_from``'s, or the train split's from a stats stage over
-    the shard ``batches``) and return them as the manifest records them; None for ``normalize="none"``."""
+    """Set ``work``'s z-score statistics (``stats_from``'s or the train split's), returned; None unless z-score."""
     if normalize != "zscore":
         return None
     if frozen is not None and frozen.manifest.stats is not None:
@@ -275,8 +245,7 @@ def _place(
     shard_rows: int,
     chunk_rows: int,
 ) -> ShardWork:
-    """Lay each symbol's rows out in time order from its first virtual row, build the segment
-    table and create the empty cache (or, on a resume, reopen the one already created)."""
+    """Lay each symbol's rows out from its first virtual row, build the segment table, create (or reopen) the cache."""
     n = np.asarray([m.n for m in merged], dtype=np.int64)
     bases = symbol_bases(n, shard_rows)[:-1]
     k = np.asarray([len(m.seg_starts) for m in merged], dtype=np.int64)  # segments per symbol
@@ -341,8 +310,7 @@ def _frozen(options: BuildOptions, storage_options: dict[str, Any] | None, names
 
 
 def _check_frozen_bar(frozen: Cache, bar_ns: int | None) -> None:
-    """Refuse statistics from a cache of another bar size: a 5-minute return's spread is not a
-    1-minute one's, so z-scores with them would be silently wrong."""
+    """Refuse statistics from a cache of another bar size (they would z-score these bars wrongly)."""
     kept = frozen.manifest.build.bar_ns
     if kept is not None and bar_ns is not None and kept != bar_ns:
         raise OptionError(
@@ -355,9 +323,8 @@ def _check_frozen_bar(frozen: Cache, bar_ns: int | None) -> None:
 
 @contextlib.contextmanager
 def connect(scheduler: Any, staging: str, urls: Sequence[str]) -> Iterator[Any]:
-    """The dask.distributed client for ``scheduler`` (an address or a Client; else
-    ``DASK_SCHEDULER_ADDRESS``), checked to reach ``urls`` and the staging folder; None for
-    the local scheduler. A client made here is closed on the way out."""
+    """The dask.distributed client for ``scheduler`` (an address or a Client; else ``DASK_SCHEDULER_ADDRESS``),
+    checked to reach ``urls`` and the staging folder; None locally. A client made here is closed after."""
     if hasattr(scheduler, "submit"):
         check_cluster(scheduler, staging, urls)
         yield scheduler

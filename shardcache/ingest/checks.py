@@ -1,8 +1,5 @@
-"""The build's checks of what the inputs must agree on (the options are checked before, by ``BuildOptions``).
-
-Each check ends a build with one :class:`~shardcache.errors.ShardcacheError` line naming the
-option or the files, or logs a warning for what it keeps (unmapped instruments, empty splits).
-"""
+"""The build's checks of what the inputs must agree on (``BuildOptions`` checks the options): each ends a
+build with one line naming the option or the files, or warns of what it keeps (unmapped ids, empty splits)."""
 
 from __future__ import annotations
 
@@ -22,11 +19,8 @@ log = logging.getLogger("shardcache")
 
 
 def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: str | None) -> int | None:
-    """The one bar size of a build's inputs, in ns; refuse two sizes, or a ``bar`` a table cannot give.
-
-    DBN files know theirs from the schema (and ``bar``); Parquet and CSV files from the most
-    common step between consecutive bars (``steps``, None for a file with no two bars of a symbol).
-    """
+    """The one bar size of a build's inputs, in ns; refuse two sizes, or a ``bar`` a table cannot give. DBN files
+    know theirs; tables give the most common step between bars (``steps``, None without two bars of a symbol)."""
     sizes: dict[int, str] = {}
     for src, step in zip(srcs, steps):
         size = src.bar_ns
@@ -60,11 +54,8 @@ def check_bar_sizes(srcs: Sequence[Source], steps: Sequence[int | None], bar: st
 def resolve_unmapped(
     paths: Sequence[str], symbols: Sequence[list[str]], symbology: Sequence[dict[str, Any]]
 ) -> dict[str, int]:
-    """Name each DBN file's unmapped instruments from another file's mappings where one has them.
-
-    ``symbols[i]`` (file i's symbol names) is renamed in place. Warns once per file and
-    returns the counts for the manifest (empty when every record was mapped).
-    """
+    """Name each DBN file's unmapped instruments from another file's mappings where one has them, in place in
+    ``symbols[i]`` (file i's names); warn per file and return the manifest's counts (empty: all mapped)."""
     names: dict[int, set[str]] = {}  # ids come as strings (plain JSON)
     for info in symbology:
         for iid, name in (info.get("ids") or {}).items():
@@ -92,11 +83,8 @@ def resolve_unmapped(
                     "%s: instrument %s has no symbol mapping (%d records); kept as symbol '%s'", path, iid, n, iid
                 )
         if info.get("outside"):
-            log.warning(
-                "%s: %d records dated outside their instrument's mapping dates; each took its nearest mapping",
-                path,
-                info["outside"],
-            )
+            nearest = "dated outside their instrument's mapping dates; each took its nearest mapping"
+            log.warning("%s: %d records " + nearest, path, info["outside"])
     if not records and not outside:
         return {}
     return {

@@ -1,21 +1,15 @@
 """Per-shard work of a build or an append: a shard's features, train-split statistics, the write.
 
-A task takes a batch of consecutive shards (``shard_batches``): one shard's worth of rows at most,
-or one whole shard, so a task of many small symbols costs one marker, not one per shard, and a big
-symbol's shards still run in parallel. Every shard is still written whole by one task.
-
-Rows come from the sorted cluster files the merge stage spilled (``ShardWork.clusters``, in row
-order: a merge job's clusters follow each other in its files, named by ``cluster_path``). A feature
-that looks at the previous bar (``log_return``, ``gap``) reads one extra leading row: from the clusters, or, for the first new bar of an appended symbol, from the
-raw last bar the manifest keeps per symbol (``ShardWork.tails``), so appended bars get the
-same features as a build that saw every bar at once. Rows of a shard that an append keeps
-(``ShardWork.first_new``) are read back from the cache as stored and written again with the new
-rows: one writer per shard, every write a whole shard.
+A task takes a batch of consecutive shards (``shard_batches``), its rows from the merge's cluster files.
+A feature that looks at the previous bar reads one leading row: from the clusters or, for an appended
+symbol's first new bar, the raw last bar the manifest keeps (``ShardWork.tails``). Rows an append keeps
+(``ShardWork.first_new``) are read back and written again with the new ones: every write a whole shard.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,8 +40,7 @@ __all__ = [
 
 
 def cluster_path(staging: str, job: int, part: int) -> str:
-    """The merge stage's spill file ``part`` of merge job ``job``; a build keeps two numbers and a
-    row per cluster, not thousands of path strings."""
+    """The merge's spill file ``part`` of job ``job`` (a build keeps numbers per cluster, not paths)."""
     return os.path.join(staging, "clusters", f"{job:06d}-{part:04d}.arrow")
 
 
@@ -68,9 +61,7 @@ class ShardWork:
     train_split: int | None = None
     read_columns: list[str] = field(default_factory=list)
     symbols: list[str] = field(default_factory=list)
-    tails: dict[int, dict[str, Any]] = field(
-        default_factory=dict
-    )  # row -> raw bar ({"ts": ..., column: ...}) before new rows
+    tails: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> raw bar before new rows
     first_new: dict[int, int] = field(default_factory=dict)  # shard -> first row not already stored (appends)
 
 
@@ -84,17 +75,14 @@ def row_bytes(schema: pa.Schema) -> int:
 
 
 class _Spill:
-    """One opened spill file. A file of record batches of equal rows (``BATCH_ROWS``: the scan's run files,
-    the merge's cluster files) is read a batch at a time: only the batches a slice needs are paged in."""
+    """One opened spill file; one of equal record batches (``BATCH_ROWS``) is read only where a slice needs."""
 
     def __init__(self, path: str) -> None:
         self.reader = ipc.open_file(pa.memory_map(path, "r"))
         per = (self.reader.schema.metadata or {}).get(BATCH_ROWS)
         self.per = int(per) if per is not None else 0
         self.table = None if self.per else self.reader.read_all()
-        # what keeping it open holds: a mapped file's pages count in the process's RSS once read, so a file
-        # read whole counts whole, one read a batch at a time the batches read so far
-        self.size = 0 if self.per else os.path.getsize(path)
+        self.size = 0 if self.per else os.path.getsize(path)  # the mapped pages read (they count in the RSS)
         self.schema = self.reader.schema.remove_metadata()
         self.held = (0, -1, pa.Table.from_batches([], schema=self.schema))  # the batches last read: k0, k1, rows
 
@@ -110,11 +98,7 @@ class _Spill:
 
 
 class Spills:
-    """The spill files one task reads, each opened (memory-mapped) once while it is among the last
-    ``keep`` read and what they hold paged in (``_Spill.size``) adds up to at most ``keep_bytes``: a batch
-    of small symbols takes many slices of a few files, a big symbol's merge reads hundreds of files once
-    each, or one file through (and must hold neither all those files open nor every page it read of them:
-    a mapped file's pages count in the process's RSS, once per mapping)."""
+    """The spill files a task reads, each mapped once while among the last ``keep``, pages up to ``keep_bytes``."""
 
     def __init__(self, keep: int = 16, keep_bytes: int = 32 << 20) -> None:
         self.keep, self.keep_bytes = keep, keep_bytes
@@ -151,8 +135,7 @@ def _lead(work: ShardWork, row: int) -> _Slice | dict[str, np.ndarray] | None:
     ci = int(np.searchsorted(work.first_row, row, side="right")) - 1
     if ci >= 0 and row < work.first_row[ci] + work.counts[ci]:
         return _cluster(work, ci, row - int(work.first_row[ci]), 1)
-    tail = work.tails.get(row)
-    if tail is None:
+    if (tail := work.tails.get(row)) is None:
         return None
     return {
         "ts": np.asarray([tail["ts"]], dtype=np.int64),
@@ -161,8 +144,7 @@ def _lead(work: ShardWork, row: int) -> _Slice | dict[str, np.ndarray] | None:
 
 
 def _add(parts: list[_Slice | dict[str, np.ndarray]], piece: _Slice | dict[str, np.ndarray]) -> None:
-    """Append ``piece`` to ``parts``, as a longer slice when it goes on where the last slice of the same file
-    ends (a batch of small symbols is a few runs of consecutive rows of a few files, read as such)."""
+    """Append ``piece`` to ``parts``, joined to the last slice where it goes on in the same file."""
     last = parts[-1] if parts else None
     if isinstance(piece, tuple) and isinstance(last, tuple) and last[0] == piece[0] and last[1] + last[2] == piece[1]:
         parts[-1] = (last[0], last[1], last[2] + piece[2])
@@ -173,38 +155,22 @@ def _add(parts: list[_Slice | dict[str, np.ndarray]], piece: _Slice | dict[str, 
 def _columns(
     work: ShardWork, pieces: list[pa.Table | dict[str, np.ndarray]]
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Timestamps and source columns of ``pieces`` one after the other: consecutive tables of one schema
-    are concatenated by Arrow and converted once (a batch of small symbols is one conversion, not one a symbol)."""
+    """Timestamps and source columns of ``pieces`` one after the other (tables of one schema at once)."""
     ts_parts: list[np.ndarray] = []
     col_parts: dict[str, list[np.ndarray]] = {c: [] for c in work.read_columns}
-    i = 0
-    while i < len(pieces):
-        piece = pieces[i]
-        if isinstance(piece, dict):
-            ts_parts.append(piece["ts"])
-            for c in work.read_columns:
-                col_parts[c].append(piece[c])
-            i += 1
-            continue
-        j = i + 1
-        while j < len(pieces) and _same_schema(pieces[j], piece.schema):
-            j += 1
-        table = pa.concat_tables(pieces[i:j])
-        ts_parts.append(table["ts"].to_numpy().astype(np.int64, copy=False))
+    for _, group in itertools.groupby(pieces, lambda p: (0, id(p)) if isinstance(p, dict) else (1, p.schema)):
+        run = list(group)  # a kept tail (one-row columns), or consecutive tables of one schema
+        part = run[0] if isinstance(run[0], dict) else pa.concat_tables(run)
+        values = part if isinstance(part, dict) else {c: part[c].to_numpy() for c in ["ts", *work.read_columns]}
+        ts_parts.append(values["ts"].astype(np.int64, copy=False))
         for c in work.read_columns:
-            col_parts[c].append(table[c].to_numpy())
-        i = j
+            col_parts[c].append(values[c])
     return np.concatenate(ts_parts), {c: np.concatenate(v) for c, v in col_parts.items()}
-
-
-def _same_schema(piece: pa.Table | dict[str, np.ndarray], schema: pa.Schema) -> bool:
-    return isinstance(piece, pa.Table) and piece.schema.equals(schema)
 
 
 @dataclass(kw_only=True)
 class _Rows:
-    """Several shards' rows computed together: shard ``shards[k]``'s features (unnormalized),
-    timestamps and segment ids are rows ``at[k]:at[k + 1]``."""
+    """Several shards' rows: ``shards[k]``'s features (unnormalized), times and segment ids are ``at[k]:at[k + 1]``."""
 
     shards: list[int]
     at: np.ndarray
@@ -217,9 +183,8 @@ class _Rows:
 
 
 def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spills) -> _Rows:
-    """Features, timestamps and segment ids of rows ``[a, b)`` of each ``(shard, a, b)`` of ``spans`` (all in
-    the clusters), computed in one pass over the batch: each span as it would be alone (with its leading
-    row, a segment start at its first row), so the values are those of a shard computed by itself."""
+    """Features, timestamps and segment ids of rows ``[a, b)`` of each ``(shard, a, b)`` of ``spans``, in one
+    pass, each span as it would be alone (its leading row read, a segment start at its first)."""
     parts: list[_Slice | dict[str, np.ndarray]] = []
     rows, firsts, leads, n = [], [], [], 0
     for _, a, b in spans:
@@ -261,8 +226,7 @@ def batch_rows(work: ShardWork, spans: list[tuple[int, int, int]], spills: Spill
 
 
 def _check_finite(work: ShardWork, rows: _Rows, feats: np.ndarray, what: str) -> None:
-    """Refuse to write a NaN or infinity: they come from inputs float32 cannot hold (|x| > 3.4e38)
-    or from a derived feature of extreme inputs. Names the first shard (in row order) that holds one."""
+    """Refuse to write a NaN or infinity (an input float32 cannot hold), naming the first shard with one."""
     bad = ~np.isfinite(feats)
     if not bad.any():
         return
@@ -279,17 +243,13 @@ def _check_finite(work: ShardWork, rows: _Rows, feats: np.ndarray, what: str) ->
 
 
 def shard_batches(writer: CacheWriter, shards: Sequence[int]) -> list[list[int]]:
-    """``shards`` (in row order) in tasks: consecutive shards while their rows add up to at most one
-    shard's worth, so a full shard is a task of its own and thousands of small symbols' shards share
-    a few. Decided by the rows alone: a resume finds the same batches."""
+    """``shards`` (in row order) in tasks of at most a shard's rows, by the rows alone (a resume's the same)."""
     rows = [b - a for a, b in map(writer.shard_bounds, shards)]
     return [list(shards[lo:hi]) for lo, hi in pack(rows, writer.shard_rows)]
 
 
 def shard_stats(work: ShardWork, shards: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-feature (count, mean, M2) of each shard's train-split rows: one row per shard of ``shards``
-    (the driver merges them shard by shard, as it would one task's each), computed for every shard of
-    the batch at once (thousands of small symbols' shards cost one pass, not one each)."""
+    """Per-feature (count, mean, M2) of each shard's train-split rows, a row per shard, in one pass."""
     rows = batch_rows(work, [(s, *work.writer.shard_bounds(s)) for s in shards], Spills())
     sizes = np.diff(rows.at)
     keep = np.ones(len(rows.seg), dtype=bool)
@@ -325,8 +285,7 @@ def merge_moments(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tup
 
 
 def write_shards(work: ShardWork, shards: list[int]) -> list[ShardRecord]:
-    """Compute and normalize the rows of ``shards`` together, then write each shard whole (with the rows
-    an append keeps), all in one ``CacheWriter.write_shards``; their rows of the root index."""
+    """Compute and normalize ``shards``' rows and write each whole (with the rows an append keeps); their records."""
     spans = []
     for shard in shards:
         a, b = work.writer.shard_bounds(shard)

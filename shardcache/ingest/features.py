@@ -63,14 +63,8 @@ DERIVED: dict[str, tuple[tuple[str, ...], Callable[[Columns, np.ndarray, np.ndar
     "gap": (("open", "close"), lambda c, ts, s: _log_ratio_or_zero(c["open"], _prev(c["close"], s))),
     "log_range": (("high", "low"), lambda c, ts, s: np.log(c["high"] / c["low"])),
     "body": (("open", "close"), lambda c, ts, s: np.log(c["close"] / c["open"])),
-    "upper_wick": (
-        ("open", "high", "close"),
-        lambda c, ts, s: np.log(c["high"] / np.maximum(c["open"], c["close"])),
-    ),
-    "lower_wick": (
-        ("open", "low", "close"),
-        lambda c, ts, s: np.log(np.minimum(c["open"], c["close"]) / c["low"]),
-    ),
+    "upper_wick": (("open", "high", "close"), lambda c, ts, s: np.log(c["high"] / np.maximum(c["open"], c["close"]))),
+    "lower_wick": (("open", "low", "close"), lambda c, ts, s: np.log(np.minimum(c["open"], c["close"]) / c["low"])),
     "log_volume": (("volume",), lambda c, ts, s: np.log1p(np.maximum(c["volume"], 0.0))),
     "tod_sin": ((), lambda c, ts, s: np.sin(_tod(ts))),
     "tod_cos": ((), lambda c, ts, s: np.cos(_tod(ts))),
@@ -80,10 +74,9 @@ _OHLCV = ("open", "high", "low", "close", "volume")
 
 
 def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -> list[str]:
-    """Feature names for ``spec``: ``None`` (the OHLCV set when the source has OHLCV columns, else
-    every numeric column, with a warning when only some OHLCV columns are there), ``"default"``
-    (the OHLCV set: refused without those columns), ``"raw"`` (every source column), or names;
-    ``default`` and ``raw`` may be listed with names (``default,close`` = the defaults plus close)."""
+    """Feature names for ``spec``: ``None`` (the OHLCV set given OHLCV columns, else every column, with a warning
+    when only some are there), ``"default"`` (the OHLCV set, or refused), ``"raw"`` (every source column), or
+    names, ``default`` and ``raw`` among them if wanted (``default,close``: the defaults plus close)."""
     columns = list(columns)
     ohlcv = all(c in columns for c in _OHLCV)
     default = list(DEFAULT_OHLCV) if ohlcv else columns
@@ -120,8 +113,7 @@ def resolve_features(spec: str | Sequence[str] | None, columns: Sequence[str]) -
             raise ShardcacheError(
                 f"unknown feature {name!r}; choose from {', '.join(DERIVED)} or a source column ({', '.join(columns)})"
             )
-        missing = [c for c in DERIVED[name][0] if c not in columns]
-        if missing:
+        if missing := [c for c in DERIVED[name][0] if c not in columns]:
             raise ShardcacheError(f"feature {name!r} needs source column(s) {', '.join(missing)}")
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
@@ -142,11 +134,7 @@ def required_columns(names: Sequence[str], columns: Sequence[str]) -> list[str]:
 
 
 def compute_features(names: Sequence[str], cols: Columns, ts: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Feature matrix float32 ``(n, len(names))`` for consecutive rows.
-
-    ``starts`` marks rows that begin a segment (row 0 must be marked unless the caller
-    passed one extra leading row it will drop).
-    """
+    """Feature matrix float32 ``(n, len(names))``; ``starts`` marks segment starts (row 0 unless a lead row)."""
     n = len(ts)
     out = np.empty((n, len(names)), dtype=np.float32)
     f64 = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}

@@ -1,13 +1,8 @@
 """Finished-task markers as data, never code: a task's result written as JSON and arrays.
 
-A marker is ``NAME.json`` (a result without arrays) or ``NAME.npz`` (its JSON plus one ``.npy``
-member per array, read with ``allow_pickle=False``), with a SHA-256 of the value and its arrays
-(a flipped byte that still parses must not pass for a result). The file never names a type: it is read
-back against the type the caller expects (a task's annotated return type, read by ``typed_json``:
-dataclasses, lists, tuples, dicts with string keys, Counters, arrays, scalars, None, unions of
-these; an array is ``{"$npy": k}``, the k-th ``.npy`` member), and a file
-that is damaged, of another marker format or of another shape is :class:`Unreadable`, which
-the build treats as "task not finished". Loading one can never run code.
+A marker is ``NAME.json`` or ``NAME.npz`` (the JSON, ``{"$npy": k}`` for array k, plus one ``.npy`` per
+array, read with ``allow_pickle=False``), with a SHA-256 of it all. It names no type: it is read back as
+the caller's expected type (``typed_json``); one damaged or of another shape is :class:`Unreadable` (unfinished).
 """
 
 from __future__ import annotations

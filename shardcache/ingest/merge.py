@@ -1,21 +1,15 @@
-"""Stage 2 of a build or an append, the merge: each symbol's runs grouped into clusters of overlapping
-time ranges (one cluster per daily file in the usual case), each sorted by time, duplicate timestamps
-dropped (the last record in input order wins) and segment starts found (gaps above ``max_gap``, split
-boundaries and, for a continuous DBN symbol, contract rolls).
-
-One task per batch of consecutive symbols (``tasks.pack``: their bars add up to at most ``batch_rows``,
-or one bigger symbol alone), so thousands of small symbols cost a few tasks, markers and spill files.
-A batch's clusters follow each other in its spill file (``cluster_path``; another part when the
-columns' types change). The scan's run files are deleted once every batch is recorded (a piece's file
-holds the runs of many symbols).
+"""Stage 2 of a build or an append, the merge: each symbol's runs in clusters of overlapping time ranges,
+each sorted, duplicate timestamps dropped (the last in input order wins), segment starts found (gaps above
+``max_gap``, split boundaries, rolls). A task per batch of symbols (``tasks.pack``), its clusters one after
+the other in its spill files; the scan's run files are deleted once every batch is recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,10 +52,7 @@ class _Run:
 
 @dataclass(frozen=True, kw_only=True)
 class MergeJob:
-    """Merge the ``symbols`` of merge job ``index`` (its clusters go to ``cluster_path(staging, index,
-    part)``) from their runs: ``RUN`` rows, ``symbols[j]``'s are ``runs[bounds[j]:bounds[j + 1]]``. Segments
-    are cut at gaps above ``max_gap_ns`` and at the split ``cuts``; ``last_instruments[j]`` is the stored
-    last bar's instrument of ``symbols[j]`` (an append: a first bar on another one is a roll), if any."""
+    """Merge job ``index``'s ``symbols`` from their ``RUN`` rows (``symbols[j]``'s: ``runs[bounds[j]:bounds[j+1]]``)."""
 
     index: int
     symbols: list[str]
@@ -70,13 +61,12 @@ class MergeJob:
     staging: str
     max_gap_ns: int
     cuts: np.ndarray
-    last_instruments: list[int | None] = field(default_factory=list)
+    last_instruments: list[int | None] = field(default_factory=list)  # an append's last ones: another is a roll
 
 
 @dataclass(kw_only=True)
 class Merged:
-    """One symbol after the merge: where its sorted clusters are, its segment starts and raw last bar
-    (part of a task's result, saved as a marker)."""
+    """One symbol after the merge: where its sorted clusters are, its segment starts and raw last bar."""
 
     symbol: str
     job: int  # the merge job: its clusters are in ``cluster_path(staging, job, part)``
@@ -93,8 +83,7 @@ class Merged:
 
 @dataclass(kw_only=True)
 class MergedBatch:
-    """A merge job's symbols after the merge, column by column: its task's result and marker, a few arrays
-    however many symbols it holds (``Merged`` one by one from ``merged``)."""
+    """A merge job's symbols, column by column (its task's marker: a few arrays however many symbols)."""
 
     job: int
     symbols: list[str]
@@ -130,7 +119,7 @@ class MergedBatch:
 
     @classmethod
     def join(cls, job: int, parts: list[MergedBatch]) -> MergedBatch:
-        """The batch of ``parts``' symbols, one part after the other."""
+        """``parts``' symbols, one part after the other."""
         if len(parts) == 1:
             return parts[0]
         return cls(
@@ -169,12 +158,9 @@ class MergedBatch:
 
 
 class _ClusterFiles:
-    """A merge job's cluster spill files: each cluster appended to the open part, a new part when its
-    columns differ (a symbol read from float32 columns beside one read from float64). The rows are
-    written in record batches of ``BATCH_BYTES`` (their rows in the file's ``BATCH_ROWS`` metadata),
-    whatever the clusters' sizes, so a task reading a shard's rows pages in those batches only, not
-    the header of each of thousands of one-day clusters. Clusters waiting to be written are
-    slices of memory-mapped input spill files: every ``BATCH_TABLES`` of them are copied together."""
+    """A merge job's cluster spill files: a new part when the columns' types change, rows written in
+    record batches of ``BATCH_BYTES`` whatever the clusters' sizes (``BATCH_ROWS``), so a task reading a
+    shard pages in those only; waiting clusters (slices of mapped spills) copied ``BATCH_TABLES`` at once."""
 
     def __init__(self, staging: str, job: int) -> None:
         self.staging, self.job = staging, job
@@ -241,14 +227,11 @@ def _clusters(runs: list[_Run]) -> list[list[_Run]]:
 
 
 def _merge(job: MergeJob) -> MergedBatch:
-    """Merge every symbol of ``job``, its clusters spilled into the job's files: each stretch of plain
-    symbols of one schema (``_plain``) in one pass (``_merge_plain``), any other symbol by itself
-    (``_merge_one``)."""
+    """Merge ``job``'s symbols: a stretch of plain ones of one schema at once, any other by itself."""
     spills = Spills()
     order, kind, widths, file_of = _plain(job, spills)
-    # a stretch holds its rows at once, each a slice of a memory-mapped spill file: only symbols, and
-    # stretches, of up to PLAIN_BYTES read from up to PLAIN_FILES files (a long symbol, or one spread
-    # over many input pieces, merges alone, one cluster at a time: a build's memory stays flat in the bars)
+    # a stretch holds its rows at once: at most PLAIN_BYTES from PLAIN_FILES files (a bigger symbol merges
+    # alone, a cluster at a time, so a build's memory stays flat in the bars)
     nbytes = np.add.reduceat(job.runs["n"][order] * widths[order], job.bounds[:-1]) if len(order) else order
     kind[(nbytes > PLAIN_BYTES) | (np.diff(job.bounds) > PLAIN_FILES)] = -1
     read = [set(file_of[order[int(job.bounds[j]) : int(job.bounds[j + 1])]].tolist()) for j in range(len(kind))]
@@ -274,11 +257,9 @@ def _merge(job: MergeJob) -> MergedBatch:
 
 
 def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The order of ``job.runs`` by symbol, then as ``_clusters`` orders a symbol's runs (time, then input
-    order); each symbol's kind: -1, or, for a plain symbol, the schema of its runs (a number); each
-    run's bytes a row (``row_bytes``) and spill file (a number). A symbol is plain when no two of its
-    runs overlap in time (each is a cluster of its own, sorted by the scan), all have one schema and
-    none carries instrument ids (a DBN input's, cut at rolls)."""
+    """``job.runs``' order (by symbol, then as ``_clusters`` orders them), each symbol's kind (its runs'
+    schema number, or -1 unless plain: no two runs overlap in time, one schema, no instrument ids), and
+    each run's bytes a row and spill file number."""
     runs, n_sym = job.runs, len(job.symbols)
     starts = job.bounds[:-1]
     sym = np.repeat(np.arange(n_sym), np.diff(job.bounds))
@@ -306,11 +287,7 @@ def _plain(job: MergeJob, spills: Spills) -> tuple[np.ndarray, np.ndarray, np.nd
 def _merge_plain(
     job: MergeJob, lo: int, hi: int, order: np.ndarray, spills: Spills, files: _ClusterFiles
 ) -> MergedBatch:
-    """Merge the plain symbols ``lo..hi`` of one schema (``_plain``) together: their runs, in ``order``, are
-    their clusters one after the other, so the rows are read, deduplicated, cut into segments and
-    spilled for all of them at once, each symbol's values those ``_merge_one`` gives it alone. A symbol's
-    clusters are spilled one after the other, so they are recorded as one: a symbol read from many
-    pieces of its inputs (a time-ordered file) is then read back as one slice, not one a piece."""
+    """Merge the plain symbols ``lo..hi`` of one schema at once, each as ``_merge_one`` would, its clusters as one."""
     runs = job.runs[order[int(job.bounds[lo]) : int(job.bounds[hi])]]  # each symbol's in cluster order
     n_runs = np.diff(job.bounds[lo : hi + 1])
     m = hi - lo
@@ -356,8 +333,7 @@ def _merge_plain(
 
 
 def _cluster_rows(members: list[_Run], spills: Spills) -> tuple[pa.Table, np.ndarray, int]:
-    """A cluster's runs as one table in time order, each timestamp once (the first run's bar kept): the
-    table, its timestamps and how many duplicates were dropped."""
+    """A cluster's runs as one table in time order, each timestamp once; its timestamps; duplicates dropped."""
     parts = [spills.rows(r.path, r.offset, r.n) for r in sorted(members, key=lambda r: r.key)]
     if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
         parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
@@ -427,8 +403,7 @@ def _merge_one(job: MergeJob, j: int, spills: Spills, files: _ClusterFiles) -> M
 
 
 def place_clusters(merged: Sequence[Merged], rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The clusters of every symbol of ``merged``, each symbol's laid out from its row of ``rows`` on, all at
-    once: ``(job, part, first row)`` ids (``ShardWork.clusters``), first rows, bar counts."""
+    """The clusters of ``merged`` from each symbol's row of ``rows``: ``(job, part, row)`` ids, first rows, counts."""
     c = np.asarray([len(m.cluster_rows) for m in merged], dtype=np.int64)
     if not c.sum():
         return np.zeros((0, 3), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -443,8 +418,7 @@ def place_clusters(merged: Sequence[Merged], rows: Sequence[int]) -> tuple[np.nd
 def _drop_runs(paths: Sequence[str]) -> None:
     """Delete the scan's run files once every merge job is recorded (a resume may still need them before)."""
     for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+        Path(path).unlink(missing_ok=True)
 
 
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
@@ -470,11 +444,7 @@ def merge_symbols(
     batch_rows: int,
     instruments: dict[str, int] | None = None,
 ) -> list[Merged]:
-    """Stage 2: each symbol's runs sorted and cut into segments, one ``Merged`` per symbol (sorted names),
-    in tasks of consecutive symbols holding at most ``batch_rows`` bars (or one bigger symbol).
-
-    ``instruments`` (an append) gives a symbol's stored last instrument: a first bar on another one is a roll.
-    """
+    """Stage 2: one ``Merged`` per symbol (sorted names); ``instruments``: an append's last instrument of each."""
     runs = scanned.runs[np.argsort(scanned.runs["sym"], kind="stable")]
     bounds = np.searchsorted(runs["sym"], np.arange(len(scanned.symbols) + 1))
     rows = np.concatenate([[0], np.cumsum(runs["n"])])[bounds]

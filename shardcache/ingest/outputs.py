@@ -1,9 +1,5 @@
-"""What sits at a build's ``--out`` when it is not a cache: said in a few words, so ``--overwrite``
-refuses it by name (``shardcache.ingest.staging``'s table decides).
-
-``--overwrite`` replaces only a shardcache cache; these say what else is there: an input of the
-build (or a folder holding or inside one), a file, a folder holding a cache, another folder.
-"""
+"""What sits at a build's ``--out`` when it is not a cache (an input, a file, a folder holding a cache,
+another folder), in a few words, so ``--overwrite`` refuses it by name (``staging.RULES`` decides)."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ def _within(inner: str, outer: str) -> bool:
 
 
 def input_clash(out: str, specs: Sequence[str], files: Sequence[str]) -> str | None:
-    """How ``out`` meets the build's inputs (``specs`` as given, ``files`` they name): it is one, holds
-    one, or lies inside an input folder (a spec that names no file itself); None when it meets none."""
+    """How ``out`` meets the build's inputs (``specs``, their ``files``): is, holds or is inside one; None if not."""
     o = _norm(out)
     named = {_norm(f) for f in files}
     given = [(g, _norm(g)) for g in [*specs, *files]]
@@ -95,8 +90,7 @@ def _is_cache_root(fs: Any, zarr_json: str) -> bool:
 
 
 def has_cache_layout(fs: Any, path: str) -> bool:
-    """Whether the folder ``path`` is laid out as a cache (root metadata, a segment index and symbol
-    groups) though its root metadata cannot be read: a damaged cache, not someone's folder."""
+    """Whether the folder ``path`` is laid out as a cache (a damaged one, not someone's folder)."""
     return all(fs.exists(f"{path}/{key}") for key in ("zarr.json", "segments", "symbols"))
 
 

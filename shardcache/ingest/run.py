@@ -21,9 +21,8 @@ __all__ = ["RunOptions", "settings"]
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """One run's settings: ``workers`` local dask threads (default one per core), a dask.distributed
-    ``scheduler`` (an address or a Client; else ``DASK_SCHEDULER_ADDRESS``), ``overwrite`` a cache at
-    the output, ``resume`` an interrupted run, fsspec ``storage_options``, a ``progress`` display."""
+    """How one build or append runs (never recorded in the cache): threads or a cluster, overwrite or resume,
+    fsspec options, progress."""
 
     workers: int | None = None
     """Local dask threads (None: one per core)."""
@@ -57,9 +56,8 @@ def settings(
     *,
     build: bool = True,
 ) -> tuple[BuildOptions, RunOptions]:
-    """``caller``'s options and run settings from its ``options``/``run`` objects or from keyword
-    arguments ``given`` naming their fields (one or the other for each). Without ``build`` (an
-    append) a build option is refused: the cache keeps its own."""
+    """``caller``'s options and run settings from its ``options``/``run`` objects or from keyword arguments
+    ``given`` naming their fields; without ``build`` (an append) a build option is refused."""
     fields = dict(given)
     only_known(caller, fields, BuildOptions.names() + RunOptions.names())
     if not build:

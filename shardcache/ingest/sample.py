@@ -1,17 +1,11 @@
 """Synthetic market data for demos, tests and benchmarks, deterministic by seed.
 
-* :func:`make_sample` writes CME-like 1-minute bars as Databento DBN v3 ``ohlcv-1m`` files
-  (zstd), one per trade date, as Databento's daily files are laid out: four equity index
-  futures (``ESH3``, ``NQH3``, ``RTYH3``, ``YMH3``) with symbol mappings in the metadata,
-  Globex sessions (17:00-16:00 US/Central with its daylight-saving shifts, a one-hour
-  maintenance break, closed from Friday 16:00 to Sunday 17:00), minutes without trades
-  missing (far more often overnight than in regular hours), a geometric random walk on the
-  tick grid with volatility that changes from day to day, and consistent OHLC and volume.
-  The default 360 trade dates (weekday files, as the team's 360 files) hold about 665,000 bars.
-* :func:`make_sample_parquet` writes wide Parquet bars (``ts``, ``symbol``, ``f000``...)
-  for the many-features benchmark, in bounded row groups.
-* :func:`write_dbn` writes any bar or tick schema the reader accepts from numpy arrays,
-  so tests can craft bad values (``UNDEF_PRICE``, zero prices, unsorted timestamps).
+* :func:`make_sample`: CME-like 1-minute bars as DBN v3 ``ohlcv-1m`` files (zstd), one per trade date, of
+  ``ESH3``, ``NQH3``, ``RTYH3``, ``YMH3`` with symbol mappings: Globex sessions (17:00-16:00 US/Central,
+  DST shifts, weekends closed), minutes without trades missing, a geometric random walk on the tick grid;
+  the default 360 weekday files hold about 665,000 bars.
+* :func:`make_sample_parquet`: wide Parquet bars (``ts``, ``symbol``, ``f000``...), in bounded row groups.
+* :func:`write_dbn`: any bar or tick schema the reader accepts, from numpy arrays (for crafted bad values).
 """
 
 from __future__ import annotations
@@ -100,11 +94,8 @@ def _contracts(symbols: Sequence[str] | None) -> list[Contract]:
     if symbols is None:
         return list(CONTRACTS)
     known = {c.symbol: c for c in CONTRACTS}
-    out = []
-    for i, name in enumerate(symbols):
-        generic = Contract(name, 300000 + i, 0.25, 100.0 * (i + 2), 0.015, 0.8, 200.0)
-        out.append(known.get(name, generic))
-    return out
+    generic = [Contract(name, 300000 + i, 0.25, 100.0 * (i + 2), 0.015, 0.8, 200.0) for i, name in enumerate(symbols)]
+    return [known.get(c.symbol, c) for c in generic]
 
 
 def _day_bars(rng: np.random.Generator, c: Contract, minutes: np.ndarray, last: float) -> tuple[np.ndarray, float]:
@@ -172,8 +163,7 @@ def make_sample(
 
 
 def sample_files(out_dir: str | os.PathLike[str], *, days: int = 360, start: str = "2023-01-02") -> list[Path]:
-    """The files ``make_sample(out_dir, days=days, start=start)`` writes, without writing them: a shorter
-    sample is a prefix of a longer one, so these name its first ``days`` days."""
+    """The files ``make_sample`` writes for these arguments, unwritten (a shorter sample is a longer one's prefix)."""
     return [Path(out_dir) / _name(d) for d in _dates(days, start)]
 
 
@@ -262,14 +252,9 @@ def write_dbn(
     symbols: Mapping[int, str] | None = None,
     dataset: str = "GLBX.MDP3",
 ) -> Path:
-    """Write a DBN v3 file of ``schema`` records (zstd when the name ends in ``.zst``).
-
-    ``records`` is a structured array of :func:`~shardcache.ingest.sources.dbn.record_dtype` or a
-    mapping of field name to values; float prices are converted to fixed point (NaN to
-    ``UNDEF_PRICE``) and integer prices are written as given. ``symbols`` maps instrument
-    ids to the raw symbols written in the metadata's mappings. Records are written in
-    the order given.
-    """
+    """Write a DBN v3 file of ``schema`` records, in the order given (zstd when the name ends in ``.zst``):
+    ``records`` a :func:`~shardcache.ingest.sources.dbn.record_dtype` array or field -> values (float prices
+    to fixed point, NaN to ``UNDEF_PRICE``), ``symbols`` instrument ids -> the mappings' raw symbols."""
     path = Path(path)
     recs = _records(schema, records)
     ts = recs["ts_event"].view(np.int64)
@@ -285,15 +270,10 @@ def write_dbn(
         mappings=_mappings(recs, symbols or {}),
         version=3,
     )
-    header = meta.encode()
-    if path.name.endswith(".zst"):
-        with pa.CompressedOutputStream(str(path), "zstd") as fh:
-            fh.write(header)
-            fh.write(recs.tobytes())
-    else:
-        with open(path, "wb") as fh:
-            fh.write(header)
-            fh.write(recs.tobytes())
+    zstd = path.name.endswith(".zst")
+    with pa.CompressedOutputStream(str(path), "zstd") if zstd else pa.OSFile(str(path), "wb") as fh:
+        fh.write(meta.encode())
+        fh.write(recs.tobytes())
     return path
 
 
@@ -307,14 +287,9 @@ def make_sample_parquet(
     rows_per_file: int | None = None,
     start: str = "2023-01-02",
 ) -> list[Path]:
-    """Write ``n_bars`` wide bars (``ts``, ``symbol``, ``f000``... float32) as Parquet files in ``path``.
-
-    Bars are split evenly over ``symbols``; each symbol's bars fill consecutive Globex
-    session minutes from ``start``. Features are standard normal float32 (the benchmark
-    measures input, not learning). Rows are generated and written one row group at a
-    time, so memory stays bounded whatever ``n_bars`` is. Files are
-    ``bars-00000.parquet``..., at most ``rows_per_file`` rows each (one file if None).
-    """
+    """Write ``n_bars`` wide bars (``ts``, ``symbol``, ``f000``... standard normal float32) as Parquet files
+    ``bars-00000.parquet``... in ``path``, at most ``rows_per_file`` rows each (one file if None): split evenly
+    over ``symbols``, each on Globex session minutes from ``start``, written a row group at a time."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     schema = pa.schema(

@@ -1,10 +1,7 @@
-"""Stage 1 of a build or an append, the scan: each input file read in bounded pieces, each piece sorted
-by symbol then time and spilled as one Arrow file in the staging folder (one task per file). A run is
-one symbol's rows of one piece: a row range of that piece's file.
-
-Runs travel as rows of one array per file (``RUN``), never as Python objects: a build holds every run
-of every input between the scan and the merge, so their size is what grows with the data. One file a
-piece, not one a run: a piece of 2,000 symbols is one file write, not 2,000.
+"""Stage 1 of a build or an append, the scan: each input file read in bounded pieces, each piece sorted by
+symbol then time and spilled as one Arrow file in the staging folder (one task per file). A run is one
+symbol's rows of one piece; runs travel as rows of one array per file (``RUN``), never as Python objects,
+since a build holds every run of every input between the scan and the merge.
 """
 
 from __future__ import annotations
@@ -34,28 +31,17 @@ __all__ = ["RUN", "SKETCH", "Inputs", "ScanJob", "Scanned", "open_inputs", "run_
 
 SKETCH = 65  # timestamps kept per run to place fraction splits
 _SPILL_ROWS = 1 << 16  # rows of a piece sorted and written at a time
-# One row per run: which input file and piece it came from (its spill file, see ``run_path``), its
-# per-piece symbol code, the global symbol id (filled in by the driver), its first row in the spill file,
-# rows and time range.
+# One row per run: its input file and piece (its spill file, ``run_path``), per-piece symbol code, global
+# symbol id (set by the driver), first row in the spill file, rows and time range.
 RUN = np.dtype(
-    [
-        ("file", "<i4"),
-        ("piece", "<i4"),
-        ("code", "<i4"),
-        ("sym", "<i4"),
-        ("offset", "<i8"),
-        ("n", "<i8"),
-        ("ts_min", "<i8"),
-        ("ts_max", "<i8"),
-    ]
+    [(n, "<i4") for n in ("file", "piece", "code", "sym")] + [(n, "<i8") for n in ("offset", "n", "ts_min", "ts_max")]
 )
 Stage = Callable[..., list[Any]]  # ``Staging.run`` with the run's workers and client bound
 
 
 @dataclass(frozen=True, kw_only=True)
 class Inputs:
-    """A run's inputs: the specs as given, the files they name, those files opened (one schema for all),
-    the feature names they give and the source columns those read."""
+    """A run's inputs: the specs, the files they name, opened (one schema), the features and the columns read."""
 
     specs: list[str]
     paths: list[str]
@@ -66,8 +52,7 @@ class Inputs:
 
 @dataclass(frozen=True, kw_only=True)
 class ScanJob:
-    """Scan input ``index`` (``source``) into run files under ``staging``, reading ``columns``; with
-    ``sketch``, sample each run's timestamps to place fraction splits."""
+    """Scan input ``index`` into run files under ``staging``; ``sketch`` samples timestamps for fraction splits."""
 
     index: int
     source: Source
@@ -78,7 +63,7 @@ class ScanJob:
 
 @dataclass(kw_only=True)
 class _Scan:
-    """One file's scan: its runs and what the summary counts (a task's result, saved as a marker)."""
+    """One file's scan (a task's marker): its runs and what the summary counts."""
 
     symbols: list[str]  # names of ``runs["sym"]`` (file-local ids until the driver renumbers them)
     runs: np.ndarray  # RUN rows, in the order written
@@ -146,8 +131,7 @@ _KINDS = {"dbn": "DBN", "parquet": "Parquet", "csv": "CSV"}
 
 
 def _check_tabular_options(options: BuildOptions, srcs: Sequence[Source]) -> None:
-    """Refuse an option the inputs cannot use rather than ignore it: DBN files have no timestamp or symbol
-    column to name, and only CSV files have a delimiter."""
+    """Refuse, rather than ignore, a column option for DBN files or a delimiter for non-CSV files."""
     dbn = next((s for s in srcs if isinstance(s, DbnSource)), None)
     for name in ("ts_column", "symbol_column"):
         if getattr(options, name) is not None and dbn is not None:
@@ -160,9 +144,7 @@ def _check_tabular_options(options: BuildOptions, srcs: Sequence[Source]) -> Non
 
 
 def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
-    """Write ``body``'s rows in ``order`` as one Arrow file, a slice at a time (memory: the piece and a slice),
-    in record batches of ``_SPILL_ROWS`` rows (``BATCH_ROWS``): a merge task reads the batches of its
-    symbols only, and keeps the file open across them."""
+    """Write ``body``'s rows in ``order`` as one Arrow file of ``_SPILL_ROWS``-row batches, a slice at a time."""
     schema = body.schema.with_metadata({BATCH_ROWS: str(_SPILL_ROWS).encode()})
     with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, schema) as writer:
         for lo in range(0, len(order), _SPILL_ROWS):
@@ -171,8 +153,7 @@ def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
 
 @dataclass(kw_only=True)
 class _Runs:
-    """One piece's runs as ``_runs`` finds them: ``RUN`` rows (offset, rows, time range), each run's median
-    step (runs of two bars or more), its distinct positive steps and their counts, and its sketch."""
+    """One piece's runs: ``RUN`` rows, median steps, distinct positive steps and their counts, sketches."""
 
     runs: np.ndarray
     dts: list[int]
@@ -181,17 +162,14 @@ class _Runs:
 
 
 def _counted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(x, return_counts=True)`` from one sort (numpy's own is ten times slower on the few
-    distinct steps of a long run)."""
+    """``np.unique(x, return_counts=True)`` from one sort (ten times faster on a long run's few steps)."""
     ordered = np.sort(x)
     at = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(x) else np.zeros(0, np.intp)
     return ordered[at], np.diff(np.r_[at, len(x)]).astype(np.intp)
 
 
 def _runs(ts: np.ndarray, starts: np.ndarray, *, sketch: bool, tally: bool) -> _Runs:
-    """The runs of ``ts`` (a piece's timestamps sorted by symbol, then time; run ``g`` is rows
-    ``starts[g]`` up to the next start), all at once: the values a run gives alone (``np.median`` of its
-    steps, ``np.unique`` of its positive ones, ``np.linspace`` rows of its sketch), not one call a run."""
+    """The runs of ``ts`` (sorted by symbol, then time; from ``starts``), all at once: each one's values alone."""
     n_runs, n = len(starts), len(ts)
     rows = np.diff(np.r_[starts, n])
     runs = np.zeros(n_runs, dtype=RUN)
@@ -293,8 +271,7 @@ def _gather_runs(scans: list[_Scan]) -> tuple[np.ndarray, np.ndarray, list[str]]
 
 
 def scan_inputs(stage: Stage, srcs: list[Source], staging: str, read_cols: list[str], sketch: bool = False) -> Scanned:
-    """Stage 1 over every input: runs spilled, counts gathered; with ``sketch``, timestamps sampled
-    from every run to place fraction splits."""
+    """Stage 1 over every input: runs spilled, counts gathered (``sketch``: timestamps for fraction splits)."""
     jobs = [ScanJob(index=i, source=s, staging=staging, columns=read_cols, sketch=sketch) for i, s in enumerate(srcs)]
     scans = stage(_scan, jobs, "scan", desc="read files", unit="file")
     unmapped = resolve_unmapped([s.path for s in srcs], [s.symbols for s in scans], [s.symbology for s in scans])

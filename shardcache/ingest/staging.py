@@ -1,39 +1,15 @@
 """Resumable build state: the staging folder, what is finished, and the atomic swap into place.
 
-A build keeps everything it has not yet published in one staging folder, ``OUT.staging``
-beside a local ``OUT`` (a private folder under the temp directory for object-store
-outputs)::
+A build keeps what it has not published in ``OUT.staging`` beside a local ``OUT`` (for an object store,
+under the temp directory): ``state.json`` (inputs, options, versions), ``runs/`` and ``clusters/``
+(spills), ``done/`` (a marker per finished task: ``shardcache.ingest.markers``) and, locally,
+``cache.zarr/``. Each file is written to a temporary name and renamed, a marker after its task's
+outputs, so a build killed at any moment resumes (``--resume``) with only the missing tasks; a damaged
+marker starts it again. A lock on the folder refuses a second build of the same output.
 
-    OUT.staging/
-      state.json     what the build is: inputs (path, size, mtime), options, format version
-      runs/          stage 1 spills (one per input piece), clusters/  stage 2 spills (one per merge batch)
-      done/          one marker per finished task (a file, a batch of symbols or of shards): its result
-                     as data, never code (scan-000003.npz, merge-....npz, stats-....npz, write-....json,
-                     created.json)
-      cache.zarr/    the cache being written (local outputs only)
-
-``state.json``, the markers and every zarr object are written to a temporary name and
-renamed, and a task's marker is written after its outputs (the scan's runs are deleted only
-after every merge marker), so a build killed at any moment (SIGKILL included) leaves only
-markers of finished tasks and every input an unfinished one needs. ``--resume`` with the
-same inputs and options loads the markers and runs only the missing tasks; the result is
-the same, array for array, as an uninterrupted build. Markers are data, never code
-(``shardcache.ingest.markers``); a resume that finds a damaged one starts the build again, since a
-merge deletes its inputs once recorded. A build holds a lock on its folder from its first look
-at the disk to its end, so a second build of the same output is refused while one runs.
-
-``--overwrite`` replaces only a shardcache cache (complete, interrupted or damaged; an empty
-folder too): a file, another folder, a folder holding a cache, and an input of the build (or a
-folder holding or inside one) are refused by name whatever the flags (``RULES``, ``_out_state``).
-
-Publishing (local paths): the complete ``cache.zarr`` is renamed onto ``OUT`` atomically;
-an existing ``OUT`` (``--overwrite``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``
-where the kernel and filesystem offer it (else two renames, with a moment where ``OUT`` is
-absent), and only then deleted. A reader opening ``OUT`` therefore sees the old complete
-cache or the new one, never a partial one; ``Cache`` notices a swap under an open handle.
-Object stores have no rename: there the cache is written in place and its manifest, marked
-complete, is the build's last write, so readers refuse it until then (``--overwrite``
-deletes the old cache first).
+``--overwrite`` replaces only a shardcache cache (``RULES``). Locally the complete cache is renamed onto
+``OUT`` (swapped with an old one by ``renameat2(RENAME_EXCHANGE)`` where offered), so readers never see a
+partial cache; an object store is written in place, its manifest (marked complete) last.
 """
 
 from __future__ import annotations
@@ -54,6 +30,7 @@ import typing
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import CacheError, ShardcacheError, SourceError, StoreError, one_line
@@ -75,8 +52,7 @@ _RENAME_EXCHANGE = 2
 
 
 def fingerprint(sources: Sequence[Any], options: dict[str, Any], version: str) -> dict[str, Any]:
-    """What must not change between a build and its resume: inputs (path, size, mtime or object
-    version, from ``Source.describe``), options and versions."""
+    """What must not change between a build and its resume: inputs (``Source.describe``), options, versions."""
     inputs = []
     for src in sources:
         d = src.describe()
@@ -117,12 +93,8 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Marked:
-    """A task that saves its result as a marker once it returns (picklable for dask workers).
-
-    Called as ``(i, job)`` or, with a stage's ``shared`` argument, ``((i, job), shared)``:
-    ``fn(job)`` or ``fn(shared, job)``. ``then(job)`` runs after the marker is written: it may
-    delete inputs that only an unfinished task still needs.
-    """
+    """A task ``(i, job)`` (or ``((i, job), shared)``) that saves ``fn(job)`` (``fn(shared, job)``) as a marker,
+    then runs ``then(job)``, which may delete inputs only an unfinished task needs (picklable for dask)."""
 
     fn: Callable[..., Any]
     root: str
@@ -149,8 +121,7 @@ def _write_marker(base: str, value: Any) -> None:
     _write_atomic(base + suffix, data)
     for other in SUFFIXES:
         if other != suffix:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(base + other)
+            _unlink(base + other)
 
 
 def _read_marker(base: str, kind: Any) -> Any:
@@ -181,9 +152,7 @@ class Staging:
         self.cache_path = os.path.join(root, "cache.zarr") if self.local else out
         self.resumed = False
         self.written = False  # the cache's shards are all written: a failure after keeps the folder
-        # a killed write may have left temporary files in the cache (``CacheWriter.sweep``): a resumed run's
-        # earlier one, or a cluster's lost worker, whose tasks run again elsewhere
-        self.strays = False
+        self.strays = False  # a killed write (a resumed run's, a lost worker's) may have left temporary files
 
     @property
     def replace(self) -> bool:
@@ -192,8 +161,7 @@ class Staging:
 
     # -- markers -------------------------------------------------------------------------
     def load(self, prefix: str, i: int | None = None, kind: Any = Any) -> Any:
-        """The saved result of task ``prefix``-``i`` (or of step ``prefix``) as a ``kind``, or None
-        if unfinished (a damaged or unknown marker counts as unfinished: the task runs again)."""
+        """Task ``prefix``-``i``'s (or step ``prefix``'s) saved result as a ``kind``; None if unfinished or damaged."""
         return _read_marker(_marker(self.root, prefix, i), kind)
 
     def save(self, prefix: str, value: Any) -> None:
@@ -216,9 +184,7 @@ class Staging:
         weights: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """``[fn(job) for job in jobs]`` as dask tasks (``fn(shared, job)`` with ``shared``, which
-        reaches the tasks once: see ``tasks.run_tasks``), skipping tasks finished before a resume.
-        ``weights`` count each job for the progress bar."""
+        """``[fn(job) for job in jobs]`` as ``tasks.run_tasks`` runs them, skipping tasks finished before a resume."""
         kind = _returns(fn)
         results = [self.load(prefix, i, kind) for i in range(len(jobs))]
         todo = [(i, job) for i, (job, r) in enumerate(zip(jobs, results)) if r is None]
@@ -252,20 +218,17 @@ class Staging:
             os.rename(self.cache_path, out)
 
     def remove(self) -> None:
-        """Delete the staging folder, ``state.json`` first: a kill midway leaves a folder without
-        state, which the next build treats as junk and clears. (Deleting it last could leave a
-        "resumable" folder whose run files are gone but some of whose markers are not.)"""
+        """Delete the staging folder, ``state.json`` first: a kill midway leaves a stateless folder, which the
+        next build clears, never a "resumable" one whose run files are gone but some markers are not."""
         _unlink(os.path.join(self.root, STATE))
         shutil.rmtree(self.root, ignore_errors=True)
         self.release()
 
     @contextlib.contextmanager
     def guard(self, what: str) -> Iterator[None]:
-        """Run a build or append (``what``) on this folder. An expected error (``ShardcacheError``)
-        removes the folder unless it holds progress worth resuming (never after bad input data, a
-        ``SourceError``, which a resume would meet again); an object store that failed after its retries
-        (``StoreError``) keeps it, as a disk error does (one line) and any other failure (a kill, a bug),
-        for ``--resume``."""
+        """Run a build or append (``what``) on this folder. An expected error removes it unless it holds
+        progress worth resuming (never after bad input data, which a resume would meet again); a store that
+        failed after its retries, a disk error (one line) or any other failure keeps it for ``--resume``."""
         try:
             yield
         except ShardcacheError as exc:
@@ -295,10 +258,7 @@ class Staging:
 
 
 def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    Path(path).unlink(missing_ok=True)
 
 
 def _exchange(a: str, b: str) -> bool:
@@ -324,13 +284,9 @@ def _root(out: str) -> str:
 def _out_state(
     out: str, storage_options: dict[str, Any] | None, specs: Sequence[str] = (), files: Sequence[str] = ()
 ) -> tuple[str, dict[str, Any]]:
-    """What is at ``out``: ``missing``; a cache --overwrite may replace (``complete``, with the
-    ``{"fingerprint": ...}`` of its build; ``incomplete``: its build did not finish; ``damaged``: a cache that cannot be opened; ``empty``: an
-    empty folder); or what it never replaces, with ``{"what": ...}`` saying what is there: ``input`` (an
-    input of the build, ``specs`` or ``files``, or a folder holding or inside one), ``file``, ``parent``
-    (a folder holding a cache) or ``folder``."""
-    clash = outputs.input_clash(out, specs, files)
-    if clash:
+    """What is at ``out`` (the states ``RULES`` names), with ``{"fingerprint": ...}`` of a complete cache's
+    build or ``{"what": ...}`` saying what is there; ``specs`` and ``files`` are the build's inputs."""
+    if clash := outputs.input_clash(out, specs, files):
         return "input", {"what": clash}
     fs, path = filesystem(out, storage_options)
     path = path.rstrip("/") or path
@@ -353,15 +309,13 @@ def _out_state(
     entries = fs.ls(path, detail=False)
     if not entries:
         return "empty", {}
-    below = outputs.cache_below(fs, path)
-    if below is not None:
+    if (below := outputs.cache_below(fs, path)) is not None:
         return "parent", {"what": f"{out.rstrip('/')}/{below}"}
     return "folder", {"what": outputs.listing(entries)}
 
 
 def _hold(root: str) -> tuple[int | None, bool]:
-    """The lock on the staging folder ``root`` (an open descriptor, None if there is no folder),
-    and whether another build holds it (a lock dies with its process: kills leave none)."""
+    """The lock on the staging folder ``root`` (None without a folder), and whether another build holds it."""
     while os.path.isdir(root):
         fd = os.open(root, os.O_RDONLY)
         try:
@@ -465,8 +419,7 @@ def refusal(outcome: str, out: str, root: str = "", why: str = "", what: str = "
 
 
 def decide(running: bool, staged: str, out: str, resume: bool, overwrite: bool) -> str:
-    """What a build does (``done``, ``resume``, ``fresh`` or ``refuse:<why>``): the first row of
-    ``RULES`` that matches."""
+    """What a build does (``done``, ``resume``, ``fresh``, ``refuse:<why>``): the first ``RULES`` row that matches."""
     for *pattern, outcome in RULES:
         if all(
             p is None or (v in p if isinstance(p, (set, frozenset)) else v == p)
@@ -485,13 +438,9 @@ def prepare(
     overwrite: bool,
     inputs: Sequence[str] = (),
 ) -> Staging | Cache:
-    """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache.
-
-    Looks at the disk, then does what ``RULES`` says: continue an interrupted build
-    (``resume``), start again (``overwrite``), return the cache a ``resume`` finds already
-    built, or refuse with a message that says which flag is needed. ``inputs`` (the input
-    specs as given: folders too) and the files in ``wanted`` are never written over.
-    """
+    """The staging folder for building ``out`` with fingerprint ``wanted``, or the finished cache: what
+    ``RULES`` says for what is on disk (resume, start again, done, or a refusal naming the flag needed).
+    ``inputs`` (the specs as given) and the files in ``wanted`` are never written over."""
     root = _root(out)
     try:
         fd, running = _hold(root)
@@ -522,15 +471,9 @@ def _act(
     status, seen = _out_state(out, storage_options, inputs, files)
     if status == "complete" and seen["fingerprint"] == digest(wanted):
         status = "built"
-    staged = (
-        "none"
-        if state is None
-        else "other"
-        if state.get("fingerprint") != wanted
-        else "same+replace"
-        if state.get("overwrite")
-        else "same"
-    )
+    staged = "none" if state is None else "other" if state.get("fingerprint") != wanted else "same"
+    if state is not None and staged == "same" and state.get("overwrite"):
+        staged = "same+replace"
     outcome = decide(running, staged, status, resume, overwrite)
     if outcome.startswith("refuse:"):
         why = _differences(state.get("fingerprint", {}), wanted) if state else ""

@@ -1,6 +1,5 @@
-"""The manifest, made in one place: a build's fresh record (``fresh``) grown by its bars, or an
-append's cache manifest grown by the new ones (``grown``), with the parts both count the same way:
-bars per split, the summary's window count, and stored against raw bytes."""
+"""The manifest, made in one place: a build's fresh record (``fresh``) or an append's cache manifest grown
+by the bars written (``grown``), both counted the same way."""
 
 from __future__ import annotations
 
@@ -17,23 +16,11 @@ from ..format.build_options import BuildOptions
 from ..format.manifest import BuildRecord, Bytes, Counts, Manifest, Splits, Stats, Windows
 from ..format.windows import SegmentTable, n_windows
 from ..format.writer import CacheWriter
+from .compute import ShardWork
 from .merge import Merged
 from .scan import Scanned
 
-__all__ = ["fresh", "grown", "split_bar_counts", "window_count"]
-
-
-def split_bar_counts(segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str]) -> dict[str, int]:
-    """Bars per split name, from a segment table (the manifest's ``splits.bars``)."""
-    return {name: int(np.diff(segments[segment_split == i, 1:], axis=1).sum()) for i, name in enumerate(names)}
-
-
-def window_count(
-    segments: np.ndarray, segment_split: np.ndarray, names: Sequence[str], seq_len: int, horizon: int
-) -> int:
-    """The summary's window count at ``seq_len``/``horizon``, stride 1, every split."""
-    table = SegmentTable(segments=segments, segment_split=segment_split, split_names=list(names))
-    return n_windows(table, seq_len, horizon=horizon)
+__all__ = ["fresh", "grown"]
 
 
 def fresh(
@@ -73,32 +60,24 @@ def fresh(
 
 
 def grown(
-    base: Manifest,
-    *,
-    symbols: list[str],
-    segments: np.ndarray,
-    segment_split: np.ndarray,
-    merged: list[Merged],
-    scanned: Scanned,
-    writer: CacheWriter,
-    stored: int,
-    appended: bool,
+    base: Manifest, work: ShardWork, merged: list[Merged], scanned: Scanned, stored: int, *, appended: bool
 ) -> Manifest:
-    """``base`` with the bars of ``merged`` (and the scan's counts) in: the cache ``writer`` wrote, whose
-    ``symbols`` and segment table these are; an ``appended`` one counts one append more."""
+    """``base`` with ``merged``'s bars and the scan's counts in (the cache ``work`` wrote; an append counts one)."""
+    symbols, segments, split, writer = work.symbols, work.segments, work.segment_split, work.writer
     counts = base.counts
     dropped = Counter(counts.dropped) + Counter(scanned.drops)
-    dups = sum(x.duplicates for x in merged)
-    if dups:
+    if dups := sum(x.duplicates for x in merged):
         dropped["duplicate timestamp"] += dups
     n_bars = int(writer.bars_per_symbol.sum())
     names, windows, known = base.splits.names, counts.windows, set(symbols)
+    table = SegmentTable(segments=segments, segment_split=split, split_names=list(names))
+    split_bars = {name: int(np.diff(segments[split == i, 1:], axis=1).sum()) for i, name in enumerate(names)}
     return base.replace(
         symbols=symbols,
         groups=writer.groups,
         bars_per_symbol=writer.bars_per_symbol.tolist(),
         layout=writer.layout,
-        splits=dataclasses.replace(base.splits, bars=split_bar_counts(segments, segment_split, names)),
+        splits=dataclasses.replace(base.splits, bars=split_bars),
         tails={**base.tails, **{x.symbol: x.tail for x in merged if x.symbol in known}},
         rolls={**base.rolls, **{x.symbol: [*base.rolls.get(x.symbol, []), *x.rolls] for x in merged if x.rolls}},
         counts=dataclasses.replace(
@@ -110,10 +89,7 @@ def grown(
             dropped={k: int(v) for k, v in dropped.items()},
             reordered=counts.reordered + scanned.reordered,
             rolls=counts.rolls + sum(len(x.rolls) for x in merged),
-            windows=dataclasses.replace(
-                windows,
-                count=window_count(segments, segment_split, names, windows.seq_len, windows.horizon),
-            ),
+            windows=dataclasses.replace(windows, count=n_windows(table, windows.seq_len, horizon=windows.horizon)),
         ),
         bytes=Bytes(stored=stored, raw=n_bars * len(base.feature_names) * 4),
         appends=base.appends + int(appended),

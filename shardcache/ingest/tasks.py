@@ -1,15 +1,9 @@
 """Running a build stage as independent dask tasks, with progress a person can follow.
 
-Locally the tasks run on dask's threaded scheduler with ``workers`` threads (the heavy
-parts, zstd/DBN decoding, numpy and Blosc, release the GIL). With a scheduler address they
-run on an existing ``dask.distributed`` cluster. Each task holds one input piece or one
-shard, so memory per worker is bounded by the piece and shard sizes, not by the data.
-Progress is a tqdm bar on a terminal and a log line every 10% otherwise.
-
-In a process that opted in with :func:`tune_allocator` (the CLI does; a library call never
-changes the process's allocator), :func:`release_memory` hands back what each task freed, so a
-build's resident memory does not creep up with the number of tasks (see its docstring for the
-numbers). Cluster workers opt in with ``dask worker --preload shardcache.ingest.tasks``.
+Locally on dask's threaded scheduler, else on a ``dask.distributed`` cluster; a task holds one piece or
+shard, so memory per worker is bounded. Progress: a tqdm bar on a terminal, a log line every 10% else.
+After :func:`tune_allocator` (the CLI's, or ``dask worker --preload shardcache.ingest.tasks``),
+:func:`release_memory` hands back what each task freed.
 """
 
 from __future__ import annotations
@@ -47,13 +41,10 @@ def _glibc() -> ctypes.CDLL | None:
 def tune_allocator() -> bool:
     """Pin glibc's mmap threshold and hand freed memory back after every build task, for this whole process.
 
-    Process-wide settings, so only an owner of the process calls this: the CLI, a ``dask worker
-    --preload shardcache.ingest.tasks``, or a script that wants the CLI's build memory from
-    ``build_cache``. Returns False (and changes nothing) under another C library.
-    """
+    For an owner of the process only (the CLI, ``dask worker --preload shardcache.ingest.tasks``, a script);
+    False (nothing changed) under another C library."""
     global _tuned
-    libc = _glibc()
-    if libc is None:
+    if (libc := _glibc()) is None:
         return False
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     _tuned = True
@@ -68,14 +59,8 @@ def dask_setup(worker: Any) -> None:
 def release_memory() -> None:
     """Hand what a finished task freed back to the system, so a build's RSS does not grow with its task count.
 
-    Only after :func:`tune_allocator`; otherwise nothing. Arrow's pool (mimalloc) otherwise
-    keeps each worker thread's heap at its largest piece. glibc otherwise raises its mmap
-    threshold to the largest block freed so far (up to 32 MiB), after which feature arrays and
-    zarr's chunk buffers come from per-thread arenas that keep their free space: with 10x the
-    shards (and more of zarr's threads) the stats and write stages of a 3,600-file build held
-    73 MiB of free arena memory against 51 MiB at 360 files. Pinned, blocks above 128 KiB go
-    back on free; ``malloc_trim`` returns the free pages of smaller ones.
-    """
+    Only after :func:`tune_allocator` (mmap threshold pinned: blocks above 128 KiB go back on free, ``malloc_trim``
+    returns smaller ones' pages); else Arrow and glibc keep freed memory (73 MiB at 3,600 files, 51 at 360)."""
     if not _tuned:
         return
     import pyarrow as pa
@@ -87,9 +72,7 @@ def release_memory() -> None:
 
 
 def pack(sizes: Sequence[int], limit: int) -> list[tuple[int, int]]:
-    """Consecutive items in tasks ``[lo, hi)``: as many as add up to at most ``limit``, an item
-    bigger than ``limit`` alone. A stage of thousands of small items (symbols, shards) runs as a
-    few tasks, each paying its marker and scheduling once, while big items keep a task each."""
+    """Consecutive items in tasks ``[lo, hi)`` adding up to at most ``limit`` (a bigger item alone)."""
     groups: list[tuple[int, int]] = []
     lo, held = 0, 0
     for i, size in enumerate(sizes):
@@ -123,14 +106,8 @@ class Progress:
         if self._bar is not None:
             self._bar.update(n)
         elif self.show and self.total and self.done / self.total >= self._next_log:
-            log.info(
-                "%s: %d/%d (%.0f%%) after %.1f s",
-                self.desc,
-                self.done,
-                self.total,
-                100 * self.done / self.total,
-                time.perf_counter() - self._t0,
-            )
+            pct, secs = 100 * self.done / self.total, time.perf_counter() - self._t0
+            log.info("%s: %d/%d (%.0f%%) after %.1f s", self.desc, self.done, self.total, pct, secs)
             while self._next_log <= self.done / self.total:
                 self._next_log += 0.1
 
@@ -173,12 +150,8 @@ def run_tasks(
 ) -> list[T]:
     """``[fn(item) for item in items]`` as parallel dask tasks, results in input order.
 
-    ``shared`` (not None), what every task needs (a build's ``ShardWork``), reaches the tasks once
-    and is passed as ``fn(item, shared)``: a graph node dask never looks into locally, one scattered
-    copy on a cluster. Locally a task's argument is its item's number (``_Nth``), so dask walks no
-    item; on a cluster an item goes to its task, and dask walks every list, tuple, dict and dataclass
-    inside it: an item holding an O(symbols) description would make a stage O(symbols²).
-    ``weights`` are what each item counts for the progress bar (its shards, its symbols; 1 each by default).
+    ``shared`` reaches the tasks once, as ``fn(item, shared)`` (dask walks every container in an item: one
+    holding an O(symbols) description would make a stage O(symbols²)); ``weights`` count items for progress.
     """
     items = list(items)
     if not items:
@@ -209,8 +182,7 @@ def run_tasks(
 
 
 class _Nth:
-    """``fn`` of item ``i`` of ``items`` (and the shared description): a local task's function, so that
-    its argument is a number, not the item (dask would walk every list and dataclass inside it)."""
+    """``fn`` of item ``i`` of ``items``: a local task's function, whose argument dask does not walk."""
 
     def __init__(self, fn: Callable[..., Any], items: list[Any]) -> None:
         self.fn, self.items = fn, items

@@ -1,9 +1,6 @@
-"""Documents that are one file: ``verify``'s findings in hard-linked ``zarr.json`` documents, joined.
-
-On a local disk the builder stores symbol documents of equal bytes as hard links to one file
-(``format.objects``), so an editor that writes one in place changes every symbol sharing it. Reported
-per document, that is a list of problems that look unrelated; ``join_shared`` makes it one problem
-naming the file, the symbols that share it and the fix.
+"""Documents that are one file: ``verify``'s findings in hard-linked ``zarr.json`` documents (a local build
+links equal ones, ``format.objects``: an edit in place changes every symbol sharing one) joined into one
+problem naming the file, the symbols and the fix.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ DOCS = ("zarr.json", "features/zarr.json", "time/zarr.json")  # a symbol's docum
 def join_shared(
     problems: list[Problem], root: str | None, groups: Sequence[str], symbols: Sequence[str]
 ) -> list[Problem]:
-    """``problems`` with the findings in documents that are one hard-linked file (a local cache at
-    ``root``; None: an object store, which has no links) replaced by one problem at the first of them."""
+    """``problems`` with those in one hard-linked document (a local cache at ``root``) joined into one."""
     if root is None:
         return problems
     owner = {f"{g}/{d}": (s, d) for g, s in zip(groups, symbols) for d in DOCS}

@@ -1,25 +1,11 @@
 """Check a cache end to end: every stored object once, against the root index and the manifest.
 
-``verify_cache`` (``shardcache verify CACHE``) reads each of a symbol's objects once, whole (one
-request each on an object store, many at once, a few dozen symbols' worth of bytes at a time, so
-memory stays bounded whatever the cache size), and names every problem by the store key it
-concerns (``symbols/3/features/c.0.0``, ``symbols/3/time/c.0``, ``symbols/3/features/zarr.json``,
-``segments``, ``shards``):
-
-* a shard object or time chunk that is missing, or that fails to decode: every inner chunk and
-  the shard index carry a crc32c (``format.decode``), so flipped or truncated bytes show up here;
-* a shard whose decoded rows differ from the digest recorded at build time (the root
-  ``shard_digests``, see ``layout.shard_digest``), or whose size, first or last bar time differ
-  from its row of the root ``shards`` index;
-* a symbol's timestamps that do not strictly increase;
-* a ``zarr.json`` that is not the one ``build-cache`` writes for the manifest's layout and the
-  symbol's length (``format.metadata``: its shape, chunking, codecs, dimension names); documents that
-  are one hard-linked file are one problem naming the symbols that share it (``inspect.shared``);
-* a root segment index whose segments do not tile each symbol's rows in order, or split ids
-  outside the manifest's splits.
-
-A cache that cannot be opened at all (missing, incomplete, old or newer format, damaged root
-index) raises ``CacheError`` instead of returning a report.
+``verify_cache`` (``shardcache verify``) reads each object once, whole (many at once on an object store,
+memory bounded), and names each problem by its store key: a shard or time chunk missing or failing its
+crc32c; rows unlike the build's digest (``shard_digests``), or a size or bar time unlike the ``shards``
+index; timestamps that do not increase; a ``zarr.json`` unlike the one ``build-cache`` writes
+(hard-linked ones joined, ``inspect.shared``); segments that do not tile each symbol's rows. A cache
+that cannot be opened raises ``CacheError``.
 """
 
 from __future__ import annotations
@@ -106,26 +92,13 @@ class VerifyReport:
 
     def format(self) -> str:
         """The report for people: one line per problem, then a verdict."""
-        lines = [str(p) for p in self.problems]
-        what = (
-            f"{self.shards} shards, {self.rows:,} rows, {self.digests_checked} digests checked "
-            f"in {self.elapsed_s:.1f} s"
-        )
-        if self.ok:
-            lines.append(f"{self.path}: OK ({what})")
-        else:
-            lines.append(f"{self.path}: {len(self.problems)} problem(s), {len(self.bad_shards)} bad shard(s) ({what})")
-        return "\n".join(lines)
-
-
-# what zarr and the codecs raise for damaged bytes or metadata, and Cache for a missing array (a CacheError
-# is a ValueError); an OSError (a store that stopped answering) is not damage and ends the check
-_DAMAGE = (ValueError, RuntimeError, TypeError, KeyError, IndexError)
+        what = f"{self.shards} shards, {self.rows:,} rows, {self.digests_checked} digests checked"
+        verdict = "OK" if self.ok else f"{len(self.problems)} problem(s), {len(self.bad_shards)} bad shard(s)"
+        return "\n".join([*map(str, self.problems), f"{self.path}: {verdict} ({what} in {self.elapsed_s:.1f} s)"])
 
 
 def _key_order(key: str) -> tuple[tuple[int, int, str], ...]:
-    """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``, ``c.2.0``
-    before ``c.10.0``)."""
+    """Store keys in numeric order of their parts (``symbols/2/...`` before ``symbols/10/...``)."""
     return tuple((1, int(p), "") if p.isdigit() else (0, 0, p) for p in re.split(r"[/.]", key))
 
 
@@ -135,8 +108,7 @@ class _Fetched(ShardDecoder):
     objects: dict[str, bytes | None]
 
     def _get(self, key: str, byte_range: Any = None) -> np.ndarray | None:
-        data = self.objects.get(key)
-        if data is None:
+        if (data := self.objects.get(key)) is None:
             return None
         raw = np.frombuffer(data, dtype=np.uint8)
         if isinstance(byte_range, SuffixByteRequest):
@@ -147,8 +119,7 @@ class _Fetched(ShardDecoder):
 
 
 def _check_segments(cache: Cache, problems: list[Problem]) -> None:
-    """The root segment index, every symbol at once: each symbol's segments tile its rows in order (in
-    the order stored), none empty or reversed, with known split ids."""
+    """The root segment index: each symbol's segments tile its rows in order, none empty, known split ids."""
     local = cache.local_segments[np.argsort(cache.local_segments[:, 0], kind="stable")]
     sym, start, stop = local[:, 0], local[:, 1], local[:, 2]
     n, names = cache.bars_per_symbol, cache.manifest.symbols
@@ -160,22 +131,13 @@ def _check_segments(cache: Cache, problems: list[Problem]) -> None:
     empty = np.flatnonzero(stop <= start)
     for i in np.flatnonzero(~covered).tolist():
         problems.append(Problem("segments", f"{names[i]}'s segments do not cover its rows 0-{int(n[i])}"))
-    for i in np.unique(sym[joins]).tolist():
-        mine = joins[sym[joins] == i]
-        problems.append(
-            Problem(
-                "segments",
-                f"{len(mine)} gap(s) or overlap(s) in {names[i]}'s rows, first after row {int(stop[mine[0]])}",
-            )
-        )
-    for i in np.unique(sym[empty]).tolist():
-        mine = empty[sym[empty] == i]
-        problems.append(
-            Problem(
-                "segments",
-                f"{len(mine)} empty or reversed segment(s) of {names[i]}, first at row {int(start[mine[0]])}",
-            )
-        )
+    for bad, row, say in (
+        (joins, stop, "{} gap(s) or overlap(s) in {}'s rows, first after row {}"),
+        (empty, start, "{} empty or reversed segment(s) of {}, first at row {}"),
+    ):
+        for i in np.unique(sym[bad]).tolist():
+            mine = bad[sym[bad] == i]
+            problems.append(Problem("segments", say.format(len(mine), names[i], int(row[mine[0]]))))
     if len(local) and (local[:, 3].min() < 0 or local[:, 3].max() >= len(cache.split_names)):
         problems.append(Problem("segments", f"split ids outside 0-{len(cache.split_names) - 1}"))
 
@@ -267,7 +229,7 @@ class _Checker:
             self.problems.append(Problem(key, f"{size:,} bytes, the root index (shards) says {want:,}"))
 
     def times(self, data: bytes | None, i: int, shard: int, a: int, b: int, prev: int | None) -> int | None:
-        """Shard ``shard``'s ``time`` object: decoded, strictly increasing, its ends against the index; its last bar."""
+        """Shard ``shard``'s ``time`` object: decoded, increasing, its ends against the index; its last bar."""
         key, cache = self.cache.shard_key(shard, "time"), self.cache
         if data is None:
             self.problems.append(Problem(key, "missing"))
@@ -281,40 +243,23 @@ class _Checker:
         if prev is not None and ts[0] <= prev:
             bad = np.r_[0, bad]
         if len(bad):
-            self.problems.append(
-                Problem(
-                    key,
-                    f"timestamps not strictly increasing at {len(bad)} row(s), first "
-                    f"at row {a + int(bad[0])} of {cache.manifest.symbols[i]}",
-                )
-            )
-        first, last = self.table[shard, 3:5].tolist()
-        if (int(ts[0]), int(ts[-1])) != (first, last):
-            self.problems.append(
-                Problem(
-                    "shards",
-                    f"row {shard} ({key}): first and last bar times {first}, {last}; the time chunk holds "
-                    f"{int(ts[0])}, {int(ts[-1])}",
-                )
-            )
-        return int(ts[-1])
+            at = f"first at row {a + int(bad[0])} of {cache.manifest.symbols[i]}"
+            self.problems.append(Problem(key, f"timestamps not strictly increasing at {len(bad)} row(s), {at}"))
+        (first, last), held = self.table[shard, 3:5].tolist(), (int(ts[0]), int(ts[-1]))
+        if held != (first, last):
+            says = f"first and last bar times {first}, {last}; the time chunk holds {held[0]}, {held[1]}"
+            self.problems.append(Problem("shards", f"row {shard} ({key}): {says}"))
+        return held[1]
 
 
 def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
     """Counts and the root segment index against the manifest."""
-    if len(cache.groups) != len(cache.symbols) or len(cache.bars_per_symbol) != len(cache.symbols):
+    groups, counts, n, total = len(cache.groups), len(cache.bars_per_symbol), len(cache.symbols), cache.n_bars
+    if groups != n or counts != n:
+        problems.append(Problem("manifest", f"{groups} groups and {counts} bar counts for {n} symbols"))
+    if int(cache.bars_per_symbol.sum()) != total:
         problems.append(
-            Problem(
-                "manifest",
-                f"{len(cache.groups)} groups and {len(cache.bars_per_symbol)} bar "
-                f"counts for {len(cache.symbols)} symbols",
-            )
-        )
-    if int(cache.bars_per_symbol.sum()) != cache.n_bars:
-        problems.append(
-            Problem(
-                "manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, counts say {cache.n_bars}"
-            )
+            Problem("manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, counts say {total}")
         )
     expected = cache.manifest.counts.segments
     if expected != len(cache.segments):
@@ -369,10 +314,7 @@ def verify_cache(
 def compare_caches(
     a: str | os.PathLike[str] | Cache, b: str | os.PathLike[str] | Cache, storage_options: dict[str, Any] | None = None
 ) -> list[str]:
-    """How two caches differ, array for array and in the manifest (less build times); [] when identical.
-
-    Reads one shard of each at a time, e.g. to check that a resumed build equals a clean one.
-    """
+    """How two caches differ (arrays, the manifest less build times), a shard at a time; [] when identical."""
     ca, cb = open_cache(a, storage_options), open_cache(b, storage_options)
     out = []
     ma, mb = ({k: v for k, v in c.manifest.to_json().items() if k not in _VOLATILE} for c in (ca, cb))

@@ -1,13 +1,7 @@
-"""Views of a cache for people: its summary (``info``), its shard table (``shards``, ``shardcache ls``)
-and its symbols as xarray objects (``to_xarray``, ``open_symbol``, ``open_symbols``).
-
-Functions of a ``Cache`` rather than its methods, so that the format never imports its views.
-The xarray views are thin layers over what plain xarray opens from a cache
-(``xr.open_datatree(CACHE, engine="zarr")``, ``xr.open_zarr(CACHE, group=path)``): they add the
-manifest's labels (symbol, feature names, split per bar, train-split feature mean and std) and one
-dask chunk per shard. ``open_symbols`` opens a chosen few of thousands of symbols in time proportional
-to them: the cache, its root and its store once, then each symbol's group (``open_datatree`` opens
-every group, and xarray builds the tree in time quadratic in the children of one node).
+"""Views of a cache for people: its summary (``info``), its shard table (``shards``, ``shardcache ls``) and
+its symbols as xarray objects (``to_xarray``, ``open_symbol``, ``open_symbols``): what plain xarray opens,
+labelled from the manifest, a dask chunk per shard. Functions, not ``Cache`` methods: the format never
+imports its views.
 """
 
 from __future__ import annotations
@@ -97,17 +91,11 @@ class ShardInfo:
         }
 
 
-def _shard_counts(cache: Cache) -> np.ndarray:
-    """Stored shards of each symbol's ``features``: ceil(bars / shard_rows)."""
-    return -(-cache.bars_per_symbol // cache.shard_rows)
-
-
 def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     """Every stored shard, symbol by symbol: object key, local rows, time range, stored size, ratio.
 
-    Rows and bar times come from the root shard index (``format.index``), read once whatever the
-    number of symbols; a shard object that is not there shows as missing (``stored_bytes=None``;
-    sizes from ``_stored_sizes``).
+    Rows and bar times come from the root shard index (``format.index``), read once; a shard object that
+    is not there shows as missing (``stored_bytes=None``).
     """
     cache = open_cache(cache)
     table = cache.root_shards
@@ -138,11 +126,7 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
 
 
 def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
-    """Stored bytes of the objects ``keys`` (paths in the cache) that exist.
-
-    A local cache stats each key (a directory walk of thousands of groups costs seconds); an
-    object store is listed once under ``symbols/`` (one paginated listing, not a request per key).
-    """
+    """Stored bytes of the objects ``keys`` that exist: stat-ed locally, an object store listed once."""
     if "://" not in cache.url or cache.url.startswith("file://"):
         root = cache.url.removeprefix("file://")
         sizes = {}
@@ -176,7 +160,7 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "symbols": cache.symbols,
         "bars_per_symbol": [int(n) for n in cache.bars_per_symbol],
         "segments": len(cache.segments),
-        "shards": int(_shard_counts(cache).sum()),
+        "shards": cache.n_shards,
         "features": cache.feature_names,
         "stats": cache.stats,
         "normalize": m.normalize,
@@ -201,13 +185,8 @@ def _xarray() -> Any:
 
 
 def _open_kwargs(cache: Cache) -> dict[str, Any]:
-    """Arguments for xarray's zarr backend: one dask chunk per shard, and the cache's own store (the
-    root opened once by ``open_cache``, read with its storage options), so that xarray reads neither
-    the root nor the manifest again.
-
-    ``consolidated=False`` unless the cache has consolidated metadata, so that xarray neither
-    warns nor looks for it first.
-    """
+    """Arguments for xarray's zarr backend: one dask chunk per shard and the cache's own store (so xarray reads
+    neither root nor manifest again); ``consolidated`` only when it is (so xarray neither warns nor looks)."""
     root = cache.handles.group
     return {
         "chunks": {"time": cache.shard_rows},
@@ -218,9 +197,7 @@ def _open_kwargs(cache: Cache) -> dict[str, Any]:
 
 
 def _labelled(ds: xarray.Dataset, cache: Cache, i: int, split: bool, names: bool = True) -> xarray.Dataset:
-    """``ds`` (one symbol's group) with the manifest's labels: ``symbol``, ``feature_mean``/``feature_std``,
-    with ``names`` the ``feature`` names (a tree inherits them from its root) and, with ``split``, the
-    split name of every bar (from the root segment index, read at opening)."""
+    """``ds`` (a symbol's group) labelled: symbol, feature statistics, with ``names`` features, ``split`` per bar."""
     coords: dict[str, Any] = {"symbol": cache.symbols[i]}
     if names:
         coords["feature"] = ("feature", np.asarray(cache.feature_names, dtype=str))
@@ -306,8 +283,7 @@ def to_xarray(cache: Cache | str | os.PathLike[str]) -> xarray.DataTree:
 
 
 def _in_symbol_order(tree: xarray.DataTree, groups: Sequence[str]) -> None:
-    """Put each symbol's node among its siblings in the cache's symbol order (``groups``): the store lists
-    groups in no order (``['3', '5', '2', ...]``), and ``symbols/10`` sorts before ``symbols/2`` as text."""
+    """Put each symbol's node in symbol order among its siblings (stored in no order; ``10`` sorts before ``2``)."""
     names: dict[str, list[str]] = {}
     for g in groups:
         parent, _, name = g.rpartition("/")

@@ -1,7 +1,5 @@
-"""What every input reader shares: the :class:`Source` contract and the value policy (durations: ``format.durations``).
-
-Kept apart from the package's discovery code so that the readers (``dbn``, ``parquet``,
-``csv``) import it and the package imports them, one way.
+"""What every input reader shares: the :class:`Source` contract and the value policy, apart from the
+package's discovery code so that the readers import it and the package imports them, one way.
 """
 
 from __future__ import annotations
@@ -45,13 +43,9 @@ DBN_MAGIC = b"DBN"
 
 
 class Source:
-    """One opened input file; subclasses read DBN (``kind="dbn"``), Parquet or CSV.
-
-    ``bar_ns`` is the bar size the file gives (None until a tabular file's timestamps have
-    been seen: its most common step). ``symbology`` is what a reader learned about symbols
-    while reading (DBN: unmapped instruments), ``{}`` when there is nothing to say. ``records``
-    is how many records (rows, DBN records of any type) the last ``pieces()`` read.
-    """
+    """One opened input file (``kind``: ``dbn``, ``parquet``, ``csv``). ``bar_ns``: its bar size (a table's
+    commonest step, None until seen); ``symbology``: what a reader learned of symbols (DBN: unmapped ids);
+    ``records``: the records (rows, DBN records) the last ``pieces()`` read."""
 
     kind = ""
     storage_options: dict[str, Any] | None = None
@@ -85,10 +79,7 @@ class Source:
 def keep_rows(
     ts: np.ndarray, prices: Sequence[np.ndarray], others: Sequence[np.ndarray], counter: Counter[str]
 ) -> np.ndarray | None:
-    """Row mask of the value policy, counting each dropped row once; None when all rows pass.
-
-    Shared by :func:`clean_piece` and by readers that clean ticks before aggregating them.
-    """
+    """Row mask of the value policy, each dropped row counted once; None when all pass (readers clean ticks too)."""
     ts = np.asarray(ts)
     bad_ts = (ts < TS_MIN) | (ts >= TS_MAX)
     nonfinite = np.zeros(len(ts), dtype=bool)
@@ -109,8 +100,7 @@ def keep_rows(
         ("non-positive price", nonpositive & ~nonfinite & ~bad_ts),
         ("non-finite value", other & ~nonpositive & ~nonfinite & ~bad_ts),
     ):
-        n = int(np.count_nonzero(mask))
-        if n:
+        if n := int(np.count_nonzero(mask)):
             counter[reason] += n
     return ~drop
 
@@ -125,11 +115,8 @@ def _values(table: pa.Table, name: str) -> np.ndarray:
 
 
 def clean_piece(table: pa.Table, counter: Counter[str], finite: set[str] | None = None) -> pa.Table:
-    """Drop rows that break the value policy (see the package docstring), counting them by reason.
-
-    ``finite``, when given, collects the names of the value columns that held at least one
-    finite value, so a reader can name a column that is entirely null or NaN.
-    """
+    """Drop rows that break the value policy (see the package docstring), counting them by reason;
+    ``finite`` collects the value columns with a finite value (to name one entirely null or NaN)."""
     names = [n for n in table.column_names if n not in ("symbol", "ts", "instrument")]
     ts = table.column("ts").to_numpy()
     values = {n: _values(table, n) for n in names}

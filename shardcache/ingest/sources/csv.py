@@ -1,26 +1,12 @@
-"""CSV bar tables (vendors' exports) as sources, read by ``pyarrow.csv``.
+"""CSV bar tables (vendors' exports) as sources, read block by block by ``pyarrow.csv`` (``open_csv``).
 
-Columns are found, typed and cleaned exactly as for Parquet (:mod:`.table`); their types
-are what ``pyarrow.csv`` infers from the first block (ISO-8601 times become timestamps,
-whole numbers int64), except that value columns are then read as float64, so a fraction
-after the first block is no error (integers above 2**53 are still refused). The file is
-read block by block (``open_csv``), never whole. Dialects:
-
-* the delimiter is the one of comma, semicolon, tab and pipe found most often outside quotes
-  in the header line, or ``csv_delimiter`` (``--csv-delimiter``: one character, or ``comma``,
-  ``semicolon``, ``tab``, ``pipe``);
-* numbers written with thousands separators (``"1,100.25"``) or a decimal comma (``1100,25``,
-  ``1.100,25``) are read as numbers when the first block shows which mark is the decimal one;
-  a column that does not show it (``"1,100"`` alone: 1100 or 1.1?) is refused by name;
-* gzip, zstd and bz2 are recognised by their magic bytes, whatever the file's name (``.csv``,
-  ``.csv.gz``, ``.csv.zst``);
-* blanks around the header's names are dropped (``' ts , open '`` names ``ts`` and ``open``);
-* leading ``#`` comment lines are skipped (``pyarrow.csv`` has no comment option, so one further
-  down is bad data);
-* a nameless last column with no value in the first block (a comma ending every line) is left out;
-  a nameless column elsewhere is refused by its position;
-* UTF-16 text (told by its byte-order mark) is refused: write UTF-8;
-* a file with a header and no rows is refused as such.
+Columns are found and cleaned as for Parquet (:mod:`.table`), typed from the first block, but value
+columns are read as float64 (a later fraction is no error). The delimiter is ``csv_delimiter``, else the
+commonest of comma, semicolon, tab and pipe outside quotes in the header. Thousands separators and
+decimal commas are read as numbers once the first block shows the decimal mark (a column that does not,
+``"1,100"``, is refused). gzip, zstd and bz2 are told by their magic bytes; blanks around header names,
+leading ``#`` comment lines and an empty nameless last column are dropped; UTF-16 text, a nameless
+column elsewhere and a header with no rows are refused.
 """
 
 from __future__ import annotations
@@ -56,8 +42,7 @@ _NOT_A_NUMBER = re.compile(r"[+-]?(nan|inf|infinity)", re.IGNORECASE)
 
 
 def sniff_delimiter(header: str) -> str:
-    """The delimiter of a CSV header line: whichever of comma, semicolon, tab and pipe occurs most
-    often outside quotes (a comma on a tie, or when none does)."""
+    """A CSV header's delimiter: of comma, semicolon, tab and pipe the commonest outside quotes (a comma on a tie)."""
     counts = dict.fromkeys(DELIMITERS.values(), 0)
     quoted = False
     for ch in header:
@@ -110,8 +95,7 @@ class CsvSource(TabularSource):
         return pa.input_stream(pa.PythonFile(raw, mode="r"), compression=self._compression)
 
     def _schema(self) -> pa.Schema:
-        """The columns and types ``pyarrow.csv`` infers from the header and the first block, with the
-        columns of numbers written with separators typed float64 (see the module docstring)."""
+        """The columns and types ``pyarrow.csv`` infers, those of numbers written with separators float64."""
         with open_input(self.path, self.storage_options) as fh:
             magic = fh.read(4)
         self._compression = next((c for m, c in _COMPRESSED.items() if magic.startswith(m)), None)

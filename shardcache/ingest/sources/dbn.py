@@ -1,45 +1,27 @@
 """Databento DBN files (``.dbn``, ``.dbn.zst``, DBN versions 1-3) as bar tables.
 
-How a file is read:
+The metadata header is decoded by ``databento_dbn`` (upgraded to v3); records are viewed here as numpy
+structured arrays (:func:`record_dtype`, the same layouts in versions 1-3), in bounded blocks of the
+stream-decompressed body. A body that mixes record types is walked record by record, the others
+counted as ``other record type (NAME)``. Prices are fixed-point (1e-9): ``UNDEF_PRICE`` becomes NaN.
+Symbols come from the metadata's mappings by instrument id and UTC date (:mod:`.symbology`); each
+piece carries the instrument ids, so the build cuts a continuous symbol at its rolls.
 
-* The metadata header is decoded by ``databento_dbn`` (older versions upgraded to v3).
-  Records are decoded here, vectorised: bounded blocks of the (stream-decompressed) body
-  are viewed as numpy structured arrays (:func:`record_dtype`). The record layouts of the
-  schemas read here are the same in DBN versions 1, 2 and 3. A body that mixes record
-  types (e.g. live data with system records) is walked record by record and only the
-  schema's records are kept; the others are counted as ``other record type (NAME)``.
-* Prices are fixed-point (1e-9) int64: ``UNDEF_PRICE`` becomes NaN, the rest ``px / 1e9``.
-* Symbols come from the metadata's symbol mappings, honouring each mapping's dates
-  (instrument id and UTC date of the record, :mod:`.symbology`); an id with no mapping on
-  that date takes its nearest mapping, and an id never mapped keeps its number as its
-  symbol, both counted in ``symbology`` (the build names such an id from another file's
-  mapping when one has it). Each piece carries the records' instrument ids, so the build
-  cuts a continuous symbol's series at its rolls. A parent symbol is refused.
+What becomes a bar (``ts`` is the bar start, bars aligned to the epoch, UTC):
 
-What becomes a bar (``ts`` is always the bar start; bars are aligned to the epoch, UTC):
+* ``ohlcv-*``: each record, resampled (first open, max high, min low, last close, summed volume)
+  with a ``bar`` that is a multiple of the interval.
+* ``trades``, ``tbbo``, ``mbp-1``: trades (``mbp-1``/``tbbo``: action ``T``) folded into bars of
+  ``bar`` (default 1m) by ``ts_event``, with ``count``; a bar with no trade is not emitted. ``tbbo``
+  and ``mbp-1`` add ``bid, ask, spread`` of the bar's last record with both sides.
+* ``bbo-1s``, ``bbo-1m``: a sample at the end of its interval belongs to the bar holding
+  ``ts_recv - 1``; OHLC of the mid price, ``bid, ask, spread`` of the last sample, ``volume`` and
+  ``count`` from each interval whose last trade fell inside it (a lower bound).
 
-* ``ohlcv-1s/1m/1h/1d/eod``: each record is a bar (``open, high, low, close, volume``,
-  ``ts = ts_event``). With a ``bar`` that is a multiple of the interval the bars are
-  resampled (first open, max high, min low, last close, summed volume).
-* ``trades``, ``tbbo``, ``mbp-1``: trades are folded into bars of ``bar`` (default 1m) by
-  ``ts_event``: ``open, high, low, close, volume, count`` (count = trades). Only trades
-  (every ``trades`` record; ``mbp-1``/``tbbo`` records with action ``T``) feed them; a bar
-  with no trade is not emitted. ``tbbo`` and ``mbp-1`` add ``bid, ask, spread``: the top
-  of book of the bar's last record that has both sides (for ``tbbo`` the book just
-  before the trade, for ``mbp-1`` the book after the event).
-* ``bbo-1s``, ``bbo-1m``: a record samples the book at the end of its interval
-  (``ts_recv``), so it belongs to the bar holding ``ts_recv - 1``. ``open, high, low,
-  close`` are of the mid price, ``bid, ask, spread`` of the bar's last sample. ``volume``
-  and ``count`` add the last-trade size and 1 for each interval whose last trade
-  (``ts_event``) fell inside it: a lower bound on the true volume. ``bar`` must be a
-  multiple of the interval.
-
-Folding is exact across read blocks: bars stay open until the newest timestamp read is
-:data:`LATE_NS` past their end (files are sorted by ``ts_recv``, bars use ``ts_event``); a
-record arriving for a bar already emitted is dropped and counted as ``late record``.
-Records are cleaned before folding: one whose trade price (for BBO, quote) is undefined or
-not positive, or whose timestamp is out of range, is dropped and counted; an undefined
-quote in ``tbbo``/``mbp-1`` is only skipped. Bars are then cleaned like any piece.
+Folding is exact across blocks: a bar stays open until the newest timestamp read is :data:`LATE_NS`
+past its end; a record for a bar already emitted is dropped as ``late record``. Records with an
+undefined or non-positive trade price (BBO: quote) or a timestamp out of range are dropped and
+counted; an undefined tbbo/mbp-1 quote is only skipped.
 """
 
 from __future__ import annotations
@@ -130,32 +112,9 @@ SCHEMAS: dict[str, tuple[str, int | None, tuple[int, ...]]] = {
     "bbo-1s": ("bbo", SECOND, (0xC3,)),
     "bbo-1m": ("bbo", MINUTE, (0xC4,)),
 }
-_RTYPE_NAMES = {
-    0x00: "trades",
-    0x01: "mbp-1",
-    0x0A: "mbp-10",
-    0x11: "ohlcv",
-    0x12: "status",
-    0x13: "definition",
-    0x14: "imbalance",
-    0x15: "error",
-    0x16: "symbol mapping",
-    0x17: "system",
-    0x18: "statistics",
-    0x20: "ohlcv-1s",
-    0x21: "ohlcv-1m",
-    0x22: "ohlcv-1h",
-    0x23: "ohlcv-1d",
-    0x24: "ohlcv-eod",
-    0xA0: "mbo",
-    0xB1: "cmbp-1",
-    0xC0: "cbbo-1s",
-    0xC1: "cbbo-1m",
-    0xC2: "tcbbo",
-    0xC3: "bbo-1s",
-    0xC4: "bbo-1m",
-    0xC5: "tbbo",
-}
+# record types by schema name, for drop reasons: databento_dbn's names, but for four the DBN docs name otherwise
+_RENAMED = {0x00: "trades", 0x11: "ohlcv", 0x13: "definition", 0x16: "symbol mapping"}
+_RTYPE_NAMES = {r.value: r.name.lower().replace("_", "-") for r in dbn.RType.variants()} | _RENAMED
 _SUPPORTED = "shardcache builds from ohlcv-*, trades, tbbo, mbp-1, bbo-1s, bbo-1m"
 _OHLCV = ["open", "high", "low", "close", "volume"]
 _COLUMNS = {
@@ -175,11 +134,6 @@ def record_dtype(schema: str, ts_out: bool = False) -> np.dtype:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size + 8 * ts_out})
 
 
-def _rtype_name(rtype: int) -> str:
-    """A record type's schema name for a drop reason (its hex code when unknown)."""
-    return _RTYPE_NAMES.get(rtype, f"rtype 0x{rtype:02x}")
-
-
 def _prices(px: np.ndarray) -> np.ndarray:
     """Fixed-point prices as float64 (``px / 1e9``), ``UNDEF_PRICE`` as NaN."""
     out = px.astype(np.float64)
@@ -190,8 +144,7 @@ def _prices(px: np.ndarray) -> np.ndarray:
 
 
 class _Stream:
-    """The decompressed bytes of a DBN file, read in bounded blocks (a plain file is memory-mapped,
-    a URL streamed through fsspec)."""
+    """The decompressed bytes of a DBN file in bounded blocks (a file memory-mapped, a URL through fsspec)."""
 
     def __init__(self, path: str, storage_options: dict[str, Any] | None = None) -> None:
         self.path = path
@@ -221,9 +174,7 @@ class _Stream:
             what = "truncated" if "truncated" in str(exc).lower() else "corrupt"
             problem = f"{what} DBN data after {self.records} records ({one_line(exc)})"
             raise SourceError(self.path, problem) from None
-        if len(parts) == 1:
-            return parts[0]
-        return b"".join(parts)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def __enter__(self) -> Self:
         return self
@@ -311,13 +262,9 @@ class _Bars:
     """Folds a file's records into bars, keeping recent bars open across read blocks."""
 
     def __init__(self, layout: str, interval: int | None, bar_ns: int, drops: Counter[str]) -> None:
-        self.layout = layout
-        self.interval = interval
-        self.bar_ns = bar_ns
-        self.drops = drops
+        self.layout, self.interval, self.bar_ns, self.drops = layout, interval, bar_ns, drops
         self.pending: dict[str, np.ndarray] | None = None
-        self.cutoff = _I64_MIN
-        self.newest = _I64_MIN
+        self.cutoff = self.newest = _I64_MIN
 
     def _rows(self, recs: np.ndarray, symbols: Symbols) -> dict[str, np.ndarray]:
         """One row per usable record, in the shape of a partial bar."""
@@ -325,9 +272,8 @@ class _Bars:
         ts = np.ascontiguousarray(recs["ts_recv" if layout == "bbo" else "ts_event"]).view(np.int64)
         f: dict[str, np.ndarray] = {}
         if layout == "ohlcv":
-            for name in ("open", "high", "low", "close"):
-                f[name] = _prices(recs[name])
-            keep = keep_rows(ts, [f["open"], f["high"], f["low"], f["close"]], [], self.drops)
+            f = {name: _prices(recs[name]) for name in ("open", "high", "low", "close")}
+            keep = keep_rows(ts, list(f.values()), [], self.drops)
             f["volume"] = recs["volume"].astype(np.float64)
         elif layout == "bbo":
             bid, ask = _prices(recs["bid_px"]), _prices(recs["ask_px"])
@@ -423,10 +369,8 @@ class DbnSource(Source):
         self.resample = not (self.layout == "ohlcv" and bar_ns == self.interval)
         available = _COLUMNS[self.layout]
         chosen = list(columns) if columns else list(available)
-        for name in chosen:
-            if name not in available:
-                problem = f"no column '{name}' in {schema} data (it has {', '.join(available)})"
-                raise SourceError(path, problem)
+        if (unknown := next((name for name in chosen if name not in available), None)) is not None:
+            raise SourceError(path, f"no column '{unknown}' in {schema} data (it has {', '.join(available)})")
         super().__init__(path, schema, chosen, bar_ns)
 
     def _blocks(self, stream: _Stream, max_rows: int) -> Iterator[np.ndarray]:
@@ -457,12 +401,7 @@ class DbnSource(Source):
                 return
 
     def _only_mine(self, rtypes: np.ndarray) -> bool:
-        mine = rtypes == self.rtypes[0]
-        for other in self.rtypes[1:]:
-            if mine.all():
-                break
-            mine |= rtypes == other
-        return bool(mine.all())
+        return bool(np.isin(rtypes, self.rtypes).all())
 
     def _walk(self, raw: np.ndarray, stream: _Stream) -> tuple[np.ndarray, int]:
         """Records of a block that mixes record types, found by walking their length bytes."""
@@ -485,7 +424,7 @@ class DbnSource(Source):
         if not is_mine.all():
             kinds, counts = np.unique(raw[offs[~is_mine] + 1], return_counts=True)
             for kind, count in zip(kinds.tolist(), counts.tolist()):
-                self.drops[f"other record type ({_rtype_name(kind)})"] += count
+                self.drops[f"other record type ({_RTYPE_NAMES.get(kind, f'rtype 0x{kind:02x}')})"] += count
         mine = offs[is_mine]
         if (raw[mine] != size // 4).any():
             raise SourceError(self.path, f"corrupt DBN data: a {self.schema} record is not {size} bytes long")
@@ -495,9 +434,7 @@ class DbnSource(Source):
     def _table(
         self, codes: np.ndarray, iid: np.ndarray, ts: np.ndarray, values: dict[str, np.ndarray], symbols: Symbols
     ) -> pa.Table:
-        cols = {}
-        for name in self.columns:
-            cols[name] = values["ask"] - values["bid"] if name == "spread" else values[name]
+        cols = {name: values["ask"] - values["bid"] if name == "spread" else values[name] for name in self.columns}
         return pa.table(
             {
                 "symbol": symbols.column(codes),

@@ -1,9 +1,7 @@
 """Input files at local paths or fsspec URLs (``s3://``, ``gs://``, ``memory://``...): find, open, identify.
 
-A plain path or a ``file://`` URL is read with the operating system (memory-mapped where the
-reader can); any other URL through ``fsspec`` with the build's ``storage_options`` (for
-``s3://`` these are ``s3fs.S3FileSystem`` arguments such as ``endpoint_url``, ``key``,
-``secret``, ``anon``; credentials may also come from the usual AWS environment variables).
+A path or ``file://`` URL is read with the operating system, any other URL through ``fsspec`` with the
+build's ``storage_options`` (for ``s3://``, ``s3fs.S3FileSystem`` arguments or the AWS environment).
 """
 
 from __future__ import annotations
@@ -53,11 +51,7 @@ def stat_input(path: str, storage_options: dict[str, Any] | None = None) -> tupl
 def find_urls(
     spec: str, storage_options: dict[str, Any] | None, keep: Callable[[str], bool]
 ) -> tuple[list[str], list[str]]:
-    """URLs of the input files named by the URL ``spec`` (an object, a prefix searched recursively, or a
-    glob), and those of the files it holds that ``keep`` (picking inputs by name) leaves out.
-
-    Files under hidden folders are left out without a word, as locally.
-    """
+    """URLs of the input files the URL ``spec`` names (an object, a prefix, a glob) and of those ``keep`` skips."""
     problem = probe(spec, storage_options)  # one quick request: no client retries on an endpoint that is not there
     if problem is not None:
         raise SourceError(spec, problem)

@@ -1,8 +1,5 @@
-"""Parquet bar tables as sources: one row per bar, columns found as :mod:`.table` describes.
-
-The file is read in record batches (``ParquetFile.iter_batches``, one row group at a time),
-never whole; a URL is read through an fsspec file (``storage_options``). Rows with a null
-symbol are dropped (``missing symbol``); a null timestamp counts as out of range.
+"""Parquet bar tables as sources (columns as :mod:`.table` finds them), read a row group at a time, a URL
+through fsspec; a null symbol is dropped (``missing symbol``), a null timestamp is out of range.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""DBN symbology: which symbol each record belongs to, from the metadata's mapping intervals.
-
-A mapping gives, per symbol key, date intervals and the instrument id each one maps to
-(``ES.c.0`` -> 100 until the roll, then 200; ``ESH4`` -> 100). Records are looked up by
-instrument id and UTC date, vectorised. A symbol that maps several instruments on one date
-(a parent symbol such as ``ES.FUT``) is refused; a continuous symbol's instrument changes are
-its rolls, which the build cuts (the pieces carry each record's instrument id).
+"""DBN symbology: which symbol each record belongs to, from the metadata's mapping intervals, by instrument
+id and UTC date (``ES.c.0`` -> 100 until the roll, then 200). A parent symbol (several instruments on one
+date, ``ES.FUT``) is refused; a continuous symbol's instrument changes are its rolls, cut by the build.
 """
 
 from __future__ import annotations
@@ -29,12 +25,8 @@ _DAYS = 1 << 20  # mapping dates are packed below the instrument id in one int64
 
 
 class Symbols:
-    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised).
-
-    A symbol that maps several instruments on one date (a parent symbol such as ``ES.FUT``)
-    is refused: its instruments' bars would fall into one series. Records of an id with no
-    mapping, or outside its mapping's dates, are counted in ``unmapped`` / ``outside``.
-    """
+    """Instrument id and date -> symbol code, from the metadata's mapping intervals (vectorised); records of
+    an id with no mapping, or outside its dates (they take the nearest), counted in ``unmapped``/``outside``."""
 
     def __init__(self, path: str, mappings: Mapping[str, Sequence[MappingIntervalDict]]) -> None:
         rows = []
@@ -103,11 +95,7 @@ class Symbols:
         return np.where(same, self.code[here], np.where(later, self.code[after], -1))
 
     def _steady(self, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(ids, codes) when every instrument mapped during ``ts``'s days keeps one mapping for all of them.
-
-        The common case (a daily file, or a block inside one mapping interval): the symbol
-        then depends on the id alone, which is much cheaper to look up.
-        """
+        """(ids, codes) when every id mapped on ``ts``'s days keeps one mapping (a daily file): a cheap lookup."""
         lo, hi = int(ts.min()), int(ts.max())
         if lo < 0:
             return None

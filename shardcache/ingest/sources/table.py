@@ -1,26 +1,16 @@
 """Tables of bars (Parquet, CSV): one way to find the columns and to turn a record batch into a piece.
 
-Columns, from the file's Arrow schema:
+* **timestamp**: ``ts_column``, else the column named (ignoring case) one of :data:`TS_NAMES`: timestamps
+  (stored as UTC), dates, ISO-8601 text (no zone: UTC) or integers (s, ms, us or ns: the unit that puts
+  them in 1980-2100).
+* **symbol**: ``symbol_column``, else one of :data:`SYMBOL_NAMES` (text, UTF-8 bytes, whole numbers;
+  trimmed, an empty one dropped as ``missing symbol``), else a hive ``symbol=...`` folder, else the file
+  name (``ESH3.parquet`` -> ``ESH3``).
+* **values**: ``columns`` or every numeric column but those (OHLCV names in any case), as float64
+  (float32 and float16 as float32).
 
-* **timestamp**: ``ts_column``, else the column whose name (ignoring case) is one of
-  :data:`TS_NAMES`. Timestamp types of any unit and time zone (stored as UTC), dates
-  (midnight UTC), ISO-8601 text (a zone or offset converted, none taken as UTC) and
-  integers are accepted, dictionary-encoded or not; an integer column's unit (s, ms, us or ns since
-  the epoch) is read from its values, the only unit that puts them in 1980-2100.
-* **symbol**: ``symbol_column``, else the column named (ignoring case) one of
-  :data:`SYMBOL_NAMES`: strings, UTF-8 bytes, integers or whole-number floats, trimmed of
-  surrounding blanks; an empty symbol counts as missing (the row is dropped, ``missing symbol``). With none,
-  the symbol comes from a ``symbol=...`` folder of a hive-partitioned layout, else from the
-  file name (``ESH3.parquet`` -> ``ESH3``).
-* **values**: ``columns`` (each must exist and be numeric) or every numeric column but
-  those. ``Open``/``HIGH``... are matched ignoring case, as the timestamp is. Integer,
-  decimal and boolean columns become float64, float16 becomes float32.
-
-Refused with one line naming the columns: a nameless column (by its position), a text column
-named as a value (``close`` of strings), two columns with one name (or names equal
-ignoring case), two timestamp or two symbol candidates (``ts_event`` beside a numeric
-``ts``), integers above 2**53 in a value column (float64 cannot hold them exactly), a
-column with no value at all (entirely null or NaN) and symbols that are not text.
+Refused with one line: a nameless column, a text value column, names equal ignoring case, two timestamp
+or symbol candidates, integers above 2**53, a column with no value, symbols that are not text.
 """
 
 from __future__ import annotations
@@ -59,37 +49,23 @@ def _is_numeric(t: pa.DataType) -> bool:
     )
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
 def _is_time(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    types = pa.types
-    return bool(
-        types.is_timestamp(t)
-        or types.is_date(t)
-        or types.is_integer(t)
-        or types.is_string(t)
-        or types.is_large_string(t)
-    )
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_integer(t) or _is_text(t))
 
 
 def _is_symbol(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    types = pa.types
-    return bool(
-        types.is_string(t) or types.is_large_string(t) or _is_bytes(t) or types.is_integer(t) or types.is_floating(t)
-    )
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return bool(_is_text(t) or _is_bytes(t) or pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
 def _is_bytes(t: pa.DataType) -> bool:
     types = pa.types
     return bool(types.is_binary(t) or types.is_large_binary(t) or types.is_fixed_size_binary(t))
-
-
-def _int_unit(values: np.ndarray) -> str | None:
-    """The unit (s, ms, us, ns) that puts the median of integer timestamps in 1980-2100, if one does."""
-    mid = int(np.median(values))
-    return next((u for u, k in _NS_PER.items() if TS_MIN <= mid * k < TS_MAX), None)
 
 
 class TabularSource(Source):
@@ -142,14 +118,14 @@ class TabularSource(Source):
         super().__init__(path, self.kind, list(self._source_name), None)
 
     def _value_columns(self, columns: list[str] | None, names: list[str]) -> dict[str, str]:
-        """The value columns, each by its canonical name and its name in the file: ``columns`` (each one
-        numeric, found in any letter case), else every numeric column but the keys and their lookalikes."""
+        """The value columns, canonical name -> name in the file: ``columns`` (numeric, in any letter case),
+        else every numeric column but the keys and their lookalikes."""
         keys = {self.ts_column, self.symbol_column}
         lookalikes = {n for n in names if n.lower() in TS_NAMES + SYMBOL_NAMES}
         chosen: dict[str, str] = {}
         if columns:
             for name in columns:
-                actual = name if name in self._types else self._by_case(name, names)
+                actual = name if name in self._types else next((n for n in names if n.lower() == name.lower()), None)
                 if actual is None:
                     raise SourceError(self.path, f"no column '{name}' (columns are: {_listing(names)})")
                 if actual in keys:
@@ -177,18 +153,14 @@ class TabularSource(Source):
         raise NotImplementedError
 
     def _check_names(self, names: list[str]) -> None:
-        """Refuse a nameless column, and two columns whose names are equal, or equal ignoring case (``Close`` and
-        ``close``)."""
-        nameless = next((i for i, n in enumerate(names) if not n.strip()), None)
-        if nameless is not None:
+        """Refuse a nameless column, and two columns whose names are equal, or equal ignoring case."""
+        if (nameless := next((i for i, n in enumerate(names) if not n.strip()), None)) is not None:
             raise SourceError(
                 self.path,
                 f"column {nameless + 1} of {len(names)} has no name; name it in the header, "
                 "or leave it out of the file",
             )
-        seen = Counter(n for n in names)
-        twice = [n for n, k in seen.items() if k > 1]
-        if twice:
+        if twice := [n for n, k in Counter(names).items() if k > 1]:
             raise SourceError(
                 self.path,
                 f"duplicate column name{'s' if len(twice) > 1 else ''} "
@@ -198,17 +170,12 @@ class TabularSource(Source):
         folded: dict[str, list[str]] = {}
         for n in names:
             folded.setdefault(n.lower(), []).append(n)
-        clash = next((group for group in folded.values() if len(group) > 1), None)
-        if clash:
+        if clash := next((group for group in folded.values() if len(group) > 1), None):
             raise SourceError(
                 self.path,
                 f"columns {', '.join(repr(n) for n in clash)} differ only in case; "
                 "rename one, or pick the columns with --columns",
             )
-
-    @staticmethod
-    def _by_case(name: str, names: list[str]) -> str | None:
-        return next((n for n in names if n.lower() == name.lower()), None)
 
     def _find(
         self, given: str | None, candidates: tuple[str, ...], what: str, flag: str, names: list[str]
@@ -303,11 +270,10 @@ class TabularSource(Source):
         return col.cast(pa.string())
 
     def _ts_ns(self, col: pa.Array) -> np.ndarray:
-        """A timestamp, date, text or integer column (dictionary-encoded or not) as int64 ns; nulls and overflows
-        as -1 (out of range)."""
+        """A timestamp, date, text or integer column as int64 ns; nulls and overflows as -1 (out of range)."""
         if pa.types.is_dictionary(col.type):
             col = col.dictionary_decode()
-        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        if _is_text(col.type):
             col = self._parse_times(col)
         t = col.type
         if pa.types.is_timestamp(t):
@@ -333,9 +299,8 @@ class TabularSource(Source):
         return np.where((values < 0) | (values > limit), -1, values * scale)
 
     def _parse_times(self, col: pa.Array) -> pa.Array:
-        """ISO-8601 text as timestamps: with a zone or offset (``Z``, ``+01:00``) converted to UTC, without one
-        taken as UTC; refused, quoting the first text that fails, when a text is neither or the column mixes
-        both kinds."""
+        """ISO-8601 text as timestamps (a zone or offset converted to UTC, none taken as UTC); refused, quoting
+        the first text that fails, when one is neither or the column mixes both kinds."""
         for kind in _TEXT_TIMES:
             try:
                 return col.cast(kind)
@@ -367,9 +332,10 @@ class TabularSource(Source):
         )
 
     def _int_scale(self, values: np.ndarray) -> int:
-        """ns per unit of integer timestamps: detected from the first values read, then kept for the file."""
+        """ns per unit of integer timestamps: the unit that puts the first values' median in 1980-2100, kept."""
         if self._unit is None and len(values):
-            self._unit = _int_unit(values)
+            mid = int(np.median(values))
+            self._unit = next((u for u, k in _NS_PER.items() if TS_MIN <= mid * k < TS_MAX), None)
             if self._unit is None:
                 raise SourceError(
                     self.path,
