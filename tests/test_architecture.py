@@ -32,6 +32,7 @@ WINGS = {
     "entry": "top",
     "errors": "shared",
     "_version": "shared",
+    "tuning": "shared",  # the tuning constants: every wing may import them
     "format": "format",
     "read": "read",
     "inspect": "inspect",
@@ -128,6 +129,34 @@ def imports(module: str) -> list[tuple[str, int, str]]:
 def test_every_module_has_a_wing():
     assert [m for m in MODULES if wing(m) is None] == [], "add these modules to WINGS"
     assert set(WINGS.values()) <= set(MAY_IMPORT)
+
+
+def _assigned(module: str) -> dict[str, int]:
+    """The names ``module`` assigns at module level (``X = ...``, ``X: T = ...``), with their lines."""
+    out = {}
+    for node in ast.parse(MODULES[module].read_text()).body:
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        out.update({t.id: node.lineno for t in targets if isinstance(t, ast.Name)})
+    return out
+
+
+def test_the_tuning_constants_are_defined_in_tuning_alone():
+    """Each of ``shardcache.tuning``'s constants is defined there, beside its figure, and imported by name
+    where it is used: no module of any wing defines one of them again. ``tuning`` is a leaf."""
+    tree = ast.parse(MODULES["tuning"].read_text())
+    tuned = set(next(ast.literal_eval(n.value) for n in tree.body if ast.unparse(n).startswith("__all__ = ")))
+    assert tuned and tuned <= set(_assigned("tuning"))
+    assert [t for t, _, _ in imports("tuning") if not t.startswith("third:")] == []
+    again = [
+        f"{m}:{line} {name}"
+        for m in MODULES
+        if m != "tuning" and wing(m) in {"format", "read", "inspect", "ingest"}
+        for name, line in _assigned(m).items()
+        if name in tuned
+    ]
+    assert again == [], "defined again outside shardcache/tuning.py: " + ", ".join(again)
 
 
 def test_each_wing_imports_only_the_wings_below_it():

@@ -511,7 +511,7 @@ def test_a_merge_task_opens_each_run_file_once_and_reads_its_batches(tmp_path, m
 
     monkeypatch.setattr(compute._Spill, "__init__", counting)
     monkeypatch.setattr(merge, "_merge", counted)
-    monkeypatch.setattr(scan, "_SPILL_ROWS", 1000)
+    monkeypatch.setattr(scan, "SPILL_ROWS", 1000)
     # a task keeps what it paged in up to 150 KB: more than the batches it reads (1,000 rows of 48 bytes each,
     # one or two a task), less than a run file read whole (4,800 rows)
     monkeypatch.setattr(merge, "Spills", functools.partial(compute.Spills, keep_bytes=150_000))

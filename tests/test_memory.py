@@ -143,7 +143,7 @@ def _random(path: str, n: int) -> dict:
     import psutil
 
     from shardcache import WindowDataset
-    from shardcache.read.dataset import _LRU_BLOCKS
+    from shardcache.tuning import LRU_BLOCKS
 
     proc = psutil.Process()
     ds = WindowDataset(path, 60, split="all")
@@ -152,7 +152,7 @@ def _random(path: str, n: int) -> dict:
         ds[i]
         peak = max(peak, proc.memory_info().rss)
     block = (ds.cache.shard_rows + ds.span - 1) * ds.cache.n_features * 4
-    return {"peak": peak - base, "lru_bytes": _LRU_BLOCKS * block}
+    return {"peak": peak - base, "lru_bytes": LRU_BLOCKS * block}
 
 
 if __name__ == "__main__":

@@ -17,11 +17,11 @@ import torch
 from helpers import make_cache, synthetic_bars
 
 from shardcache.errors import OptionError, OptionTypeError
-from shardcache.format.cache import TIME_CHUNKS
 from shardcache.read import options
 from shardcache.read.options import default_decoders
 from shardcache.read.plan import WindowSpec, n_windows, valid_ranges
 from shardcache.read.stream import WindowDataset, WindowStream
+from shardcache.tuning import TIME_CHUNKS
 
 
 def test_horizon_zero_is_the_last_input_bar_as_an_int_or_in_a_sequence(stream_cache):

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from shardcache.read import ship
 from shardcache.read.options import Batch, MetaBatch
 from shardcache.read.stream import WindowStream
+from shardcache.tuning import SLOTS
 
 KW = {"seq_len": 10, "horizon": 2, "batch_size": 64, "split": "all"}
 
@@ -35,13 +36,13 @@ def test_kept_batches_are_never_overwritten(stream_cache):
     """The caller keeps every batch of the epoch (more than a ring's slots): each stays what it
     was when it arrived, equal to the in-process batch, and the ring never grows past SLOTS."""
     want = _in_process(stream_cache, meta=True)
-    assert len(want) > 2 * ship.SLOTS + 4  # some batches must come while every slot is held
+    assert len(want) > 2 * SLOTS + 4  # some batches must come while every slot is held
     ds = WindowStream(stream_cache, **KW, meta=True)
     kept = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert all(type(b) is MetaBatch for b in kept)
     assert _same(kept, want)
     rings = _rings(ds)
-    assert len(rings) == 2 and all(len(r.slots) == ship.SLOTS for r in rings)
+    assert len(rings) == 2 and all(len(r.slots) == SLOTS for r in rings)
     ds.close()
     assert _rings(ds) == []
     assert _same(kept, want)  # forgetting the mappings leaves the caller's batches as they were
@@ -60,7 +61,7 @@ def test_dropped_batches_give_their_slots_back(stream_cache):
     assert _same(got, want)
     rings = _rings(ds)
     assert len(rings) == 2
-    assert all(len(r.slots) < ship.SLOTS for r in rings)  # never starved: dropped slots came back
+    assert all(len(r.slots) < SLOTS for r in rings)  # never starved: dropped slots came back
     assert sum(int(r.g[0].sum()) for r in rings) == len(want)  # every batch went through a slot
     assert max(int(r.g[0].max()) for r in rings) > 2  # ... and slots were reused
     ds.close()

@@ -261,6 +261,7 @@ def test_every_cpu_copy_gives_the_same_batches(monkeypatch, stream_bars, stream_
     monkeypatch.setattr(reader_mod, "one_thread_here", lambda: False)
     pieces = run()
     monkeypatch.setattr(storage_mod, "MIN_CHUNK", 10**9)
+    assert storage_mod.chunk_for(storage_mod.Host(), 14, 1, own_thread=False) == 0  # seen where it is used
     taken = run()
     for x2, y2, p2 in (pieces, taken):
         assert torch.equal(x, x2) and torch.equal(y, y2) and np.array_equal(p, p2)

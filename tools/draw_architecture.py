@@ -30,7 +30,7 @@ WINGS = (  # (name, title, what it is, its files and folders)
     ("ingest", "ingest/", "sources -> one cache", ("ingest/",)),
     ("read", "read/", "windows: numpy + torch", ("read/",)),
     ("format", "format/", "the on-disk contract", ("format/",)),
-    ("shared", "shared", "errors, the version", ("errors.py", "_version.py")),
+    ("shared", "shared", "errors, the version, tuning", ("errors.py", "_version.py", "tuning.py")),
 )
 DATA = (  # (from, to, label): the flow of bars, drawn under the boxes; None is outside the package
     (None, "ingest", "DBN, Parquet, CSV files"),

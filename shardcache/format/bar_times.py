@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import CacheError
+from ..tuning import TIME_CHUNKS
 from .decode import ChunkError, decode_shard
 from .layout import chunk_codec, chunk_key, describe_damage
 from .objects import get_whole
@@ -24,9 +25,7 @@ from .remote import reported
 if TYPE_CHECKING:
     from .cache import Cache
 
-__all__ = ["TIME_CHUNKS", "BarTimes"]
-
-TIME_CHUNKS = 16  # shards of ``time`` arrays kept (LRU): twice the 2 x mix = 8 shards a batch draws from
+__all__ = ["BarTimes"]
 
 
 class BarTimes:

@@ -20,7 +20,7 @@ import numpy as np
 import zarr
 
 from ..errors import CacheError
-from .bar_times import TIME_CHUNKS, BarTimes
+from .bar_times import BarTimes
 from .index import ShardIndex
 from .layout import chunk_key, describe_damage, node_array, node_group
 from .local_cache import LocalCache
@@ -30,7 +30,7 @@ from .root import IndexAheadError, NoCacheError, load_root, shard_digests
 from .rows import SymbolRows
 from .shard_reader import Handles, ShardReader
 
-__all__ = ["TIME_CHUNKS", "Cache", "IndexAheadError", "NoCacheError", "folder_stamp", "open_cache"]
+__all__ = ["Cache", "IndexAheadError", "NoCacheError", "folder_stamp", "open_cache"]
 
 
 def folder_stamp(url: str) -> tuple[int, int, int] | None:

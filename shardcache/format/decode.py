@@ -43,6 +43,7 @@ from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByt
 from zarr.buffer import default_buffer_prototype
 from zarr.storage import FsspecStore, LocalStore
 
+from ..tuning import KEEP_BUFFER
 from .layout import CHUNK_KEYS
 from .remote import guarded
 from .zarr_adapter import ArrayV3Metadata, sync
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk", "decode_shard"]
 
 _EMPTY = 2**64 - 1
-_KEEP = 32 << 20  # a thread keeps its read buffer up to this size
 _scratch = threading.local()
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
 _CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
@@ -140,8 +140,8 @@ def _ranges_work(store: Store) -> bool:
 
 
 def _buffer(n: int) -> np.ndarray:
-    """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``_KEEP``."""
-    if n > _KEEP:
+    """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``KEEP_BUFFER``."""
+    if n > KEEP_BUFFER:
         return np.empty(n, dtype=np.uint8)
     buf = getattr(_scratch, "buf", None)
     if buf is None or len(buf) < n:

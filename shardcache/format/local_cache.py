@@ -53,7 +53,9 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-__all__ = ["LEDGER", "LOCKS", "TRAILER", "LocalCache", "ShardCopyWarning", "process_alive"]
+from ..tuning import LOCKS
+
+__all__ = ["LEDGER", "TRAILER", "LocalCache", "ShardCopyWarning", "process_alive"]
 
 TRAILER = struct.Struct("<8sI4s")  # a kept file's last bytes: its name's blake2b, the body's crc32c, magic
 _MAGIC = b"SCc1"
@@ -73,7 +75,6 @@ LEDGER = "ledger.sqlite3"
 # (a DataLoader worker) never starts with another thread inside SQLite, whose own locks it could not take
 _SQLITE = threading.Lock()
 os.register_at_fork(before=_SQLITE.acquire, after_in_parent=_SQLITE.release, after_in_child=_SQLITE.release)
-LOCKS = 256  # lock files: two misses of different objects wait for each other 1 time in 256
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, size INTEGER NOT NULL, ready INTEGER, pid INTEGER)",
     "CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY CHECK (id = 0), bytes INTEGER NOT NULL)",

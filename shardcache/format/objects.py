@@ -24,19 +24,16 @@ from zarr.abc.store import OffsetByteRequest, Store
 from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
+from ..tuning import FILE_BATCH, FILE_THREADS
 from .layout import gather
 from .paths import check_storage_options, is_url, local_path
 from .remote import guarded, open_store, reported
 from .zarr_adapter import sync
 
-__all__ = ["FILE_BATCH", "FILE_THREADS", "STRAY", "Objects", "get_whole"]
+__all__ = ["STRAY", "Objects", "get_whole"]
 
 # what a killed local write leaves: ``<name>.<32 hex digits>.partial`` (zarr's LocalStore names its own the same way)
 STRAY = re.compile(r"\.[0-9a-f]{32}\.partial$")
-
-
-FILE_THREADS = min(4, os.cpu_count() or 1)  # threads writing a local cache's many small files
-FILE_BATCH = 1000  # objects a thread of ``put_many`` writes at least
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 

@@ -16,26 +16,18 @@ import numpy as np
 import pyarrow as pa
 from pyarrow import ipc
 
+from ..tuning import BATCH_BYTES, BATCH_TABLES, PLAIN_BYTES, PLAIN_FILES
 from .compute import BATCH_ROWS, Spills, cluster_path, row_bytes
 from .scan import Scanned, Stage, run_path
 from .tasks import pack
 
 __all__ = [
-    "BATCH_BYTES",
-    "BATCH_TABLES",
-    "PLAIN_BYTES",
-    "PLAIN_FILES",
     "MergeJob",
     "Merged",
     "MergedBatch",
     "merge_symbols",
     "place_clusters",
 ]
-
-PLAIN_BYTES = 32 << 20  # bytes of rows a stretch of plain symbols holds at once (``_merge``)
-BATCH_BYTES = 4 << 20  # bytes of small clusters written as one record batch of a cluster file
-BATCH_TABLES = 16  # clusters written as one record batch at the most
-PLAIN_FILES = 32  # spill files a stretch of plain symbols reads at once (``_merge``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,6 +20,7 @@ from pyarrow import ipc
 
 from ..errors import OptionError, ShardcacheError
 from ..format.build_options import BuildOptions
+from ..tuning import SPILL_ROWS
 from .checks import resolve_unmapped
 from .compute import BATCH_ROWS
 from .features import required_columns, resolve_features
@@ -30,7 +31,6 @@ from .sources.dbn import DbnSource
 __all__ = ["RUN", "SKETCH", "Inputs", "ScanJob", "Scanned", "open_inputs", "run_path", "scan_inputs"]
 
 SKETCH = 65  # timestamps kept per run to place fraction splits
-_SPILL_ROWS = 1 << 16  # rows of a piece sorted and written at a time
 # One row per run: its input file and piece (its spill file, ``run_path``), per-piece symbol code, global
 # symbol id (set by the driver), first row in the spill file, rows and time range.
 RUN = np.dtype(
@@ -144,11 +144,11 @@ def _check_tabular_options(options: BuildOptions, srcs: Sequence[Source]) -> Non
 
 
 def _spill(path: str, body: pa.Table, order: np.ndarray) -> None:
-    """Write ``body``'s rows in ``order`` as one Arrow file of ``_SPILL_ROWS``-row batches, a slice at a time."""
-    schema = body.schema.with_metadata({BATCH_ROWS: str(_SPILL_ROWS).encode()})
+    """Write ``body``'s rows in ``order`` as one Arrow file of ``SPILL_ROWS``-row batches, a slice at a time."""
+    schema = body.schema.with_metadata({BATCH_ROWS: str(SPILL_ROWS).encode()})
     with pa.OSFile(path, "wb") as sink, ipc.new_file(sink, schema) as writer:
-        for lo in range(0, len(order), _SPILL_ROWS):
-            writer.write_table(body.take(pa.array(order[lo : lo + _SPILL_ROWS])).combine_chunks())
+        for lo in range(0, len(order), SPILL_ROWS):
+            writer.write_table(body.take(pa.array(order[lo : lo + SPILL_ROWS])).combine_chunks())
 
 
 @dataclass(kw_only=True)

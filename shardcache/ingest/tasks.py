@@ -19,11 +19,12 @@ from typing import Any, Self, TypeVar
 import dask
 from dask.callbacks import Callback
 
+from ..tuning import TASK_BATCH
+
 __all__ = ["Progress", "dask_setup", "pack", "release_memory", "run_tasks", "tune_allocator"]
 
 log = logging.getLogger("shardcache")
 T = TypeVar("T")
-_BATCH = 256
 _M_MMAP_THRESHOLD = -3  # mallopt parameter number (glibc malloc.h)
 _MMAP_THRESHOLD = 128 << 10  # glibc's initial threshold, kept fixed
 
@@ -174,9 +175,11 @@ def run_tasks(
         results: list[T] = []
         nth = dask.delayed(_Nth(fn, items), pure=False)  # a task is an item's number: dask walks no item
         with _Count(prefix, progress, counts):
-            # graphs of at most _BATCH tasks: the scheduler's state stays bounded with 10,000s of files
-            for lo in range(0, len(items), _BATCH):
-                tasks = [nth(i, *extra, dask_key_name=f"{prefix}{i}") for i in range(lo, min(lo + _BATCH, len(items)))]
+            # graphs of at most TASK_BATCH tasks: the scheduler's state stays bounded with 10,000s of files
+            for lo in range(0, len(items), TASK_BATCH):
+                tasks = [
+                    nth(i, *extra, dask_key_name=f"{prefix}{i}") for i in range(lo, min(lo + TASK_BATCH, len(items)))
+                ]
                 results += dask.compute(*tasks, scheduler="threads", num_workers=workers or None)
         return results
 

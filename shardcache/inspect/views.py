@@ -18,13 +18,12 @@ from ..errors import CacheError
 from ..format.cache import Cache, open_cache
 from ..format.remote import filesystem
 from ..format.typed_json import dump
+from ..tuning import OPEN_THREADS
 
 if TYPE_CHECKING:
     import xarray
 
 __all__ = ["ShardInfo", "info", "open_symbol", "open_symbols", "shards", "to_xarray"]
-
-_OPENING = 8  # symbols opened at once from an object store (each is a few metadata and index reads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,7 +255,7 @@ def open_symbols(cache: Cache | str | os.PathLike[str], symbols: Sequence[str | 
         return _labelled(xr.open_zarr(group=group, **kwargs), cache, i, split=True)
 
     if "://" in cache.url and len(ids) > 1:
-        with ThreadPoolExecutor(_OPENING, thread_name_prefix="shardcache-open") as pool:
+        with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="shardcache-open") as pool:
             opened = list(pool.map(one, ids))
     else:
         opened = [one(i) for i in ids]

@@ -27,6 +27,7 @@ from ..errors import OptionTypeError, SeveralCachesError
 from ..format.cache import Cache
 from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
+from ..tuning import LRU_BLOCKS
 from .options import Batch, MetaBatch, window_spec
 from .readspec import ReadSpec, ReadsWindows
 from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
@@ -35,7 +36,6 @@ from .storage import Arena, gather, target_steps
 
 __all__ = ["WindowDataset"]
 
-_LRU_BLOCKS = 4
 _INDEX_FORMS = "an int, a slice, or a sequence of ints (a list, a numpy array, a 1-d integer tensor)"
 
 
@@ -167,7 +167,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
             else torch.from_numpy(rows if r.ycols is None else np.ascontiguousarray(rows[:, r.ycols]))
         )
         self._lru[shard] = hit = (lo, Arena(x, y, self.spec.seq_len))
-        while len(self._lru) > _LRU_BLOCKS:
+        while len(self._lru) > LRU_BLOCKS:
             self._lru.popitem(last=False)
         return hit
 

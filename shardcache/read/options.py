@@ -20,12 +20,12 @@ import torch.distributed as dist
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache, open_cache
 from ..format.windows import SegmentSource, WindowSpec, split_segments
+from ..tuning import MAX_DECODERS
 
 __all__ = [
     "AUTO_CPU_FRACTION",
     "AUTO_CUDA_FRACTION",
     "CUDA_WORKERS",
-    "MAX_DECODERS",
     "Batch",
     "MetaBatch",
     "check_device",
@@ -42,7 +42,6 @@ __all__ = [
 
 AUTO_CPU_FRACTION = 0.25  # memory_budget="auto": this share of psutil's available memory
 AUTO_CUDA_FRACTION = 0.5  # ... or of the device's free memory with device="cuda"
-MAX_DECODERS = 8  # default decoder threads per reader, at most: more find no blocks to decode (mix=4, prefetch=2)
 
 
 class Batch(NamedTuple):

@@ -53,28 +53,15 @@ import numpy as np
 import torch
 
 from ..errors import StreamClosedError
+from ..tuning import FAST_READ, GROUP_BLOCKS, LAYOUT_WINDOWS, RUNS_AHEAD, SMALL_BLOCK
 from .plan import EpochPlan, PoolLayout, Run, pool_layouts, reader_runs
 from .readspec import ReadSpec
 from .resident import Resident
 from .ship import Loan
 from .storage import WHOLE, Arena, chunk_for, gather, mapped, one_thread_here, target_steps
 
-__all__ = [
-    "FAST_READ",
-    "GROUP_BLOCKS",
-    "RUNS_AHEAD",
-    "RUN_BYTES",
-    "SMALL_BLOCK",
-    "Reader",
-    "Ready",
-]
+__all__ = ["Reader", "Ready"]
 
-RUN_BYTES = 4 << 20  # in-process, consecutive batches are copied together up to this size
-RUNS_AHEAD = 2  # gathered runs queued ahead of an in-process consumer
-SMALL_BLOCK = 256 << 10  # decoded bytes of a block that the gather thread may read itself, when reads are fast
-FAST_READ = 1e-3  # seconds a small block's read must take (the fastest of late) for that
-LAYOUT_WINDOWS = 1 << 16  # windows of the pools laid out together (``plan.pool_layouts``)
-GROUP_BLOCKS = 64  # small blocks the gather thread reads in one ``Sources.read_many`` call, at most
 _POLL = 0.1
 
 

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StreamClosedError
+from ..tuning import RUN_BYTES, RUNS_AHEAD
 from .options import Batch, MetaBatch
 from .plan import EpochPlan
-from .reader import RUN_BYTES, RUNS_AHEAD, Reader
+from .reader import Reader
 from .ship import ship
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from ..format.cache import Cache
 from ..format.local_cache import LocalCache
 from ..format.numbers import whole_number
 from ..format.paths import check_storage_options, is_url, layers
+from ..tuning import SURE_TO_FIT
 from .options import check_device, default_decoders, parse_budget, parse_size
 
 __all__ = [
@@ -42,7 +43,6 @@ CacheInput = Cache | str | os.PathLike[str]
 """One cache as a stream takes it: an open ``Cache``, or a path or fsspec URL to open."""
 
 TEMPORARY_LIMIT = 1 << 30  # bytes of a remote cache's temporary local copy when cache_limit is not given
-_SURE_TO_FIT = 256 << 20  # a batch of at most this many bytes is not checked against free memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +139,7 @@ class LoaderSettings:
         windows) of ``window_bytes`` each that the device's memory cannot hold, before anything is
         allocated."""
         nbytes = windows * window_bytes
-        if nbytes <= _SURE_TO_FIT:
+        if nbytes <= SURE_TO_FIT:
             return
         if self.device.type == "cuda":
             free = int(torch.cuda.mem_get_info(self.device)[0])

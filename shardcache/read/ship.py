@@ -41,13 +41,12 @@ import torch
 
 from ..errors import StreamClosedError
 from ..format.local_cache import process_alive
+from ..tuning import SLOTS, WAIT
 from .options import Batch, MetaBatch
 from .torch_adapter import in_shared_memory, new_shared
 
-__all__ = ["SLOTS", "WAIT", "Loan", "WorkerRing", "forget", "ship"]
+__all__ = ["Loan", "WorkerRing", "forget", "ship"]
 
-SLOTS = 8  # per worker: runs gathered ahead (2), batches in flight (prefetch_factor, 2 by default), kept by the caller
-WAIT = 0.02
 _POLL = 0.0005
 
 Shapes = tuple[tuple[int, ...], ...]

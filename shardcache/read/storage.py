@@ -37,13 +37,11 @@ import numpy as np
 import torch
 
 from ..format.windows import WindowSpec
+from ..tuning import HUGE_MAP, MIN_CHUNK, SMALL_ARENA
 
 __all__ = ["Arena", "Device", "Host", "chunk_for", "gather", "mapped", "one_thread_here", "storage_for", "target_steps"]
 
 GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
-MIN_CHUNK = 8  # windows per index_select call below which numpy.take is the faster copy
-SMALL_ARENA = 1 << 20  # bytes of a pool's arena below which it comes from the heap, not a map of its own
-_HUGE = 4 << 20  # maps from this size ask for transparent huge pages, as numpy does for its own arrays
 WHOLE = 1 << 62  # a chunk no gather reaches: one index_select
 
 
@@ -60,7 +58,7 @@ def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: boo
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
-    if huge and nbytes >= _HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+    if huge and nbytes >= HUGE_MAP and hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
     return np.ndarray(shape, dtype, buffer=buf)  # the root array: views refer to it
 

@@ -21,13 +21,13 @@ import pyarrow.csv as pcsv
 
 from ...errors import SourceError, one_line
 from ...format.build_options import DELIMITERS, parse_delimiter
+from ...tuning import CSV_BLOCK
 from .base import DBN_MAGIC, ZSTD_MAGIC
 from .files import open_input
 from .table import TabularSource
 
 __all__ = ["CsvSource", "sniff_delimiter"]
 
-_BLOCK = 4 << 20  # bytes per block: bounds a piece's memory
 GZIP_MAGIC = b"\x1f\x8b"
 _COMPRESSED = {GZIP_MAGIC: "gzip", ZSTD_MAGIC: "zstd", b"BZh": "bz2"}  # magic bytes -> pyarrow codec
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
@@ -184,7 +184,7 @@ class CsvSource(TabularSource):
             return pcsv.open_csv(
                 stream,
                 read_options=pcsv.ReadOptions(
-                    block_size=_BLOCK,
+                    block_size=CSV_BLOCK,
                     skip_rows=self._skip + (self._names is not None),
                     column_names=self._names,
                 ),

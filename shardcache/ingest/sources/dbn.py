@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from ...errors import SourceError, one_line
 from ...format.paths import is_url
+from ...tuning import DBN_BLOCK_ROWS, ZSTD_STEP
 from .base import DBN_MAGIC, ZSTD_MAGIC, Source, clean_piece, keep_rows, parse_duration
 from .files import open_input
 from .symbology import Symbols
@@ -45,8 +46,6 @@ __all__ = ["SCHEMAS", "UNDEF_PRICE", "DbnSource", "record_dtype"]
 
 UNDEF_PRICE = np.int64(dbn.UNDEF_PRICE)
 LATE_NS = 60_000_000_000
-_STEP = 8 << 20  # bytes asked of the zstd stream at once
-BLOCK_ROWS = 1 << 16  # records decoded at once: fits the CPU caches better than bigger blocks
 SECOND, MINUTE, HOUR, DAY = (parse_duration(t) for t in ("1s", "1m", "1h", "1d"))
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
@@ -165,7 +164,7 @@ class _Stream:
         parts = []
         try:
             while n > 0:
-                buf = self.stream.read_buffer(min(n, _STEP) if self.zstd else n)
+                buf = self.stream.read_buffer(min(n, ZSTD_STEP) if self.zstd else n)
                 if not buf.size:
                     break
                 parts.append(buf)
@@ -376,7 +375,7 @@ class DbnSource(Source):
     def _blocks(self, stream: _Stream, max_rows: int) -> Iterator[np.ndarray]:
         """The schema's records, at most ``max_rows`` at a time; SourceError on truncation."""
         size = self.dtype.itemsize
-        want = min(max_rows, BLOCK_ROWS) * size
+        want = min(max_rows, DBN_BLOCK_ROWS) * size
         rest = b""
         while True:
             block = stream.read(want)
