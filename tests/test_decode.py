@@ -135,3 +135,48 @@ def test_a_shard_holding_few_chunks_is_one_ranged_request(monkeypatch):
     asked.clear()
     assert dec.read(0, 64).tobytes() == data[:64].tobytes()  # one chunk of a full shard
     assert len(asked) == 2 and asked[0][1] is not None and asked[1][1] is not None
+
+
+def _arrays(group: zarr.Group, prefix: str = ""):
+    for name, node in group.members():
+        if isinstance(node, zarr.Array):
+            yield f"{prefix}{name}"
+        else:
+            yield from _arrays(node, f"{prefix}{name}/")
+
+
+@pytest.mark.filterwarnings("ignore:Array is unsupported by ZarrsCodecPipeline")
+@pytest.mark.parametrize("codec", CODECS)
+def test_zarrs_reads_a_cache_as_zarr_and_the_decoder_do(tmp_path, codec):
+    """zarr with the ``zarrs`` codec pipeline (issue 31's trial; not a dependency) reads every array of a
+    cache as zarr's default pipeline does, and ``features`` as ``Cache.read_rows`` does. In strict mode
+    (no silent fallback to zarr's own pipeline) it refuses exactly the variable-length strings and the
+    ``lz4`` codec (``numcodecs.lz4``), which it hands to zarr's pipeline otherwise."""
+    pytest.importorskip("zarrs")
+    from helpers import make_cache, synthetic_bars
+    from zarrs.pipeline import UnsupportedDataTypeError, UnsupportedMetadataError
+
+    bars = synthetic_bars(1500, 4, n_symbols=2, shard_rows=512)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=512, chunk_rows=64, codec=codec)
+    zarrs = {"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}
+    refused, unreadable = set(), set()
+    for path in sorted(_arrays(zarr.open_group(cache.url, mode="r"))):
+        plain = zarr.open_array(cache.url, path=path, mode="r")
+        want = plain[...]
+        if want.dtype.kind in "OTU" or "numcodecs.lz4" in str(plain.metadata.to_dict()["codecs"]):
+            unreadable.add(path)
+        try:
+            with zarr.config.set({**zarrs, "codec_pipeline.strict": True}):
+                got = zarr.open_array(cache.url, path=path, mode="r")[...]
+        except (UnsupportedDataTypeError, UnsupportedMetadataError):
+            refused.add(path)
+            with zarr.config.set(zarrs):
+                got = zarr.open_array(cache.url, path=path, mode="r")[...]
+        assert got.dtype == want.dtype and got.shape == want.shape, path
+        assert (got == want).all() if want.dtype.kind in "OTU" else got.tobytes() == want.tobytes(), path
+    assert refused == unreadable and "feature" in refused
+    for i, n in enumerate(cache.bars_per_symbol.tolist()):
+        base = int(cache.rows.bases[i])
+        with zarr.config.set(zarrs):
+            arr = zarr.open_array(cache.url, path=f"{cache.manifest.groups[i]}/features", mode="r")
+        assert arr[...].tobytes() == cache.read_rows(base, base + n).tobytes()

@@ -18,6 +18,7 @@ memory at 1x and ``--scale``x the bars (F=256), zarr's read path against ``Cache
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import shutil
 import subprocess
@@ -49,6 +50,8 @@ ZARR_SETTINGS = {
     "threading.max_workers=1": {"ZARR_THREADING__MAX_WORKERS": "1"},
     "codec_pipeline.batch_size=8": {"ZARR_CODEC_PIPELINE__BATCH_SIZE": "8"},
 }
+if importlib.util.find_spec("zarrs"):  # zarr with the zarrs (Rust) codec pipeline where installed; not a dependency
+    ZARR_SETTINGS["codec_pipeline.path=zarrs"] = {"ZARR_CODEC_PIPELINE__PATH": "zarrs.ZarrsCodecPipeline"}
 
 
 # -- scenario processes --------------------------------------------------------------------
