@@ -309,10 +309,11 @@ class Sources:
         rows = np.asarray(rows, dtype=np.int64)
         if len(self.caches) == 1:
             return self.caches[0].bar_times(rows)
-        out = np.empty(rows.shape, np.int64)
-        for k, cache, mine in self._by_cache(rows.reshape(-1)):
-            out.reshape(-1)[mine] = cache.bar_times(rows.reshape(-1)[mine] - self.row_bounds[k])
-        return out
+        flat = rows.reshape(-1)
+        out = np.empty(flat.shape, np.int64)
+        for k, cache, mine in self._by_cache(flat):
+            out[mine] = cache.bar_times(flat[mine] - self.row_bounds[k])
+        return out.reshape(rows.shape)
 
     def __repr__(self) -> str:
         return f"Sources({self.urls!r}, split={self.split!r}, stats={self.stats!r})"

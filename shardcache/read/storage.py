@@ -78,11 +78,6 @@ class Arena:
         """Inputs and targets are one tensor: every column."""
         return self.y is self.x
 
-    @functools.cached_property
-    def host(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """numpy views of ``x``, ``y`` and ``windows`` (a host arena), made once: numpy's copies read them."""
-        return self.x.numpy(), self.y.numpy(), self.windows.numpy()
-
 
 def gather(
     src: Arena,
@@ -105,9 +100,9 @@ def gather(
         return out
     r = rows if isinstance(rows, np.ndarray) else rows.numpy()
     yr = r.reshape(lead) + steps.numpy()
-    xn, yn, wn = src.host
+    xn, yn = src.x.numpy(), src.y.numpy()
     if out is None:  # one copy each
-        return torch.from_numpy(wn[r]), torch.from_numpy(yn[yr])
+        return torch.from_numpy(src.windows.numpy()[r]), torch.from_numpy(yn[yr])
     if chunk:
         t = torch.as_tensor(rows)
         for i in range(0, m, chunk):
@@ -161,7 +156,8 @@ Read = Callable[[np.ndarray | None], np.ndarray]
 
 
 class Host:
-    """The host storage strategy (and the base of ``Device``, which overrides allocation and transfer). The CPU: arenas in host memory, blocks read straight into them, gathers on the calling thread."""
+    """The host storage strategy, and the base of ``Device``, which overrides allocation and transfer: arenas
+    in host memory, blocks read straight into them, gathers on the calling thread."""
 
     device = torch.device("cpu")
     on_host = True
