@@ -1,15 +1,8 @@
 """``WindowDataset``: the map-style twin of ``WindowStream`` for evaluation and random access.
 
-``ds[i]`` is the ``i``-th valid window in row order, with the stream's window settings and
-split rule; ``ds[a:b]``, ``ds[[i, j, ...]]`` (a list, a numpy array or a 1-d tensor of ints) are
-the same windows stacked into one batch, gathered shard by shard. A ``DataLoader(ds,
-batch_size=B)`` asks for each batch at once (torch's ``__getitems__``). The last few decoded
-shard blocks are kept, so nearby indices cost no zarr call.
-
-Over several caches (``WindowDataset([es, nq], 60, split="val")``, the same features each, the
-split rule of ``WindowStream``) the index is global: cache 0's windows in row order, then cache
-1's, and so on; ``offsets[k]`` is the index of cache ``k``'s first window and ``locate(i)`` names
-a window's cache and its index among that cache's windows.
+``ds[i]`` is the ``i``-th valid window in row order; slices and sequences of ints stack windows into one
+batch, gathered shard by shard, with the last few decoded blocks kept. Over several caches the index runs
+through cache 0's windows, then cache 1's (``offsets``, ``locate``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What a stream's saved position reads, in market terms, so a resume can tell an append apart from a change.
 
-A ``state_dict`` is a position in an epoch's plan, and the plan is a function of the windows the stream
-serves, not of where the cache keeps them. Per cache it records two digests: the build (what fixes every
-stored bar's values: the build itself, its features and statistics, its shard size) and the windows of the
-split streamed, as (symbol, row in that symbol, count) runs. An append keeps the build and adds rows at
-the end of each symbol, so a position saved before it resumes as long as the appended bars added no
-window to the split streamed (they landed in a later split, say); otherwise ``check_reads`` refuses it in
-one line that says what changed and how to go on.
+Per cache a state records two digests: the build (what fixes every stored bar) and the split's windows as
+(symbol, row, count) runs. An append that added no window to the split streamed resumes; otherwise
+``check_reads`` refuses, saying what changed.
 """
 
 from __future__ import annotations

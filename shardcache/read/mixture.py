@@ -1,24 +1,9 @@
 """Windows of several caches in given proportions: ``Mixture`` (``weights``, ``epoch_windows``) and
 the epoch order it makes (``Shares``).
 
-Without weights a stream serves every window of every cache once per epoch: the plan's own
-shuffle over the caches' shared row space (``shardcache.read.plan``, ``shardcache.read.sources``).
-With ``weights=(w_1, ..., w_k)`` each epoch serves ``epoch_windows`` windows (default: all the
-caches' windows together), ``n_k`` of them from cache ``k`` in proportion to ``w_k`` (largest
-remainders, so the counts add up exactly).
-
-Where each cache's ``n_k`` windows come from: an endless sequence of *cycles*. Cycle ``c`` of
-cache ``k`` is the cache's shards in an order shuffled by ``(seed, k, c)`` (row order without
-``shuffle``), each shard's windows in row order, so a cycle serves every window of the cache once.
-Epoch ``e`` takes positions ``[e * n_k, (e + 1) * n_k)`` of the sequence: a cache whose share is
-below its windows serves the next stretch each epoch (a different subset, and no window again
-before every window was served), one whose share exceeds its windows runs through whole cycles
-(every window once before any twice). The stretches are cut into shard pieces, then the caches'
-pieces are interleaved at random (seeded by ``(seed, epoch)``; evenly without ``shuffle``),
-each cache's pieces keeping their order. The plan cuts the sequence into ranks and pools as it
-does any epoch, except that no pool spans two cycles of one cache (``breaks``): in the epoch's
-order, every window of a cycle comes before any window of the next. Everything is a function
-of ``(seed, epoch)`` and the settings, computed before a byte is read.
+Each cache serves from an endless sequence of cycles (its shards shuffled by ``(seed, k, c)``), epoch ``e``
+taking the next ``n_k`` windows of it, so no window comes twice before every window came once. The
+caches' pieces are interleaved by ``(seed, epoch)``, and no pool spans two cycles of one cache.
 """
 
 from __future__ import annotations
@@ -36,7 +21,7 @@ from ..errors import OptionError, OptionTypeError
 from ..format.numbers import whole_number
 from ..format.windows import Ranges
 
-__all__ = ["MAX_PASSES", "Mixture", "Shares", "apportion"]
+__all__ = ["MAX_PASSES", "Mixture", "Shares", "apportion", "pieces_between"]
 
 MAX_PASSES = 10_000  # passes over one cache in one epoch: 0.13 ms each to plan (a 2-cache mix, 2026-12-06)
 
@@ -106,6 +91,17 @@ def _numbers(weights: Any) -> list[Any]:
 
 def _is_real(w: Any) -> bool:
     return isinstance(w, int | float | np.integer | np.floating) and not isinstance(w, bool | np.bool_)
+
+
+def pieces_between(cum: np.ndarray, sizes: np.ndarray, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces (``sizes`` windows each, ``cum`` their running total from 0) holding positions ``[a, b)``
+    of their sequence: their indices, and the window range ``[lo, hi)`` of each that lies there."""
+    first = int(np.searchsorted(cum, a, side="right")) - 1
+    last = int(np.searchsorted(cum, b, side="left"))
+    js = np.arange(max(first, 0), min(last, len(sizes)), dtype=np.int64)
+    lo, hi = np.clip(a - cum[js], 0, None), np.minimum(sizes[js], b - cum[js])
+    keep = hi > lo
+    return js[keep], lo[keep], hi[keep]
 
 
 def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
@@ -186,11 +182,8 @@ class Shares:
             order = default_rng([seed, k, c, 2]).permutation(len(shards)) if shuffle else np.arange(len(shards))
             size = sizes[order]
             cum = np.concatenate([[0], np.cumsum(size)])
-            lo_c, hi_c = max(a - c * whole, 0), min(b - c * whole, whole)
-            js = np.arange(int(np.searchsorted(cum, lo_c, side="right")) - 1, int(np.searchsorted(cum, hi_c)))
-            lo, hi = np.clip(lo_c - cum[js], 0, None), np.minimum(size[js], hi_c - cum[js])
-            keep = hi > lo
-            new = np.zeros(int(keep.sum()), bool)
+            js, lo, hi = pieces_between(cum, size, max(a - c * whole, 0), min(b - c * whole, whole))
+            new = np.zeros(len(js), bool)
             new[:1] = c > a // whole  # a cycle begun inside the epoch
-            out.append((shards[order[js[keep]]], lo[keep], hi[keep], new))
+            out.append((shards[order[js]], lo, hi, new))
         return tuple(np.concatenate([p[i] for p in out]) for i in range(4))  # type: ignore[return-value]

@@ -1,30 +1,9 @@
 """A stream's passes: which epoch each pass is, how far the current one got, and their plans.
 
-The rule (see ``shardcache.read.stream``): every pass (``iter()``) is a full epoch from its
-first batch, the next epoch after the previous pass; ``set_epoch`` and ``load_state_dict``
-*pin* the next pass (its epoch, and for a loaded state the resume history it continues), and
-the passes after a pin follow on from it. In-process the stream counts its own passes; a plain
-DataLoader's worker counts its own passes (the DataLoader's count) in shared memory, so the main
-process sees how many passes its workers began; a ``loader()``'s workers read the pass their
-main process began from a ``SharedPass``.
-
-``PassState`` holds all of that behind named fields; its shared part is one int64 tensor whose
-layout is known to this module alone:
-
-    [0]                        the pinned epoch (the first pass after the pin)
-    [1]                        n, the length of the pin's resume history
-    [2 : 2 + 2 * MAX_HISTORY]  that history: (world, batches delivered per rank) pairs
-    [2 + 2 * MAX_HISTORY + i]  passes DataLoader worker i began since the pin
-
-A tensor in shared memory is shared with forked workers and sent by handle to spawned ones
-(torch's reductions), the same model as Mosaic streaming's named shared arrays. The main
-process's own count (passes since the pin, the current pass and its delivered batches) stays a
-plain attribute: only that process reads it.
-
-``Planner`` makes (and keeps the last few) plans of the passes, refuses a world larger than the
-windows, and checks that a resume history describes a position inside its epoch;
-``check_signature`` that a saved position is this stream's (its settings, the caches' digests,
-the weights of a mixture).
+Every pass is a full epoch, the one after the previous pass; ``set_epoch`` and ``load_state_dict`` pin
+the next pass. ``PassState``'s shared int64 tensor (layout known to this module alone: pinned epoch,
+history length, history pairs, then each DataLoader worker's pass count) lets the main process see the
+passes a plain DataLoader's workers began; a ``loader()``'s workers read their pass from a ``SharedPass``.
 """
 
 from __future__ import annotations

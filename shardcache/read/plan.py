@@ -1,23 +1,9 @@
 """The window plan: which windows are valid, and who reads which of them in which order.
 
-Everything here is plain numpy data computed before a byte of features is read (after
-xbatcher's ``BatchSchema``), so coverage, shuffling and the rank/worker split are testable
-on their own.
-
-* ``WindowSpec`` says what a window is, and ``valid_ranges`` which windows are valid
-  (``shardcache.format.windows``, the one home of window arithmetic, re-exported here).
-* An epoch orders the shards (shuffled by ``seed`` and ``epoch``), cuts the resulting
-  window sequence into equal contiguous parts, one per rank, and mixes each rank's windows
-  within pools of ``mix`` consecutive shards. Batch ``i`` of a rank goes to DataLoader
-  worker ``i % num_workers``, so the order does not depend on ``num_workers``. With
-  ``shares`` (several caches in given proportions, ``shardcache.read.mixture``) the epoch's
-  sequence is instead so many windows of each cache, pieces of shards in an order made there;
-  the cut into ranks and pools is the same.
-* A reader decodes each pool's shard blocks into one arena (``pool_layout``: which rows,
-  where, and each window's arena row) and copies its batches in runs of consecutive batches
-  (``reader_runs``), saying after which run each pool is no longer needed.
-* An elastic resume (``make_plan(history=...)``) takes what the ranks of a checkpoint had not
-  delivered yet and deals it out again, in the same order, to the ranks of another world size.
+Plain numpy computed before a byte of features is read, so coverage, shuffling and the rank/worker
+split are testable on their own. An epoch orders the shards (seeded by ``seed`` and ``epoch``), cuts
+the window sequence into one equal contiguous part per rank, and shuffles each rank's windows within
+pools of ``mix`` shards; batch ``i`` goes to DataLoader worker ``i % num_workers``.
 """
 
 from __future__ import annotations
@@ -32,7 +18,7 @@ from numpy.random import default_rng  # imported with the plan, not lazily at th
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.layout import spanned_shards
 from ..format.windows import Ranges, WindowSpec, n_windows, valid_ranges
-from .mixture import Shares
+from .mixture import Shares, pieces_between
 
 __all__ = [
     "EpochPlan",
@@ -53,14 +39,11 @@ __all__ = [
 class EpochPlan:
     """One rank's epoch: shard pieces in read order, grouped into mixing pools.
 
-    ``shards[j]`` contributes its valid windows ``lo[j]:hi[j]`` (in row order); pools are
-    ``pool_bounds[g]:pool_bounds[g+1]`` of those pieces. Pool ``g`` serves its windows in
-    the order seeded by ``pool_key[g]`` (the rank and pool that first planned it), from
-    ``pool_from[g]`` to ``pool_to[g]`` of that order (a resumed epoch keeps only what was
-    not delivered). Batch ``i`` is positions ``batch_bounds[i]:batch_bounds[i + 1]`` of the
-    rank's sequence. ``dropped`` windows (fewer than ``world``) were left out of this epoch
-    so that every rank has the same count; with ``drop_last`` the rank's last partial batch
-    is left out as well.
+    ``shards[j]`` contributes its valid windows ``lo[j]:hi[j]``; pool ``g`` is pieces
+    ``pool_bounds[g]:pool_bounds[g+1]``, served in the order seeded by ``pool_key[g]`` (the rank and
+    pool that first planned it), positions ``pool_from[g]:pool_to[g]`` of that order (a resume keeps
+    what was not delivered). Batch ``i`` is positions ``batch_bounds[i]:batch_bounds[i + 1]``.
+    ``dropped`` windows (fewer than ``world``) were left out so every rank has the same count.
     """
 
     shards: np.ndarray
@@ -102,11 +85,8 @@ class EpochPlan:
         return range(g0, g1 + 1)
 
     def max_open_pieces(self) -> int:
-        """Most shard pieces whose pools overlap one batch: the blocks a reader must hold at once.
-
-        A block is needed from its first to its last batch, and every batch in between lies
-        inside the block's pool, so a batch never needs blocks outside the pools it overlaps.
-        """
+        """Most shard pieces whose pools overlap one batch: the blocks a reader must hold at once
+        (a batch never needs blocks outside the pools it overlaps)."""
         if self.n_batches == 0:
             return 0
         off = self.pool_offsets
@@ -122,16 +102,14 @@ class EpochPlan:
         return rows[int(self.lo[j]) : int(self.hi[j])]
 
     def pool_pieces(self, g: int, ranges: Ranges, shard_rows: int) -> list[np.ndarray]:
-        """Window starts of each piece of pool ``g``, in piece order (each ascending): ``piece_starts`` of
-        every piece, found in one pass (a pool of small symbols' shards is many short pieces)."""
+        """``piece_starts`` of every piece of pool ``g``, found in one pass."""
         j0, j1 = int(self.pool_bounds[g]), int(self.pool_bounds[g + 1])
         rows = self.shards[j0:j1] * shard_rows
         starts, counts = ranges.pieces(rows, rows + shard_rows, self.lo[j0:j1], self.hi[j0:j1])
         return np.split(starts, np.cumsum(counts)[:-1]) if j1 > j0 else []
 
     def pool_order(self, g: int, n: int) -> np.ndarray:
-        """Pool ``g``'s served order of its ``n`` windows: a permutation (shuffled) or ``arange``,
-        cut to ``pool_from:pool_to``."""
+        """Pool ``g``'s served order of its ``n`` windows (shuffled or not), cut to ``pool_from:pool_to``."""
         rank, pool = (int(v) for v in self.pool_key[g])
         order = default_rng([self.seed, self.epoch, rank, pool, 1]).permutation(n) if self.shuffle else np.arange(n)
         return order[int(self.pool_from[g]) : int(self.pool_to[g])]
@@ -162,13 +140,9 @@ def make_plan(
 ) -> EpochPlan:
     """Plan one rank's epoch: shuffled shard order, an equal contiguous share per rank, pools.
 
-    ``ranges`` may span several caches (``shardcache.read.sources``); with ``shares`` each epoch
-    serves that many windows of each (``shardcache.read.mixture``), else every window once.
-
-    With ``history`` (``(world, batches delivered per rank)`` at each checkpoint of this
-    epoch, oldest first), the epoch began at ``history[0][0]`` ranks and was resumed at each
-    later world size, now ``world``: the plan holds this rank's equal share of the windows no
-    rank had delivered, in their original order.
+    With ``shares`` an epoch serves that many windows of each cache, else every window once. With
+    ``history`` (``(world, batches delivered per rank)`` at each checkpoint, oldest first) the plan is
+    this rank's equal share of the windows no rank had delivered, in their original order.
     """
     if not 0 <= rank < world:
         raise OptionError("rank", rank, f"outside world size {world}")
@@ -192,16 +166,9 @@ def make_plan(
 def _rank_pieces(
     cum: np.ndarray, sizes: np.ndarray, a: int, b: int, mix: int, breaks: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The pieces of the epoch's sequence (``sizes`` windows each, ``cum`` their running total) that
-    overlap positions ``[a, b)`` of one rank: their indices, their window ranges ``[lo, hi)`` in each,
-    and pool bounds of ``mix`` pieces (a pool never spans two cycles of one source, ``breaks``)."""
-    first = int(np.searchsorted(cum, a, side="right")) - 1
-    last = int(np.searchsorted(cum, b, side="left"))
-    js = np.arange(max(first, 0), min(last, len(sizes)), dtype=np.int64)
-    lo = np.clip(a - cum[js], 0, None)
-    hi = np.minimum(sizes[js], b - cum[js])
-    keep = hi > lo
-    js, lo, hi = js[keep], lo[keep], hi[keep]
+    """``pieces_between`` positions ``[a, b)`` (one rank's), and pool bounds of ``mix`` pieces that
+    never span two cycles of one source (``breaks``)."""
+    js, lo, hi = pieces_between(cum, sizes, a, b)
     pool_bounds = np.arange(0, len(js), max(1, mix), dtype=np.int64)
     if breaks is not None and len(js):
         at = np.searchsorted(js, breaks)
@@ -225,12 +192,8 @@ def _fresh_plan(
     drop_last: bool,
     shares: Shares | None,
 ) -> EpochPlan:
-    """An epoch's plan from its start (see ``make_plan``).
-
-    Only shards holding a window start are visited, so rows may be sparse (each symbol's rows
-    end on a whole shard); every start must lie below ``n_rows``.
-    """
-    ids = _start_shards(ranges, shard_rows)
+    """An epoch's plan from its start (see ``make_plan``), visiting only shards that hold a window start."""
+    ids = spanned_shards(ranges.start, ranges.last_starts(), shard_rows)
     if len(ids) and ids[-1] * shard_rows >= n_rows:
         raise CacheError(f"window starts reach shard {int(ids[-1])}, past the cache's {n_rows} rows; rebuild the cache")
     per_shard = ranges.count_below((ids + 1) * shard_rows) - ranges.count_below(ids * shard_rows)
@@ -295,9 +258,8 @@ def _parts(plan: EpochPlan, a: int, b: int) -> list[_Part]:
 
 
 def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> list[EpochPlan]:
-    """Deal the windows of ``parts`` (in order) to ``world`` ranks: contiguous shares differing by
-    at most one window, cut into the same number of batches on every rank (a rank one window
-    short splits its last full batch in two rather than lose a window or a batch)."""
+    """Deal the windows of ``parts`` (in order) to ``world`` ranks: contiguous shares differing by at most
+    one window, the same number of batches on every rank (one window short: its last batch split in two)."""
     total = sum(p.to - p.frm for p in parts)
     q, extra = divmod(total, world)
     shares = [q + (r < extra) for r in range(world)]
@@ -343,21 +305,10 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
     return plans
 
 
-def _start_shards(ranges: Ranges, shard_rows: int) -> np.ndarray:
-    """Shards spanned by the runs of valid starts, ascending (a few may hold none when stride > shard)."""
-    return spanned_shards(ranges.start, ranges.last_starts(), shard_rows)
-
-
 class PoolLayout:
-    """Where pool ``pool``'s windows live once its blocks are decoded, one after another, into
-    one *arena* of ``n_rows`` rows.
-
-    Block ``k`` is cache rows ``lo[k]:hi[k]`` (one shard's windows plus the span their last
-    window needs) at arena row ``at[k]``. ``starts`` are the pool's window start rows in served
-    order and ``rows`` the same windows' arena rows: given, or made on first use by ``served``
-    (the pool's shuffle, its costliest part), so a reader can start decoding the blocks first
-    and shuffle while they decode.
-    """
+    """Where pool ``pool``'s windows live in its arena of ``n_rows`` rows: block ``k`` is cache rows
+    ``lo[k]:hi[k]`` at arena row ``at[k]``. ``starts`` (served order) and ``rows`` (their arena rows) are
+    given or made on first use by ``served``: the shuffle can run while the blocks decode."""
 
     def __init__(
         self,
@@ -400,14 +351,13 @@ class PoolLayout:
 
 
 def pool_layout(plan: EpochPlan, g: int, ranges: Ranges, shard_rows: int) -> PoolLayout:
-    """The arena layout of pool ``g``: one block per piece (so per shard), in piece order,
-    each from its first window start to its last window's end (its served order is lazy)."""
+    """The arena layout of pool ``g``: one block per piece, from its first window start to its last window's end."""
     return pool_layouts(plan, range(g, g + 1), ranges, shard_rows)[0]
 
 
 def pool_layouts(plan: EpochPlan, pools: range, ranges: Ranges, shard_rows: int) -> list[PoolLayout]:
-    """``pool_layout`` of each of ``pools`` (consecutive), their pieces' window starts found in one pass:
-    a pool of small symbols' shards is a few hundred windows, where numpy's per-call cost would dominate."""
+    """``pool_layout`` of each of ``pools`` (consecutive), found in one pass: numpy's per-call cost would
+    dominate a pool of small symbols' shards."""
     bounds = plan.pool_bounds[pools.start : pools.stop + 1]
     j0, j1 = int(bounds[0]), int(bounds[-1])
     first_row = plan.shards[j0:j1] * shard_rows
@@ -433,8 +383,7 @@ def pool_layouts(plan: EpochPlan, pools: range, ranges: Ranges, shard_rows: int)
 def _served(
     plan: EpochPlan, g: int, starts: np.ndarray, counts: np.ndarray, shift: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pool ``g``'s window starts (its blocks' ``counts`` starts, in piece order) and their arena rows (each
-    block's starts less its ``shift``), both in the pool's served order."""
+    """Pool ``g``'s window starts and arena rows (each block's starts less its ``shift``), in served order."""
     rows = starts - np.repeat(shift, counts)
     order = plan.pool_order(g, len(starts))
     return starts[order], rows[order]
@@ -442,9 +391,8 @@ def _served(
 
 @dataclass(frozen=True, kw_only=True)
 class Run:
-    """Consecutive batches ``first..last`` of a reader, copied together: window positions
-    ``[a, b)`` of the rank's sequence, drawn from pools ``pools``; after it the reader no
-    longer needs the pools below ``keep``."""
+    """Consecutive batches ``first..last`` copied together: positions ``[a, b)``, drawn from ``pools``;
+    after it the pools below ``keep`` are no longer needed."""
 
     first: int
     last: int
@@ -455,14 +403,9 @@ class Run:
 
 
 def reader_runs(plan: EpochPlan, batches: range, max_windows: int) -> Iterator[Run]:
-    """A reader's batches cut into runs: consecutive batches (``batches.step == 1``) of up to
-    ``max_windows`` windows whose pools are all among the first batch's, else single batches.
-
-    Keeping a run inside its first batch's pools means a run never needs more resident
-    pools than one batch does (``EpochPlan.max_open_pieces``). The first run is one batch, so
-    the first batch waits for no other batch's copy. Lazy: an epoch's runs are found as they
-    are read.
-    """
+    """A reader's batches cut into runs (lazily): consecutive batches (``batches.step == 1``) of up to
+    ``max_windows`` windows inside the first batch's pools, so a run needs no more pools than one batch;
+    the first run is one batch, which waits for no other copy."""
     prev: Run | None = None
     i, stop = batches.start, batches.stop
     while i < stop:

@@ -1,37 +1,10 @@
 """The reader behind ``WindowStream``: each mixing pool decoded into one arena, and runs of
 batches copied out of it on a background thread.
 
-Per iterator, a *gather thread* walks the iterator's runs (``plan.reader_runs``: up to
-``RUN_BYTES`` of consecutive batches in-process, one batch at a time in a DataLoader worker).
-For each run it makes sure the pools the run draws from are decoded, copies the run's
-windows and targets with one ``gather`` per pool (``shardcache.read.storage``) into new tensors
-and queues them, so the consumer only takes ready batches and the copy overlaps its work. A pool's blocks
-(one ``Cache.read_rows`` per shard piece, straight into the pool's arena, see
-``plan.pool_layouts``, which lays out many small pools at once) are decoded in plan order by up
-to ``decoders`` threads, as far ahead as the memory capacity allows; a pool is dropped after
-the last run that uses it. A small block (``SMALL_BLOCK``) is read by the gather thread itself
-once small blocks are seen to read in well under a millisecond (``FAST_READ``: local files):
-thousands of small symbols' shards handed to decoders one by one cost more in thread switches and
-GIL hand-overs than their reads, while reads that wait (object storage) keep going to
-the decoders, several at once. The gather thread reads them ahead, as far as the capacity allows,
-before it hands over the run it gathered: while the consumer waits for that run rather than while
-it works through batches and wants the GIL (docs/notes/scale-notes.md), and up to ``GROUP_BLOCKS``
-of them in one ``Sources.read_many`` call. The files of each batch of pools laid out together are asked
-of the OS before any of them is read (``readahead.will_read``), so small files gone cold come from disk
-together, and the shuffles of such a batch of small pools are made together, one after another (a pool's
-shuffle made between the copies of runs ran several times slower: docs/notes/scale-notes.md). Whether any cache
-was replaced is checked after the reads: once per group of small blocks, once per pool for blocks read one
-at a time (``Cache.check_same``). ``close()`` joins every thread it started.
-
-What a reader reads is a ``ReadSpec`` (the caches and their windows, the window shape, the
-columns, the device, whether batches carry metadata), made by ``WindowStream``; the reader
-touches no private state of the stream. It reads rows of the caches' shared row space
-(``shardcache.read.sources``): one cache, or several.
-
-Where the arenas live and how windows are copied out of them is the stream's storage
-(``shardcache.read.storage``: the host, or a device such as a GPU) and its one ``gather``; the reader
-runs every gather of the CPU on its own thread with one OpenMP thread (``one_thread_here``), leaving
-torch's settings exactly as the caller sees them.
+A gather thread walks the iterator's runs (``plan.reader_runs``), waits for their pools' blocks, gathers
+each run into new tensors (``storage.gather``) and queues it. Decoder threads read blocks ahead, as far as
+the capacity allows; small fast blocks are read in groups on the gather thread itself, since handing them to
+decoders one by one costs more in thread switches and GIL hand-overs than their reads (docs/notes/scale-notes.md).
 """
 
 from __future__ import annotations

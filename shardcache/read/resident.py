@@ -1,19 +1,9 @@
 """Resident mode: the split's bars, decoded once, kept while the stream lives.
 
-When a stream's ``memory_budget`` covers every bar its windows read (``resident_bytes``), its
-in-process passes share one ``Resident``: one arena (host memory, or the GPU's with a CUDA
-device) holding one block per shard of the split, at a fixed place (``BlockTable``). A pass
-that still has blocks to decode runs the stream's reader (``shardcache.read.reader``) over
-the arena: it decodes each missing block as the plan reaches it, as a streamed pass would,
-and marks it decoded once read (a pass left early keeps what it read). A pass with every
-block decoded (from the second epoch on, whatever its epoch, rank, world size or resume)
-reads nothing and starts no thread: ``Resident.batches`` gathers each batch on the caller's thread (and,
-on a GPU, its current stream), straight from the arena, with the one gather of every read
-(``shardcache.read.storage``: on the CPU one thread whatever torch's settings).
-
-Batches are the same as streamed ones: the plan, its pools and their served order do not
-change, only where a pool's windows are read from (``served`` gives the arena rows). The
-arena is freed when the stream is closed or dropped. DataLoader workers never use it.
+When ``memory_budget`` covers every bar the windows read (``resident_bytes``), in-process passes share one
+arena with a fixed block per shard (``BlockTable``). A pass with blocks left runs the reader over it; once
+all are decoded, ``Resident.batches`` gathers on the caller's thread with no reader. Batches are the same as
+streamed ones; DataLoader workers never use it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""A stream's settings as objects, each checked when it is made: which batches an epoch has
-(``PlanSettings``), how they are read (``LoaderSettings``), where node-local copies of shard objects
-live (``LocalCopy``), and each cache with its own settings (``CacheSource``, as Mosaic's ``Stream``).
-
-``WindowStream`` and ``WindowDataset`` take these objects or the keyword arguments naming their fields
-(``batch_size=512`` for ``order=PlanSettings(batch_size=512)``), never both for one object
-(``shardcache.format.settings``); ``StreamFields`` and ``DatasetFields`` type those keyword arguments.
+"""A stream's settings as objects, each checked when it is made: ``PlanSettings`` (which batches an epoch
+has), ``LoaderSettings`` (how they are read), ``LocalCopy`` (node-local copies of shard objects) and
+``CacheSource`` (one cache with its own settings). ``StreamFields`` and ``DatasetFields`` type the keyword
+arguments that name their fields instead (``shardcache.format.settings``).
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """DataLoader workers hand their batches to the main process through reused shared memory.
 
-A batch made in a worker process must cross to the main process. Sent as fresh tensors (what
-``default_collate`` does), each batch is a new shared-memory segment: page faults in the
-worker while it fills it, a file descriptor passed, page faults again in the main process
-(docs/performance.md has the figures). Instead each worker gathers into a small ring of
-shared-memory *slots* (``WorkerRing``, grown on demand up to ``SLOTS``). A slot's storage
-crosses once, the first time it is used (torch passes its descriptor; the main process maps it
-and keeps it); after that a batch crosses as a few integers (ring, slot, generation, rows) and
-the main process hands the caller tensors over its own mapping of the slot: no copy, no fault.
-
-Memory is lent, never guessed at: ``Loan.lend`` gives tensors over a slot's arrays, and the slot is
-free again only once every one of those tensors, and every view of them, is gone (each tensor's
-storage holds the loan's handle; a weak reference tells when it has gone). A slot is reused
-only when both processes are done with it, so a batch the caller keeps is never overwritten:
-
-* the worker's own loan: a batch queued, or still being pickled, holds it;
-* the main process's: every batch a slot carried (its *generation*, written by the worker as
-  the batch is pickled) must have been received, and its loan in the main process given back.
-  Each time a batch arrives, the main process releases every such slot by writing its
-  generation into the ring's shared ``released`` row.
-
-When every slot is in use (the caller keeps many batches) the worker waits at most ``WAIT``
-seconds, then sends that batch as fresh tensors, as torch would: slower, never stuck.
-``forget`` drops a stream's mappings in the main process (``WindowStream.close``); a ring of
-a worker that has exited is dropped when the next ring arrives.
+Each worker gathers into a small ring of shared-memory slots (``WorkerRing``): a slot's storage crosses
+once, then a batch crosses as a few integers, with no copy or page fault (docs/performance.md). A slot is
+reused only once both processes are done with it (``Loan``; the main process writes each released
+generation back), so a batch the caller keeps is never overwritten; with every slot busy for ``WAIT``
+seconds a batch goes as fresh tensors.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The caches a stream or a dataset reads, as one row space: ``Sources``.
 
-A stream of several caches plans over one *source-tagged* row space: cache ``k``'s virtual rows
-``[0, n_rows_k)`` (``Cache``'s own: each symbol on whole shards) are rows ``[row_bounds[k],
-row_bounds[k + 1])`` of the stream's. The plan, the reader, the resident arena and ``WindowDataset``
-see one row space cut into ``shard_rows``-row shards (the greatest common divisor of the caches'
-shard sizes, so that no shard straddles two caches or two symbols). It is one table of regions, one
-per (cache, symbol) pair, so ``locate`` names each row's cache, symbol and row in that symbol's own
-arrays with one search, and reads go to each row's cache. One cache is the row space it always was:
-offset 0, its own shards.
-
-Which windows each cache serves: ``split`` names a split every cache must have. The split must
-cover the same time range in every cache (else one cache's training bars would lie in another's
-validation period), unless ``split_times`` re-cuts every cache at the same times (``SplitTimes``).
-Each cache keeps its own normalization statistics; ``stats`` says whether they differ. A z-scored cache
-with a raw one is refused, and so is one cache given twice under any name (``Manifest.identity``).
+Cache ``k``'s rows are rows ``[row_bounds[k], row_bounds[k + 1])`` of the shared space, cut into shards of
+the gcd of the caches' shard sizes, so no shard straddles two caches or symbols. Every cache serves the same
+split, over the same time range unless ``split_times`` re-cuts them all (``SplitTimes``).
 """
 
 from __future__ import annotations

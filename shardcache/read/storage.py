@@ -1,25 +1,9 @@
-"""Where decoded rows live, and the one gather that copies windows out of them.
+"""Where decoded rows live (``Host``, or a torch ``Device``), and the one ``gather`` that copies windows out.
 
-Every read gathers the same way: ``gather`` copies a batch's windows (``index_select`` of an ``Arena``'s
-window view) and their targets from an arena of decoded rows into batch tensors. Streamed passes
-(``shardcache.read.reader``), resident passes (``shardcache.read.resident``) and ``WindowDataset`` differ
-only in which arena they gather from and which rows.
-
-Where an arena lives is a storage strategy: ``Host`` (the CPU: a block is read straight into its place in
-the arena) or ``Device`` (a torch device: a block is decoded on the host and copied over; on CUDA through
-pinned memory, non-blocking, on a copy stream, each copy marked by an event the gathers wait for). Only
-allocation and transfer differ between them; ``Device(torch.device("cpu"))`` runs the device strategy's
-code on the CPU, which is how the tests run it without a GPU.
-
-Torch threads: on the CPU a gather never runs on torch's intra-op thread pool. An ``index_select`` spread
-over several threads runs several times slower as soon as another thread is busy (a decoder, the training
-loop; docs/performance.md), and limiting it would mean ``torch.set_num_threads``, a process-wide setting
-the caller owns. A reader's own thread sets its own OpenMP thread count to 1 where torch runs on libgomp
-(``one_thread_here``: per thread, every other thread's count stays as it is) and gathers a run with one
-``index_select``. Elsewhere (the caller's thread, another OpenMP) a gather is cut so that it runs on the
-calling thread anyway: a reader's narrow windows through ``index_select`` in pieces of at most ``GRAIN``
-elements, which ATen's ``parallel_for`` runs inline (``chunk_for``), wide ones through ``numpy.take`` over
-rows; the caller's thread (resident and map-style reads) gathers with numpy alone.
+On the CPU a gather never runs on torch's intra-op pool: spread over threads, an ``index_select`` runs
+several times slower once another thread is busy (docs/performance.md), and ``torch.set_num_threads`` is the
+caller's. A reader's thread runs one OpenMP thread (``one_thread_here``); elsewhere a gather is cut into
+pieces ATen runs inline (``chunk_for``), or uses numpy.
 """
 
 from __future__ import annotations

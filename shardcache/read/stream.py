@@ -1,13 +1,8 @@
 """Stream every sliding window of a cache as ready batches: ``WindowStream``.
 
-A ``torch.utils.data.IterableDataset`` for training (``DataLoader(stream, batch_size=None,
-num_workers=k)`` or ``stream.loader(k)``); ``WindowDataset`` (``shardcache.read.dataset``) is its
-map-style twin. The stream is a thin front: the epoch's plan (``plan``) is made before a byte is
-read, a pass's state lives in ``passes``, the caches' row space in ``sources``, and each iterator's
-batches come from ``serve`` (a ``reader`` decoding ahead in its threads, or a resident arena,
-``resident``). What it promises (every pass a full epoch, exactly once across workers and ranks,
-the shuffle, bounded memory, elastic resume, torch's thread settings left alone, several caches,
-devices) is docs/guarantees.md, each promise a test in ``tests/test_stream*.py``.
+A thin front: the epoch's plan is made before a byte is read (``plan``), a pass's state lives in ``passes``,
+the caches' row space in ``sources``, and each iterator's batches come from ``serve``. What it promises is
+docs/guarantees.md, each promise a test in ``tests/test_stream*.py``.
 """
 
 from __future__ import annotations
@@ -85,7 +80,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     - per cache (``CacheSource``: ``storage_options``, ``weight``), or for all: ``storage_options`` (one
       mapping, or one per cache) and ``weights`` (one per cache).
 
-    See the module docstring for passes, epochs, ranks and resume.
+    docs/guarantees.md has what passes, epochs, ranks and resume promise.
     """
 
     def __init__(

@@ -1,17 +1,8 @@
 """The parts of torch that shardcache uses outside its public, typed API, in one place.
 
-``TESTED`` is the range of torch versions they were written and tested for;
-``tests/test_adapters.py`` checks each against the installed torch and fails, naming this
-module, once torch moves past that range.
-
-* ``new_shared``: a storage made straight in shared memory (``UntypedStorage._new_shared``, as
-  torch's own ``default_collate`` makes a worker's batch). The public
-  ``UntypedStorage(n).share_memory_()`` makes it in private memory, then copies it into shared
-  memory: a worker's first batch would wait for that copy (see docs/performance.md).
-* ``shutdown_workers``: stop a DataLoader iterator's worker processes now
-  (``_MultiProcessingDataLoaderIter._shutdown_workers``, what its finalizer calls); torch has no
-  public call for it while the iterator is still referenced.
-* ``in_shared_memory``: ``Tensor.share_memory_``, public but untyped in torch's stubs.
+``TESTED`` is the torch range they were written for; ``tests/test_adapters.py`` fails, naming this module,
+once torch moves past it. ``new_shared`` makes a storage straight in shared memory (the public
+``share_memory_()`` copies, which a worker's first batch would wait for).
 """
 
 from __future__ import annotations
