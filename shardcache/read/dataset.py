@@ -25,7 +25,7 @@ from .options import Batch, MetaBatch, window_spec
 from .readspec import ReadSpec, ReadsWindows
 from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
 from .sources import Sources
-from .storage import Arena, gather, target_steps
+from .storage import Arena, columns_of, gather, target_steps
 
 __all__ = ["WindowDataset"]
 
@@ -153,12 +153,8 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         lo = shard * s.shard_rows
         hi = min(lo + self.spec.block_rows(s.shard_rows), s.region_stop(lo))
         rows = s.read_rows(lo, hi)
-        x = torch.from_numpy(rows if r.xcols is None else np.ascontiguousarray(rows[:, r.xcols]))
-        y = (
-            x
-            if r.same_columns
-            else torch.from_numpy(rows if r.ycols is None else np.ascontiguousarray(rows[:, r.ycols]))
-        )
+        x = columns_of(rows, r.xcols)
+        y = x if r.same_columns else columns_of(rows, r.ycols)
         self._lru[shard] = hit = (lo, Arena(x, y, self.spec.seq_len))
         while len(self._lru) > LRU_BLOCKS:
             self._lru.popitem(last=False)

@@ -39,11 +39,8 @@ _POLL = 0.1
 
 
 class _Pool:
-    """One pool's ``arena``, laid out by ``layout``, with the decodes still under way.
-
-    Resident (``blocks`` given), the arena is the ``Resident``'s: ``layout`` holds only the
-    blocks still to decode (``todo``, in the resident's numbering) and ``blocks`` every block
-    the pool reads."""
+    """One pool's ``arena``, laid out by ``layout``, with the decodes still under way. Resident, the arena
+    is the ``Resident``'s, ``layout`` holds the blocks still to decode (``todo``) and ``blocks`` all of them."""
 
     def __init__(
         self,
@@ -65,16 +62,14 @@ class _Pool:
 
     @functools.cached_property
     def rows(self) -> Any:
-        """Each served window's arena row (as the storage's gathers take them): the pool's shuffle,
-        computed on first use, which ``Reader._wait_decoded`` makes while the pool's blocks decode."""
+        """Each served window's arena row, as the gathers take them (the shuffle, made while the blocks decode)."""
         return self.index(self.layout.rows)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Ready:
-    """A gathered run: ``batches`` holds ``(batch, p, r)``, batch ``batch`` being rows ``[p, r)``
-    of ``x``, ``y`` and ``meta`` (``MetaBatch``'s fields after ``y``; None unless asked);
-    ``event`` (CUDA) marks the copies done."""
+    """A gathered run: ``(batch, p, r)`` in ``batches`` is rows ``[p, r)`` of ``x``, ``y`` and ``meta``
+    (``MetaBatch``'s fields after ``y``, or None); ``event`` (CUDA) marks the copies done."""
 
     batches: list[tuple[int, int, int]]
     x: torch.Tensor
@@ -87,24 +82,18 @@ _END = object()
 
 
 class _Outputs:
-    """Output buffers of runs, each reused once every batch taken from it is gone (``ship.Loan``).
+    """float32 output buffers of runs, each reused once every batch taken from it is gone (``ship.Loan``), which
+    saves faulting in fresh pages (docs/performance.md). At most ``keep`` sets are kept; more are left to the caller."""
 
-    Reuse saves faulting in fresh pages for every batch (docs/performance.md). At most ``keep``
-    sets are kept; when all are lent (the caller holds on to batches) new ones are made and left
-    to the caller.
-    """
-
-    def __init__(self, shapes: list[tuple[int, ...]], dtypes: list[Any], keep: int) -> None:
-        self.shapes, self.dtypes, self.keep = shapes, dtypes, keep
+    def __init__(self, shapes: list[tuple[int, ...]], keep: int) -> None:
+        self.shapes, self.keep = shapes, keep
         self.slots: list[Loan] = []
 
     def take(self, n: int) -> list[torch.Tensor]:
         """Tensors of ``n`` rows, one per buffer shape, in a set no live tensor uses."""
         slot = next((s for s in self.slots if s.free()), None)
         if slot is None:
-            slot = Loan(
-                [mapped(shape, dtype, populate=True, huge=False) for shape, dtype in zip(self.shapes, self.dtypes)]
-            )
+            slot = Loan([mapped(shape, np.float32, populate=True, huge=False) for shape in self.shapes])
             if len(self.slots) < self.keep:
                 self.slots.append(slot)
         return slot.lend(n)
@@ -117,18 +106,10 @@ class _Stopped(Exception):
 class Reader:
     """One iterator's threads: decodes pools ahead of use and gathers runs of batches.
 
-    Holds at most ``capacity`` bytes of decoded blocks: the pools a run needs are always
-    decoded (``WindowStream`` sizes the capacity so that they fit), blocks further ahead only
-    while they fit. With ``decoders > 0`` up to that many blocks are decoded at once by a
-    thread pool of the reader's own (from a remote store each block is a few requests one
-    after the other), but small blocks that read fast are read by the gather thread when a
-    run needs them; with 0 the gather thread decodes every block.
-    With a ``resident`` (see ``shardcache.read.resident``) every pool reads from its arena and
-    only blocks not decoded there yet are read.
-    On the CPU, ``outputs.take(n)`` gives each run's output tensors: reused buffers
-    (``_Outputs``) by default, a DataLoader worker's shared-memory ring (``ship.WorkerRing``).
-    ``ahead`` gathered runs wait for the consumer; a worker needs one (the DataLoader's own
-    prefetch queues more), and each one there holds a ring slot.
+    Holds at most ``capacity`` bytes of decoded blocks (the pools a run needs always fit), decoded by
+    ``decoders`` threads (0: the gather thread decodes every block). With a ``resident`` every pool reads
+    from its arena. ``outputs.take(n)`` gives a run's output tensors on the CPU (``_Outputs``, or a worker's
+    ``ship.WorkerRing``); ``ahead`` gathered runs wait for the consumer.
     """
 
     def __init__(
@@ -144,7 +125,7 @@ class Reader:
         resident: Resident | None = None,
         ahead: int = RUNS_AHEAD,
     ) -> None:
-        self.spec, self.plan, self.batches, self.capacity = spec, plan, batches, capacity
+        self.spec, self.plan, self.capacity = spec, plan, capacity
         self.resident = resident
         self.inflight: dict[int, Future[None] | None] = {}  # resident blocks this reader submitted
         # a run (and its reused output buffers, populated when mapped) never outgrows this reader's
@@ -171,7 +152,7 @@ class Reader:
         self.storage = st = spec.storage
         shapes = [spec.x_shape(self.run_windows), spec.y_shape(self.run_windows)]
         if outputs is None and st.on_host:
-            outputs = _Outputs(shapes, [np.float32] * 2, keep=RUNS_AHEAD + 3)
+            outputs = _Outputs(shapes, keep=RUNS_AHEAD + 3)
         self.outputs = outputs  # None: new tensors from the storage
         self.chunk = chunk_for(st, spec.window.seq_len, spec.nx, own_thread=False)  # ``_run`` may raise it
         self.steps = target_steps(st, spec.window)
@@ -219,8 +200,8 @@ class Reader:
             raise _Stopped
 
     def _schedule(self, runs: Iterator[Run]) -> Iterator[tuple[_Pool, int]]:
-        """Every block of ``runs``' pools in the order of first use: ``(pool, k)``; a pool's arena
-        is made when reached, and a resident pool with no block to decode is ``(pool, -1)``."""
+        """``(pool, k)`` for every block of ``runs``' pools in the order of first use (a resident pool with
+        nothing to decode: ``(pool, -1)``); a pool's arena is made when reached."""
         s, newest = self.spec, -1
         layouts: dict[int, PoolLayout] = {}  # pools laid out ahead, with an earlier one
         for run in runs:
@@ -239,7 +220,7 @@ class Reader:
                             for x in laid:  # hot (3-5x faster than each between the copies of the runs before it)
                                 x.served()
                     layout = layouts.pop(g)
-                    pool = self.pools[g] = _Pool(layout=layout, arena=self._arena(layout.n_rows), index=s.storage.index)
+                    pool = self.pools[g] = _Pool(layout=layout, arena=s.arena(layout.n_rows), index=s.storage.index)
                 else:  # every block scheduled before is submitted by now: share those still under way
                     r = self.resident
                     if r.arena is None:  # released: the stream was closed
@@ -256,24 +237,16 @@ class Reader:
                     yield pool, k
 
     def _layout_batch(self, g: int) -> range:
-        """Pool ``g`` and the pools after it that are laid out with it: up to ``LAYOUT_WINDOWS`` windows
-        (a pool of large shards alone, dozens of pools of small symbols' shards together)."""
+        """Pool ``g`` and the pools after it laid out with it: up to ``LAYOUT_WINDOWS`` windows."""
         sizes = np.cumsum((self.plan.pool_to - self.plan.pool_from)[g : g + 64])
         return range(g, g + max(int(np.searchsorted(sizes, LAYOUT_WINDOWS, side="right")), 1))
-
-    def _arena(self, rows: int) -> Arena:
-        """A pool's arena of ``rows`` rows, from the storage (one tensor if the columns are the same)."""
-        s = self.spec
-        x = s.storage.arena(rows, s.nx)
-        return Arena(x, x if s.same_columns else s.storage.arena(rows, s.ny), s.window.seq_len)
 
     def _drop(self, g: int) -> None:
         """Forget pool ``g`` (its arena is freed) and take its bytes out of the count."""
         self.used -= self.pools.pop(g).nbytes
 
     def _submit(self, force: bool) -> bool:
-        """Start decoding the next block of the schedule: always with ``force``, else only if it
-        fits in the capacity. False if nothing was started."""
+        """Start decoding the next block of the schedule (without ``force``, only if it fits); False if none started."""
         if self.upcoming is None:
             self.upcoming = next(self.schedule, None)
         if self.upcoming is None:
@@ -291,9 +264,7 @@ class Reader:
             self._read_group()
             return True
         self.upcoming = None
-        self.used += nbytes
-        pool.nbytes += nbytes
-        pool.submitted += 1
+        self._count(pool, nbytes)
         pool.unchecked += 1
         future = None
         if here or self.executor is None:
@@ -309,19 +280,22 @@ class Reader:
         """Decoded bytes of block ``k`` of ``pool``."""
         return int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes
 
+    def _count(self, pool: _Pool, nbytes: int) -> None:
+        """Count a block of ``nbytes`` submitted for ``pool``."""
+        self.used += nbytes
+        pool.nbytes += nbytes
+        pool.submitted += 1
+
     def _read_group(self) -> None:
-        """Read the upcoming small block, and the small blocks after it in the schedule while they fit in the
-        capacity (up to ``GROUP_BLOCKS``), on this thread in one ``read_many`` straight into their arenas, and
-        check the caches once after them: per block only its read is left."""
+        """Read the upcoming small block and the small ones after it that fit (up to ``GROUP_BLOCKS``) on this
+        thread, in one ``read_many`` straight into their arenas."""
         group: list[tuple[_Pool, int]] = []
         while self.upcoming is not None and len(group) < GROUP_BLOCKS:
             pool, k = self.upcoming  # never a resident pool's -1: groups are not read for a resident arena
             nbytes = self._nbytes(pool, k)
             if group and (nbytes > SMALL_BLOCK or self.used + nbytes > self.capacity):
                 break
-            self.used += nbytes
-            pool.nbytes += nbytes
-            pool.submitted += 1
+            self._count(pool, nbytes)
             group.append((pool, k))
             self.upcoming = next(self.schedule, None)
         if self.stop.is_set():
@@ -355,8 +329,7 @@ class Reader:
             pool.events = [r.events[int(b)] for b in pool.blocks if int(b) in r.events]
 
     def _decode(self, pool: _Pool, k: int) -> None:
-        """Read block ``k`` of ``pool`` in one ``read_rows`` call into its place in the arena (a
-        resident block is then decoded for every later pass, even if this one stops early)."""
+        """Read block ``k`` of ``pool`` into its place in the arena (a resident block stays decoded for later passes)."""
         if self.stop.is_set():
             raise _Stopped
         if self.failed is not None:  # one failed fetch ends the stream: no more minutes of retries on others
@@ -367,13 +340,13 @@ class Reader:
         except BaseException as exc:
             self.failed = exc
             raise
-        if int(pool.layout.hi[k] - pool.layout.lo[k]) * self.spec.row_bytes <= SMALL_BLOCK:
+        if self._nbytes(pool, k) <= SMALL_BLOCK:
             self.small_read = min(time.perf_counter() - t0, 1.5 * self.small_read)  # a race only blurs it
         if pool.todo is not None:
             self.resident.done[int(pool.todo[k])] = True  # type: ignore[union-attr]
 
     def _read(self, pool: _Pool, k: int) -> None:
-        """The read of ``_decode``, through the storage: into the arena on the host, copied to a device."""
+        """The read of ``_decode``, through the storage."""
         s = self.spec
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
         copy = s.storage.fill(
@@ -389,7 +362,7 @@ class Reader:
             pool.events.append(event)
 
     def _gather(self, run: Run) -> Ready:
-        """Copy the run's windows and targets from its pools' arenas into new tensors."""
+        """Copy the run's windows and targets from its pools' arenas into output tensors."""
         s, st, off = self.spec, self.storage, self.plan.pool_offsets
         n = run.b - run.a
         with st.gathering():

@@ -1,6 +1,5 @@
-"""``ReadSpec``: what a reader reads, made once by a ``WindowStream`` (or a ``WindowDataset``) from its
-caches and window: the valid windows, the input and target columns, the device, whether batches carry
-metadata, and the shapes and sizes that follow from them."""
+"""``ReadSpec``: what a reader reads, made once by a ``WindowStream`` (or a ``WindowDataset``): the valid
+windows, the columns, the storage, whether batches carry metadata, and the shapes and sizes that follow."""
 
 from __future__ import annotations
 
@@ -13,18 +12,16 @@ from ..format.cache import Cache
 from ..format.windows import Ranges, WindowSpec
 from .options import columns
 from .sources import Sources
-from .storage import Host, storage_for
+from .storage import Arena, Host, storage_for
 
 __all__ = ["ReadSpec", "ReadsWindows"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ReadSpec:
-    """Everything a reader needs to know about its stream: the caches (``Sources``: one or several in
-    one row space) and their valid windows, the window (``WindowSpec``: its shape, its input and
-    target rows), the input/target columns (None: every column), where decoded rows and batches live
-    (``storage``: ``shardcache.read.storage``), and whether batches carry each window's source, symbol,
-    row and times (``meta``). Made by ``ReadSpec.of``."""
+    """What a reader needs to know of its stream: the caches and their valid windows, the window, the
+    input/target columns (None: every column), the ``storage`` of decoded rows and batches, and whether
+    batches carry each window's place and times (``meta``). Made by ``ReadSpec.of``."""
 
     sources: Sources
     ranges: Ranges
@@ -38,8 +35,7 @@ class ReadSpec:
 
     @classmethod
     def of(cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool) -> ReadSpec:
-        """What a stream (or a ``WindowDataset``) of ``sources`` reads: columns checked first, then the
-        valid windows of their split, of which each cache must have at least one."""
+        """What a stream of ``sources`` reads: columns checked first, then the split's valid windows."""
         xcols = columns(sources.caches[0], spec.features, "features")  # every cache has the same features
         ycols = columns(sources.caches[0], spec.target, "target")
         ranges = sources.ranges(spec)
@@ -65,6 +61,11 @@ class ReadSpec:
         """Inputs and targets are every column: one arena serves both."""
         return self.xcols is None and self.ycols is None
 
+    def arena(self, rows: int, *, keep: bool = False) -> Arena:
+        """An arena of ``rows`` rows on the storage (``Host.arena``), one tensor when the columns are the same."""
+        x = self.storage.arena(rows, self.nx, keep=keep)
+        return Arena(x, x if self.same_columns else self.storage.arena(rows, self.ny, keep=keep), self.window.seq_len)
+
     @property
     def row_bytes(self) -> int:
         """Bytes of one decoded bar in a pool's arena(s)."""
@@ -84,8 +85,7 @@ class ReadSpec:
         return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
 
     def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """``MetaBatch``'s ``index``, ``symbol``, ``time`` (the last input bar's), ``target_time``
-        (each target bar's) and ``source`` of the windows starting at rows ``starts``."""
+        """``MetaBatch``'s fields after ``y`` for the windows starting at rows ``starts``."""
         source, symbol, local = self.sources.locate(starts)
         index = np.stack([symbol, local], axis=1)
         targets = self.window.target_rows(starts)
@@ -95,8 +95,7 @@ class ReadSpec:
 
 
 class ReadsWindows:
-    """The window settings (``spec``), the caches read (``sources``) and what is read of them
-    (``read_spec``) of a stream or a dataset, as the properties both show."""
+    """The window and cache properties a stream and a dataset both show."""
 
     spec: WindowSpec
     sources: Sources

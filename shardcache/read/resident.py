@@ -30,9 +30,8 @@ __all__ = ["BlockTable", "Resident", "resident_bytes"]
 
 @dataclass(frozen=True, kw_only=True)
 class BlockTable:
-    """One block per shard holding a valid window start: cache rows ``lo[k]:hi[k]`` (the shard's
-    first start to its last window's end) at arena row ``at[k]``; ``block[s]`` is shard ``s``'s
-    block (-1: none)."""
+    """One block per shard holding a window start: cache rows ``lo[k]:hi[k]`` at arena row ``at[k]``;
+    ``block[s]`` is shard ``s``'s block (-1: none)."""
 
     shard_rows: int
     shards: np.ndarray
@@ -66,34 +65,24 @@ def resident_bytes(spec: ReadSpec) -> int:
 
 
 class Resident:
-    """The arena of a stream's resident passes (input columns ``x`` and target columns ``y`` of every
-    block, on the stream's storage) and which blocks are decoded.
-
-    Only the reader of the live pass writes it (a new pass closes the previous reader first);
-    on a device ``events[k]`` marks block ``k``'s copy to it done. ``release``
-    drops the arena even while a pass's iterator is still referenced (that pass then fails).
-    """
+    """The arena of a stream's resident passes and which blocks are decoded (``done``; on a device
+    ``events[k]`` marks block ``k``'s copy). Only the live pass's reader writes it."""
 
     def __init__(self, spec: ReadSpec, shard_rows: int) -> None:
         self.table = BlockTable.of(spec.ranges, shard_rows)
-        n, st = self.table.n_rows, spec.storage
-        x = st.arena(n, spec.nx, keep=True)
-        self.arena: Arena | None = Arena(
-            x, x if spec.same_columns else st.arena(n, spec.ny, keep=True), spec.window.seq_len
-        )
-        self.nbytes = n * spec.row_bytes  # within the stream's memory_budget
+        self.arena: Arena | None = spec.arena(self.table.n_rows, keep=True)
+        self.nbytes = self.table.n_rows * spec.row_bytes  # within the stream's memory_budget
         self.done = np.zeros(len(self.table.lo), dtype=bool)
         self.events: dict[int, Any] = {}
 
     def release(self) -> None:
-        """Drop the arena (``close()``): memory goes back once no gather is under way."""
+        """Drop the arena (``close()``), even while an iterator of it lives (that pass then fails)."""
         self.arena = None
 
     def served(
         self, plan: EpochPlan, g: int, ranges: Ranges, starts: bool = True
     ) -> tuple[np.ndarray | None, np.ndarray]:
-        """Pool ``g``'s window starts in served order (None unless ``starts``) and the same windows'
-        arena rows (one offset per piece, then the pool's order: ``plan.pool_windows``' order)."""
+        """Pool ``g``'s window starts in served order (None unless ``starts``) and their arena rows."""
         t = self.table
         parts = plan.pool_pieces(g, ranges, t.shard_rows)
         first = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -105,8 +94,7 @@ class Resident:
     def pool_layout(
         self, plan: EpochPlan, g: int, ranges: Ranges, skip: set[int]
     ) -> tuple[PoolLayout, np.ndarray, np.ndarray]:
-        """Pool ``g`` of ``plan`` read from the arena: its layout (the blocks still to decode, not
-        in ``skip``, and every window's arena row in served order), its blocks and those to decode."""
+        """Pool ``g`` read from the arena: its layout (blocks still to decode, not in ``skip``), its blocks and those to decode."""
         t = self.table
         blocks = t.block[plan.shards[int(plan.pool_bounds[g]) : int(plan.pool_bounds[g + 1])]]
         todo = np.asarray(
@@ -122,8 +110,7 @@ class Resident:
         return bool(self.done.all())
 
     def batches(self, spec: ReadSpec, plan: EpochPlan, batches: range) -> Iterator[tuple[int, Batch | MetaBatch]]:
-        """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the
-        caller's thread (and its current stream) into new tensors (a ``MetaBatch`` with ``spec.meta``)."""
+        """``(i, batch)`` for each batch ``i`` of ``batches``, gathered from the complete arena on the caller's thread."""
         st = spec.storage
         if self.arena is None:
             raise StreamClosedError("this WindowStream iterator was closed")

@@ -30,15 +30,11 @@ WHOLE = 1 << 62  # a chunk no gather reaches: one index_select
 
 
 def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: bool = True) -> np.ndarray:
-    """A new array in an anonymous memory map of its own (page-aligned): only written pages are
-    resident, and they go back to the OS as soon as it is freed, whatever the allocator keeps.
+    """A new array in a private anonymous memory map of its own, whose pages go back to the OS once it is freed.
 
-    A large map asks for huge pages (``MADV_HUGEPAGE``; the kernel may refuse): windows gather
-    faster from them than from 4 KiB pages. The map is private: a shared anonymous map is shmem,
-    whose pages fault in slower and may take no huge pages. ``populate`` faults every page in at
-    once (an output buffer), faster than page by page. ``huge=False`` leaves the advice out for
-    short-lived maps faulted in on the way to a first batch, where fresh huge pages fault in
-    slower. docs/performance.md has the figures behind each choice."""
+    A large map asks for huge pages (windows gather faster from them) unless ``huge=False`` (short-lived maps,
+    where fresh huge pages fault in slower); ``populate`` faults every page in at once. Private, since shared
+    anonymous memory faults in slower. docs/performance.md has the figures."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     buf = mmap.mmap(-1, max(1, nbytes), flags=flags)
@@ -48,9 +44,8 @@ def mapped(shape: tuple[int, ...], dtype: Any, populate: bool = False, huge: boo
 
 
 class Arena:
-    """Decoded rows: input columns ``x`` and target columns ``y`` (the same tensor when they are the same
-    columns), with every window of ``x`` as a view ``windows`` ``[n - seq_len + 1, seq_len, F]`` (no copy):
-    window ``r`` is rows ``r .. r + seq_len - 1``."""
+    """Decoded rows: inputs ``x`` and targets ``y`` (one tensor when the columns are the same), and every window
+    of ``x`` as a view ``windows`` ``[n - seq_len + 1, seq_len, F]``."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, seq_len: int) -> None:
         self.x, self.y, self.seq_len = x, y, seq_len
@@ -70,10 +65,8 @@ def gather(
     chunk: int,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The windows starting at arena rows ``rows`` (``[m, seq_len, nx]``) and their targets, rows ``rows + steps``
-    (``[m, ny]`` for a 0-d ``steps``, ``[m, len(steps), ny]`` for a 1-d one), copied into ``out`` or new tensors:
-    one ``index_select`` with ``WHOLE`` (``rows`` a tensor); on the host, pieces of ``chunk`` windows, or numpy
-    with 0 (new tensors: numpy's fancy indexing alone; ``rows`` may be a numpy array)."""
+    """The windows starting at arena rows ``rows`` and their targets (rows ``rows + steps``), copied into ``out``
+    or new tensors: one ``index_select`` with ``WHOLE``, else pieces of ``chunk`` windows, or numpy with 0."""
     m, ny, lead = len(rows), src.y.shape[1], (-1,) + (1,) * steps.ndim
     if chunk == WHOLE:  # a device, or a host thread whose torch ops run on it alone
         ys = rows.reshape(lead) + steps
@@ -105,7 +98,7 @@ def target_steps(storage: Host, window: WindowSpec) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _omp_set_num_threads() -> Any:
-    """``omp_set_num_threads`` of the libgomp torch has loaded, or None (another OpenMP, or none)."""
+    """``omp_set_num_threads`` of the libgomp torch has loaded, or None."""
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     for path in [*sorted(glob.glob(os.path.join(lib, "libgomp*.so*"))), "libgomp.so.1"]:
         try:
@@ -116,8 +109,7 @@ def _omp_set_num_threads() -> Any:
 
 
 def one_thread_here() -> bool:
-    """Run torch's CPU ops of the calling thread on that thread alone, leaving every other thread's
-    count and torch's default for new threads as they are; False where that is not possible."""
+    """Run the calling thread's torch CPU ops on it alone, every other thread as it was; False where not possible."""
     setter = _omp_set_num_threads()
     if setter is None:
         return False
@@ -127,8 +119,7 @@ def one_thread_here() -> bool:
 
 
 def chunk_for(storage: Host, seq_len: int, nx: int, own_thread: bool) -> int:
-    """Windows per ``index_select`` of a gather that must stay on the calling thread (0: ``numpy.take``);
-    ``WHOLE`` on a device or on a thread that runs its torch ops alone (``own_thread``)."""
+    """Windows per ``index_select`` that ATen runs inline (0: ``numpy.take``); ``WHOLE`` on a device or ``own_thread``."""
     if not storage.on_host or own_thread:
         return WHOLE
     chunk = GRAIN // (seq_len * nx)
@@ -139,17 +130,20 @@ Read = Callable[[np.ndarray | None], np.ndarray]
 """A block's read: its rows of every column, into the given array (or a new one with None)."""
 
 
+def columns_of(rows: np.ndarray, cols: list[int] | None) -> torch.Tensor:
+    """``rows``' columns ``cols`` (None: every column) as a tensor."""
+    return torch.from_numpy(rows if cols is None else np.ascontiguousarray(rows[:, cols]))
+
+
 class Host:
-    """The host storage strategy, and the base of ``Device``, which overrides allocation and transfer: arenas
-    in host memory, blocks read straight into them, gathers on the calling thread."""
+    """The host storage strategy, and ``Device``'s base: arenas in host memory, blocks read straight into them."""
 
     device = torch.device("cpu")
     on_host = True
 
     def arena(self, rows: int, cols: int, *, keep: bool = False) -> torch.Tensor:
-        """An arena of ``rows`` x ``cols`` float32. A pool's (``keep=False``) is a memory map of its own, so
-        a dropped pool's pages go back to the OS at once, or, when small, heap memory the next pools reuse
-        without a new map and its page faults; a resident arena (``keep``) is a map with huge pages."""
+        """An arena of ``rows`` x ``cols`` float32: a pool's is a map of its own (freed at once), or heap memory when
+        small (reused without page faults); a resident arena (``keep``) is a map with huge pages."""
         if keep:
             return torch.from_numpy(mapped((rows, cols), np.float32))
         if rows * cols * 4 < SMALL_ARENA:
@@ -195,9 +189,8 @@ class Host:
 
 
 class Device(Host):
-    """A torch device: arenas and batches on it, blocks decoded on the host and copied over. On CUDA a copy
-    runs non-blocking from pinned memory on a copy stream and is marked by an event; the reader's gathers
-    run on a gather stream that waits for those events."""
+    """A torch device: blocks decoded on the host and copied over, on CUDA from pinned memory on a copy stream,
+    each marked by an event the gather stream waits for. ``Device(cpu)`` runs this code in the tests."""
 
     on_host = False
 
@@ -212,8 +205,7 @@ class Device(Host):
         return torch.cuda.Stream(self.device), torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
 
     def arena(self, rows: int, cols: int, *, keep: bool = False) -> torch.Tensor:
-        """An arena on the device, made on the copy stream; the allocator waits for the gathers too before
-        it reuses the memory."""
+        """An arena on the device, made on the copy stream; the allocator waits for the gathers too before reuse."""
         with self.copying():
             t = torch.empty((rows, cols), dtype=torch.float32, device=self.device)
         if self.cuda:
@@ -227,11 +219,10 @@ class Device(Host):
         return torch.empty(shape, dtype=torch.float32, device=self.device)
 
     def fill(self, arena: Arena, at: int, n: int, read: Read, cols: tuple[list[int] | None, list[int] | None]) -> Any:
-        """Decode the block on the host and copy it to arena rows ``at:at + n``: ``(event, host buffers)``
-        on CUDA, the buffers kept until the copy is done."""
-        arr, (xcols, ycols) = read(None), cols
-        hx = torch.from_numpy(arr if xcols is None else np.ascontiguousarray(arr[:, xcols]))
-        hy = hx if arena.shared else torch.from_numpy(arr if ycols is None else np.ascontiguousarray(arr[:, ycols]))
+        """Decode the block on the host and copy it to arena rows ``at:at + n``: ``(event, host buffers)`` on CUDA."""
+        arr = read(None)
+        hx = columns_of(arr, cols[0])
+        hy = hx if arena.shared else columns_of(arr, cols[1])
         host = [t.pin_memory() for t in dict.fromkeys([hx, hy])] if self.cuda else [hx, hy]
         with self.copying():
             arena.x[at : at + n].copy_(host[0], non_blocking=self.cuda)
