@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -45,8 +45,7 @@ History = tuple[tuple[int, int], ...]
 
 @dataclass(frozen=True, kw_only=True)
 class Pass:
-    """One pass over a stream: its ``epoch``, the resume ``history`` it continues (empty: from the
-    first batch), and the ``rank`` and ``world`` it is planned for."""
+    """One pass: its ``epoch``, the resume ``history`` it continues (empty: from the first batch), its ``rank`` and ``world``."""
 
     epoch: int
     history: History = ()
@@ -79,8 +78,7 @@ _WHEN_SET = ("weights", "epoch_windows", "split_times")  # recorded only when se
 
 
 def check_signature(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-    """Refuse a saved ``state`` whose settings (``mine``: what fixes the epoch's batches, the caches'
-    digests, a mixture's weights) are not this stream's, naming each that differs."""
+    """Refuse a saved ``state`` whose signature is not ``mine``, naming each field that differs."""
     keys = [*mine, *(k for k in _WHEN_SET if k not in mine)]
     bad = {
         k: (state.get(k), mine.get(k)) for k in keys if state.get(k) != mine.get(k) and (k in state or k not in _SINCE)
@@ -95,7 +93,7 @@ def _is_int(v: Any) -> bool:
 
 
 class PassState:
-    """The pass count and position of one stream, shared with its DataLoader workers (see the module docstring)."""
+    """The pass count and position of one stream, shared with its DataLoader workers."""
 
     def __init__(self) -> None:
         self._shared = in_shared_memory(torch.zeros(_WORKERS + MAX_WORKERS, dtype=torch.int64))
@@ -123,7 +121,7 @@ class PassState:
         return max(self.main_passes, int(self._shared[_WORKERS:].max()))
 
     def nth(self, k: int) -> Pass:
-        """Epoch and resume history of the ``k``-th pass since the pin (rank and world not yet known)."""
+        """Epoch and resume history of the ``k``-th pass since the pin."""
         pin = self.pinned
         return pin if k == 0 else Pass(epoch=pin.epoch + k)
 
@@ -138,8 +136,7 @@ class PassState:
 
     # -- writing -------------------------------------------------------------------------
     def claim(self) -> None:
-        """In a process that is not the state's owner nor its DataLoader worker (a stream pickled to
-        ``mp.spawn`` ranks), take a private copy: ranks must not count each other's passes."""
+        """In a process other than the owner and its workers (``mp.spawn`` ranks), take a private copy."""
         if self._owner != os.getpid():
             self._shared, self._owner = in_shared_memory(self._shared.clone()), os.getpid()
 
@@ -155,8 +152,7 @@ class PassState:
         self.main_passes, self.current, self.delivered = 0, None, 0
 
     def begin(self, rank: int, world: int) -> Pass:
-        """Begin the next pass in the main process, planned for ``rank`` of ``world``: it becomes the
-        current pass (its delivered batches counted from 0), superseding the previous one."""
+        """Begin the next pass in the main process, for ``rank`` of ``world``: the current pass from now on."""
         self.claim()
         p = replace(self.nth(self.main_passes), rank=rank, world=world)
         self.main_passes += 1
@@ -165,8 +161,7 @@ class PassState:
         return p
 
     def begin_worker(self, worker: int, rank: int, world: int) -> Pass:
-        """Begin a pass in DataLoader worker ``worker``: a ``loader()``'s worker takes the pass its main
-        process began; a plain DataLoader's worker counts its own passes (the DataLoader's)."""
+        """Begin a pass in DataLoader worker ``worker``: a ``loader()``'s main process's pass, else the worker's own next."""
         if self.board is not None:
             return self.board.read()
         if worker >= MAX_WORKERS:
@@ -178,17 +173,16 @@ class PassState:
         return replace(self.nth(k), rank=rank, world=world)
 
     def count_delivered(self) -> None:
-        """One more batch of the current pass reached the caller (a ``loader()`` counts them here)."""
+        """One more batch of the current pass reached the caller."""
         self.delivered += 1
 
     def follow(self, board: SharedPass) -> None:
-        """In a ``loader()``'s worker: take each pass from ``board``, where the main process writes it."""
+        """In a ``loader()``'s worker: take each pass from ``board``."""
         self.board = board
 
     def position(self, batches: Callable[[Pass], int]) -> tuple[int, History]:
-        """Where the epoch stands: the epoch and resume history a resume continues from (the current
-        pass's, with ``delivered`` of its ``batches(pass)`` at its world; the next epoch's once
-        they are all delivered; the pinned pass before any pass here)."""
+        """The epoch and resume history a resume continues from: the current pass's, the next epoch once
+        all its ``batches(pass)`` are delivered, or the pinned pass before any pass."""
         self.claim()
         p = self.current
         if p is None:
@@ -200,8 +194,7 @@ class PassState:
 
 
 class SharedPass:
-    """A ``loader()``'s record of the pass its main process began, which its workers read when they
-    start or resume (its encoding: epoch, rank, world, n, then the n history pairs)."""
+    """A ``loader()``'s record of the pass its main process began, for its workers: epoch, rank, world, n, n pairs."""
 
     def __init__(self) -> None:
         self._shared = in_shared_memory(torch.zeros(4 + 2 * MAX_HISTORY, dtype=torch.int64))
@@ -219,9 +212,7 @@ class SharedPass:
 
 
 class Planner:
-    """The plans of a stream's passes over ``ranges`` (a cache's, or several caches' in one row space,
-    of ``n_rows`` rows in ``shard_rows``-row shards) with ``settings``, serving every window once or
-    ``shares`` of each cache per epoch; the last few are kept."""
+    """The plans of a stream's passes over ``ranges`` with ``settings`` (and ``shares``); the last few are kept."""
 
     _KEEP = 4
 
@@ -242,26 +233,20 @@ class Planner:
         self._plans: dict[tuple[Any, ...], EpochPlan] = {}
 
     def plan(self, p: Pass) -> EpochPlan:
-        """Pass ``p``'s plan on its rank. A world with more ranks than windows is refused (each rank
-        would have no batch)."""
+        """Pass ``p``'s plan on its rank; a world with more ranks than windows is refused."""
         self.check_world(p.world)
         key = (p.epoch, p.history, p.rank, p.world)
         if key not in self._plans:
             if len(self._plans) > self._KEEP:
                 self._plans.clear()
-            s = self.settings
             self._plans[key] = make_plan(
                 self.ranges,
                 self.n_rows,
                 self.shard_rows,
-                batch_size=s.batch_size,
-                shuffle=s.shuffle,
-                seed=s.seed,
+                **asdict(self.settings),  # batch_size, shuffle, seed, mix, drop_last
                 epoch=p.epoch,
                 rank=p.rank,
                 world=p.world,
-                mix=s.mix,
-                drop_last=s.drop_last,
                 history=p.history,
                 shares=self.shares,
             )
@@ -284,8 +269,7 @@ class Planner:
             )
 
     def check_position(self, epoch: int, history: Sequence[tuple[int, int]]) -> None:
-        """Refuse a resume history that is not a position inside epoch ``epoch``: at each checkpoint
-        fewer batches delivered per rank than that stage of the epoch has."""
+        """Refuse a resume history that is not a position inside epoch ``epoch``."""
         for k, (world, done) in enumerate(history):
             if world > self.n_windows:
                 raise StateError(
