@@ -1,9 +1,5 @@
-"""The checks a stream's settings share, and the batches it yields.
-
-Shared by ``WindowStream`` and ``WindowDataset``: memory budgets and sizes (``parse_budget``,
-``parse_size``), the split a stream must name, column names, the device, the rank and world of the
-current process. The settings objects that use them are in ``shardcache.read.settings``.
-"""
+"""The checks ``WindowStream`` and ``WindowDataset`` share (sizes, the split, columns, the device, rank and
+world), and the batches they yield; the settings objects that use them are in ``shardcache.read.settings``."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
-from ..format.cache import Cache, open_cache
+from ..format.cache import Cache
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 from ..tuning import MAX_DECODERS
 
@@ -33,7 +29,6 @@ __all__ = [
     "columns",
     "default_decoders",
     "no_windows_error",
-    "open_for_reading",
     "parse_budget",
     "parse_size",
     "rank_world",
@@ -84,8 +79,7 @@ class MetaBatch(NamedTuple):
 
 
 def rank_world(hint: tuple[int, int] | None = None) -> tuple[int, int]:
-    """Rank and world size: ``torch.distributed`` if initialized, else ``hint`` (the main process's,
-    in a spawned worker), else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    """Rank and world size: ``torch.distributed``'s, else ``hint`` (a spawned worker's), else ``RANK``/``WORLD_SIZE``."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if hint is not None:
@@ -120,9 +114,8 @@ _SIZE_FORMS = "give bytes (an int such as 50_000_000_000) or a size such as '50G
 
 
 def parse_budget(value: Any, device: torch.device) -> int | None:
-    """Bytes of a ``memory_budget``: a whole number of bytes (an int, a float such as ``1e9``, a numpy
-    scalar or a 0-d tensor), ``"512MiB"``/``"2GB"``, or ``"auto"`` (a fixed share of available
-    memory, or of the GPU's free memory with a CUDA device); None leaves it unset."""
+    """Bytes of a ``memory_budget``: ``parse_size``'s forms, or ``"auto"`` (a share of available memory, or of
+    the GPU's free memory with a CUDA device); None leaves it unset."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -135,8 +128,8 @@ def parse_budget(value: Any, device: torch.device) -> int | None:
 
 
 def parse_size(value: Any, option: str, forms: str = _SIZE_FORMS) -> int:
-    """A positive number of bytes given to ``option``: a whole number (an int, a float such as ``1e9``, a
-    numpy scalar or a 0-d tensor) or a size such as ``"512MiB"``/``"50GB"``; ``forms`` says what is taken."""
+    """A positive number of bytes given to ``option``: a whole number (an int, ``1e9``, a numpy scalar or a 0-d
+    tensor) or a size such as ``"512MiB"``/``"50GB"``; ``forms`` says what is taken."""
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         if not m or m.group(2).lower() not in _UNITS:
@@ -150,7 +143,7 @@ def parse_size(value: Any, option: str, forms: str = _SIZE_FORMS) -> int:
 
 
 def _whole_bytes(value: Any, option: str, forms: str) -> int:
-    """``value`` as a whole number of bytes: a Python or numpy number, or a 0-d tensor, whose value is integral."""
+    """``value`` as a whole number of bytes: an integral Python or numpy number, or 0-d tensor."""
     number = value
     if isinstance(value, torch.Tensor | np.ndarray):
         if value.ndim != 0:
@@ -179,13 +172,6 @@ def columns(cache: Cache, names: Sequence[str] | None, what: str) -> list[int] |
     return [have[n] for n in names]
 
 
-def open_for_reading(cache: Cache | str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Cache:
-    """The cache to read: opened here from a path or URL (with ``storage_options``), or as given."""
-    if isinstance(cache, Cache) and storage_options is not None:
-        raise OptionError("storage_options", storage_options, "apply to a path or URL; this cache is already open")
-    return open_cache(cache, storage_options)
-
-
 def check_split(cache: Cache, split: str | None) -> str | None:
     """A cache with several splits must be told which one: leaking val/test into training is silent."""
     names = cache.split_names
@@ -206,8 +192,7 @@ def check_split(cache: Cache, split: str | None) -> str | None:
 def no_windows_error(
     cache: Cache, spec: WindowSpec, split: str | None, table: SegmentSource | None = None
 ) -> OptionError | CacheError:
-    """The error of a stream with no window: the longest segment (of ``table``, the cache's own by
-    default) against the window's span."""
+    """The error of a stream with no window: the longest segment (of ``table``, else the cache's) against the span."""
     seg = split_segments(cache if table is None else table, split)
     where = f" in split {split!r}" if split not in (None, "all") else ""
     if not len(seg):
@@ -225,9 +210,8 @@ def no_windows_error(
 
 
 def default_decoders(readers: int = 1) -> int:
-    """Decoder threads per reader when ``decoders`` is unset: the cores this process may run on
-    (its CPU affinity, not the machine's count: ``taskset``, cgroup cpusets, SLURM), shared by
-    ``readers`` readers (DataLoader workers), at least 1 and at most ``MAX_DECODERS``."""
+    """Decoder threads per reader when ``decoders`` is unset: the cores of this process's CPU affinity shared by
+    ``readers`` readers, at least 1 and at most ``MAX_DECODERS``."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity on this platform (macOS, Windows)
@@ -236,8 +220,7 @@ def default_decoders(readers: int = 1) -> int:
 
 
 def window_spec(seq_len: int | WindowSpec, fields: dict[str, Any]) -> WindowSpec:
-    """The ``WindowSpec`` given, or one made of ``seq_len`` and the entries of ``fields`` naming its other
-    settings (taken out of ``fields``; None: the default), not both."""
+    """The ``WindowSpec`` given, or one of ``seq_len`` and the entries of ``fields`` naming its settings (taken out)."""
     given = {n: fields.pop(n) for n in ("horizon", "stride", "features", "target") if n in fields}
     horizon, stride, features, target = (given.get(n) for n in ("horizon", "stride", "features", "target"))
     if isinstance(seq_len, WindowSpec):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 import torch
@@ -44,12 +44,8 @@ TEMPORARY_LIMIT = 1 << 30  # bytes of a remote cache's temporary local copy when
 
 @dataclass(frozen=True, kw_only=True)
 class PlanSettings:
-    """What decides an epoch's batches besides the windows: ``batch_size`` windows a batch, whether
-    epochs are ``shuffle``d and with which ``seed``, ``mix`` shards whose windows a pool shuffles
-    together, and whether each rank's last partial batch is dropped (``drop_last``).
-
-    Checked when made; ``signature`` is what a saved position records of them.
-    """
+    """What decides an epoch's batches besides the windows, checked when made: ``batch_size``, ``shuffle``,
+    ``seed``, ``mix`` (shards whose windows a pool shuffles together) and ``drop_last``."""
 
     batch_size: int = 256
     """Windows per batch."""
@@ -71,21 +67,14 @@ class PlanSettings:
 
     def signature(self) -> dict[str, Any]:
         """The settings a saved position must be resumed with."""
-        return {
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "shuffle": self.shuffle,
-            "mix": self.mix,
-            "drop_last": self.drop_last,
-        }
+        return {"seed": self.seed, **asdict(self)}  # seed first, as saved states have always had it
 
 
 @dataclass(frozen=True, init=False)
 class LoaderSettings:
-    """How a stream reads its batches, whatever they are: ``prefetch`` blocks decoded ahead of the
-    open pools by ``decoders`` threads (None: ``default_decoders``), or ``memory_budget`` bytes of
-    decoded blocks (shared by the DataLoader workers; ``"512MiB"``, ``"auto"``: see ``parse_budget``),
-    on ``device``. Made from the values as a user gives them, and held resolved (bytes, a device)."""
+    """How a stream reads its batches: ``prefetch`` blocks decoded ahead of the open pools by ``decoders``
+    threads, or ``memory_budget`` bytes of decoded blocks (``"512MiB"``, ``"auto"``), on ``device``. Made
+    from the values as a user gives them, and held resolved (bytes, a device)."""
 
     prefetch: int
     """Blocks decoded ahead of the open pools (the bound on memory without a budget)."""
@@ -115,9 +104,8 @@ class LoaderSettings:
         return self.decoders if self.decoders is not None else default_decoders(readers)
 
     def capacity(self, blocks: int, block_bytes: int, readers: int, mix: int) -> int:
-        """Bytes of decoded blocks each of ``readers`` readers may hold when a batch needs ``blocks``
-        blocks of up to ``block_bytes`` at once: those plus ``prefetch``, or an equal share of the
-        ``memory_budget``, which must hold them."""
+        """Bytes each of ``readers`` readers may hold when a batch needs ``blocks`` blocks of up to ``block_bytes``:
+        those plus ``prefetch``, or an equal share of the ``memory_budget``, which must hold them."""
         if self.memory_budget is None:
             return (blocks + self.prefetch) * block_bytes
         per = self.memory_budget // readers
@@ -132,9 +120,8 @@ class LoaderSettings:
         return per
 
     def check_batch(self, batch_size: int, windows: int, window_bytes: int) -> None:
-        """Refuse batches of ``windows`` windows (``batch_size``, or fewer when the stream has fewer
-        windows) of ``window_bytes`` each that the device's memory cannot hold, before anything is
-        allocated."""
+        """Refuse batches of ``windows`` windows of ``window_bytes`` each that the device's memory cannot hold,
+        before anything is allocated."""
         nbytes = windows * window_bytes
         if nbytes <= SURE_TO_FIT:
             return
@@ -190,12 +177,10 @@ class LocalCopy:
         )
 
     def apply(self, caches: Sequence[Cache]) -> tuple[list[Cache], LocalCache | None]:
-        """``caches`` read through this local copy (one folder for them all, a subfolder each), and the
-        temporary ``LocalCache`` made for them (the caller removes it): ``cache_dir`` when given; else,
-        for the caches behind a URL, a temporary folder of ``cache_limit`` (default ``TEMPORARY_LIMIT``)
-        bytes, so DataLoader workers fetch each shard object once between them; else (a local cache, or
-        one the caller already reads through a local copy) the cache as it is. A ``filecache::`` or
-        ``blockcache::`` layer, which caches nothing under these reads, is named in one warning."""
+        """``caches`` read through this local copy, and the temporary ``LocalCache`` made for them (the caller
+        removes it): ``cache_dir`` when given, else a temporary folder of ``cache_limit`` (default 1 GiB) for
+        the caches behind a URL; a local cache stays as it is. A ``filecache::`` or ``blockcache::`` layer,
+        which caches nothing under these reads, is named in one warning."""
         for cache in caches:
             _warn_idle_layer(cache.url)
         if self.cache_dir is not None:
@@ -209,12 +194,11 @@ class LocalCopy:
 
 
 IDLE_LAYERS = ("filecache", "blockcache")
-"""fsspec caching layers that keep nothing under a stream's reads: ``filecache`` downloads an object again
-on every asynchronous read (it never records the download), ``blockcache`` has no asynchronous read."""
+"""fsspec caching layers that keep nothing under a stream's asynchronous reads."""
 
 
 def _warn_idle_layer(url: str) -> None:
-    """One warning when ``url``'s outer layer is one of ``IDLE_LAYERS``, naming what to use instead."""
+    """Warn when ``url``'s outer layer is one of ``IDLE_LAYERS``, naming what to use instead."""
     protocols = layers(url) if is_url(url) else []
     if not protocols or protocols[0] not in IDLE_LAYERS:
         return
@@ -257,9 +241,8 @@ class CacheSource:
 
 
 def sources_of(caches: Any, storage_options: Any = None) -> list[CacheSource]:
-    """What a stream is given as one ``CacheSource`` per cache, checked before any cache is opened: ``caches``
-    one cache or ``CacheSource``, or a sequence of them; ``storage_options`` one mapping for every path or URL,
-    or a sequence of one (or None) per cache. Options given both here and on a ``CacheSource`` are refused."""
+    """``caches`` (one, or a sequence) as one ``CacheSource`` each, with ``storage_options`` (one mapping, or one
+    per cache), checked before any cache is opened."""
     single = isinstance(caches, Cache | str | os.PathLike | CacheSource)
     items = [caches] if single else _items(caches)
     options = [storage_options] if single else _per_cache(storage_options, items)
@@ -279,8 +262,7 @@ def sources_of(caches: Any, storage_options: Any = None) -> list[CacheSource]:
 
 
 def weights_of(sources: Sequence[CacheSource], weights: Any) -> Any:
-    """The weights of a stream's sources (checked by ``Mixture``): ``weights`` as given, or each
-    ``CacheSource``'s ``weight`` (every one or none), not both; None: every window once."""
+    """``weights`` as given, or each ``CacheSource``'s ``weight`` (every one or none), not both."""
     own = [s.weight for s in sources]
     if all(w is None for w in own):
         return weights
@@ -308,8 +290,7 @@ def _items(caches: Any) -> list[Any]:
 
 
 def _per_cache(options: Any, items: list[Any]) -> list[dict[str, Any] | None]:
-    """Each of several caches' ``storage_options``: one mapping for every path or URL (an open ``Cache``
-    keeps its own), or a sequence of one mapping (or None) per cache."""
+    """Each of several caches' ``storage_options``: one mapping for every path or URL, or one (or None) per cache."""
     if options is None:
         return [None] * len(items)
     if isinstance(options, Mapping):
@@ -340,8 +321,7 @@ class _WindowFields(TypedDict, total=False):
 
 
 class DatasetFields(_WindowFields, total=False):
-    """The keyword arguments ``WindowDataset`` takes by name: a ``WindowSpec``'s fields beside
-    ``seq_len``, ``storage_options`` (see ``sources_of``) and ``LocalCopy``'s fields."""
+    """The keyword arguments ``WindowDataset`` takes by name: ``WindowSpec``'s, ``LocalCopy``'s and ``storage_options``."""
 
     storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None
     cache_dir: str | os.PathLike[str] | None
@@ -349,8 +329,8 @@ class DatasetFields(_WindowFields, total=False):
 
 
 class StreamFields(DatasetFields, total=False):
-    """The keyword arguments ``WindowStream`` takes by name besides ``DatasetFields``: the fields of
-    ``PlanSettings`` and ``LoaderSettings``, and ``weights`` (one per cache)."""
+    """The keyword arguments ``WindowStream`` takes by name beyond ``DatasetFields``: ``PlanSettings``',
+    ``LoaderSettings``' and ``weights``."""
 
     batch_size: int
     shuffle: bool

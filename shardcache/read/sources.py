@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import CacheError, OptionError, OptionTypeError, ShardcacheError
-from ..format.cache import Cache
+from ..format.cache import Cache, open_cache
 from ..format.local_cache import LocalCache
 from ..format.readahead import will_read
 from ..format.splits import parse_split
 from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
-from .options import check_split, no_windows_error, open_for_reading
+from .options import check_split, no_windows_error
 from .settings import CacheSource, LocalCopy
 
 __all__ = ["Sources", "SplitTimes"]
@@ -79,8 +79,7 @@ class SplitTimes:
 
 
 def _first_at(cache: Cache, lo: np.ndarray, hi: np.ndarray, cut: int) -> np.ndarray:
-    """For each pair, the first row in ``(lo, hi]`` whose bar time is at least ``cut`` (row ``lo`` is
-    before it, row ``hi`` at or after it): a binary search of every pair at once."""
+    """For each pair, the first row in ``(lo, hi]`` whose bar time is at least ``cut``: one binary search of them all."""
     lo, hi = lo.copy(), hi.copy()
     while len(lo) and (hi - lo > 1).any():
         mid = (lo + hi) // 2
@@ -134,14 +133,11 @@ class Sources:
         split_times: Any = None,
         local: LocalCopy | None = None,
     ) -> Sources:
-        """The caches of ``sources`` (``sources_of``) opened, with their ``storage_options``, and read through
-        ``local`` (``cache_dir``, ``cache_limit``) when given; the split chosen and checked."""
+        """The caches of ``sources`` (``sources_of``) opened, read through ``local`` when given; the split checked."""
         times = SplitTimes.of(split_times)
         if local is not None:
             local.check(sources)
-        opened = [
-            open_for_reading(s.cache, None if s.storage_options is None else dict(s.storage_options)) for s in sources
-        ]
+        opened = [open_cache(s.cache, None if s.storage_options is None else dict(s.storage_options)) for s in sources]
         opened, temporary = (opened, None) if local is None else local.apply(opened)
         try:
             return cls(opened, split=split, split_times=times, temporary=temporary)
@@ -241,20 +237,20 @@ class Sources:
         return i
 
     def _region(self, row: int) -> int:
-        """``_regions`` of one row (a scalar search: a block's read asks it once or twice)."""
+        """``_regions`` of one row, as a scalar search."""
         i = int(np.searchsorted(self._bases, row, side="right")) - 1
         if not 0 <= i < len(self._bars):
             raise IndexError(f"row {row} outside the {self.n_rows} rows of the stream's caches")
         return i
 
-    def _by_cache(self, rows: np.ndarray) -> Iterator[tuple[int, Cache, np.ndarray]]:
-        """``(k, cache, which)`` for each cache holding some of ``rows``: the positions of its rows."""
+    def _by_cache(self, rows: np.ndarray) -> Iterator[tuple[Cache, np.ndarray, int]]:
+        """``(cache, which, offset)`` for each cache holding some of ``rows``: the positions of its rows, its first row."""
         if len(self.caches) == 1:
-            yield 0, self.caches[0], np.arange(len(rows))
+            yield self.caches[0], np.arange(len(rows)), 0
             return
         src = self._cache[self._regions(rows)]
         for k in np.unique(src).tolist():
-            yield k, self.caches[k], np.flatnonzero(src == k)
+            yield self.caches[k], np.flatnonzero(src == k), int(self.row_bounds[k])
 
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None, *, check: bool = True) -> np.ndarray:
         """Rows ``[start, stop)`` (inside one symbol of one cache) of its ``features`` (``Cache.read_rows``)."""
@@ -263,11 +259,9 @@ class Sources:
         return self.caches[k].read_rows(start - off, stop - off, out, check=check)
 
     def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
-        """``read_rows`` of rows ``[starts[k], stops[k])`` into ``outs[k]`` for many blocks at once
-        (``Cache.read_many`` of each cache's blocks)."""
+        """``read_rows`` of rows ``[starts[k], stops[k])`` into ``outs[k]`` for many blocks at once (``Cache.read_many``)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
-        for k, cache, mine in self._by_cache(starts):
-            off = int(self.row_bounds[k])
+        for cache, mine, off in self._by_cache(starts):
             cache.read_many(starts[mine] - off, stops[mine] - off, [outs[j] for j in mine.tolist()], check=check)
 
     def check_same(self) -> None:
@@ -278,8 +272,7 @@ class Sources:
     def will_read(self, starts: np.ndarray, stops: np.ndarray) -> None:
         """``readahead.will_read`` of the row ranges ``[starts[k], stops[k])`` (each inside one symbol of one cache)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
-        for k, cache, mine in self._by_cache(starts):
-            off = int(self.row_bounds[k])
+        for cache, mine, off in self._by_cache(starts):
             will_read(cache, starts[mine] - off, stops[mine] - off)
 
     def region_stop(self, row: int) -> int:
@@ -300,8 +293,8 @@ class Sources:
             return self.caches[0].bar_times(rows)
         flat = rows.reshape(-1)
         out = np.empty(flat.shape, np.int64)
-        for k, cache, mine in self._by_cache(flat):
-            out[mine] = cache.bar_times(flat[mine] - self.row_bounds[k])
+        for cache, mine, off in self._by_cache(flat):
+            out[mine] = cache.bar_times(flat[mine] - off)
         return out.reshape(rows.shape)
 
     def __repr__(self) -> str:
@@ -309,8 +302,7 @@ class Sources:
 
 
 def _check_distinct(caches: Sequence[Cache], urls: list[str]) -> None:
-    """Refuse one cache given twice under any name (a link, a ``file://`` URL, another spelling of its
-    path, a copy): caches are told apart by ``Manifest.identity``, not by how they are written."""
+    """Refuse one cache given twice under any name (a link, a URL, a copy): told apart by ``Manifest.identity``."""
     if len(caches) < 2:
         return
     seen: dict[str, int] = {}
@@ -328,8 +320,7 @@ def _check_distinct(caches: Sequence[Cache], urls: list[str]) -> None:
 
 
 def _check_normalized(caches: Sequence[Cache], urls: list[str]) -> None:
-    """Refuse z-scored caches mixed with raw ones: one feature would reach the model on two scales (a
-    z-scored log return near 1, a raw one near 0.0004), which no later step can tell apart."""
+    """Refuse z-scored caches mixed with raw ones: one feature would reach the model on two scales."""
     raw = [_stats_key(c) is None for c in caches]
     if all(raw) or not any(raw):
         return
@@ -344,7 +335,7 @@ def _check_normalized(caches: Sequence[Cache], urls: list[str]) -> None:
 
 
 def _check_features(caches: Sequence[Cache], urls: list[str]) -> None:
-    """Every cache must have the first one's feature names in the same order; else one line naming the difference."""
+    """Refuse caches without the first one's feature names in the same order, naming the difference."""
     _check_distinct(caches, urls)
     want = caches[0].feature_names
     for cache, url in zip(caches[1:], urls[1:]):
