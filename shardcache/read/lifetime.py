@@ -1,9 +1,5 @@
-"""What a ``WindowStream`` started or holds in one process, and how ``close()`` ends it all.
-
-Its iterators' readers (threads), its ``loader()``'s worker iterators (processes), its resident
-arena, and in a DataLoader worker the shared-memory ring its batches cross in. None of them
-travels when the stream is pickled to a worker: each process makes its own.
-"""
+"""What a ``WindowStream`` started or holds in one process (readers, a ``loader()``'s workers, its resident
+arena, a worker's ring), and how ``close()`` ends it all; none of it travels when the stream is pickled."""
 
 from __future__ import annotations
 
@@ -27,20 +23,13 @@ class StreamResources:
         self.ship_id = ship_id
         self.closed = False
         self.readers: weakref.WeakSet[Reader] = weakref.WeakSet()
-        self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.loader_iters: weakref.WeakSet[Any] = weakref.WeakSet()  # a loader()'s, whose workers close() stops
         self.resident: Resident | None = None  # made by the first resident pass, kept until close()
         self.ring: WorkerRing | None = None  # in a DataLoader worker: its ring, kept across passes
 
     def check_open(self) -> None:
         if self.closed:
             raise StreamClosedError("WindowStream is closed")
-
-    def track_reader(self, reader: Reader) -> None:
-        self.readers.add(reader)
-
-    def track_loader(self, it: Any) -> None:
-        """A ``loader()``'s iterator, whose worker processes ``close()`` stops."""
-        self.loader_iters.add(it)
 
     def close_readers(self) -> None:
         """Stop the readers of the passes begun so far (a new pass supersedes them)."""
@@ -54,7 +43,7 @@ class StreamResources:
         return self.resident
 
     def worker_ring(self, shapes: tuple[tuple[int, ...], ...]) -> WorkerRing:
-        """This DataLoader worker's shared-memory slots for batches of at most ``shapes`` (made on its first pass)."""
+        """This DataLoader worker's shared-memory slots for batches of at most ``shapes``, made on first use."""
         if self.ring is None:
             self.ring = WorkerRing(self.ship_id, shapes)
         return self.ring

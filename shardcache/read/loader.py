@@ -1,9 +1,7 @@
 """``WindowStream.loader()``: a DataLoader that counts each batch it delivers into its stream.
 
-Before its workers start or resume, each pass (``WindowStream.begin_pass``) is written to a
-``SharedPass``; the workers read it there (``PassState.follow``), while the stream's count of
-delivered batches moves in the main process as batches arrive. It uses the stream only through
-``check_open``, ``begin_pass``, ``resources`` and ``passes``.
+Each pass (``WindowStream.begin_pass``) is written to a ``SharedPass`` before the workers start or resume,
+and they read it there (``PassState.follow``).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ class StreamLoader(DataLoader[Batch | MetaBatch]):
             return super().__iter__()  # the stream's own iterator counts in this process
         self._board.write(stream.begin_pass())  # before any worker reads it
         it = super().__iter__()
-        stream.resources.track_loader(it)
+        stream.resources.loader_iters.add(it)
         return self._counted(stream.passes, it)
 
     @staticmethod

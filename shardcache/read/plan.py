@@ -260,13 +260,12 @@ def _parts(plan: EpochPlan, a: int, b: int) -> list[_Part]:
 def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> list[EpochPlan]:
     """Deal the windows of ``parts`` (in order) to ``world`` ranks: contiguous shares differing by at most
     one window, the same number of batches on every rank (one window short: its last batch split in two)."""
-    total = sum(p.to - p.frm for p in parts)
-    q, extra = divmod(total, world)
+    cum = np.concatenate([[0], np.cumsum([p.to - p.frm for p in parts])]).astype(np.int64)
+    q, extra = divmod(int(cum[-1]), world)
     shares = [q + (r < extra) for r in range(world)]
     bs = like.batch_size
     n = min(shares) // bs if drop_last else -(-max(shares) // bs)
     plans, pos = [], 0
-    cum = np.concatenate([[0], np.cumsum([p.to - p.frm for p in parts])]).astype(np.int64)
     for r, share in enumerate(shares):
         sizes = [bs] * n
         if not drop_last and n:
@@ -284,7 +283,8 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
                 mine.append(replace(p, frm=p.frm + lo - int(cum[k]), to=p.frm + hi - int(cum[k])))
         lens = [len(p.shards) for p in mine]
         plans.append(
-            EpochPlan(
+            replace(  # the settings, dropped windows and epoch of ``like``
+                like,
                 shards=np.concatenate([p.shards for p in mine]) if mine else np.zeros(0, np.int64),
                 lo=np.concatenate([p.lo for p in mine]) if mine else np.zeros(0, np.int64),
                 hi=np.concatenate([p.hi for p in mine]) if mine else np.zeros(0, np.int64),
@@ -294,11 +294,6 @@ def _deal(parts: list[_Part], world: int, like: EpochPlan, drop_last: bool) -> l
                 pool_to=np.array([p.to for p in mine], np.int64),
                 batch_bounds=bounds,
                 n_windows=int(bounds[-1]),
-                batch_size=bs,
-                dropped=like.dropped,
-                shuffle=like.shuffle,
-                seed=like.seed,
-                epoch=like.epoch,
                 rank=r,
             )
         )

@@ -1,15 +1,10 @@
-"""One pass's batches for one worker of a ``WindowStream``: ``serve``.
-
-A resident split whose bars are all decoded is gathered on the caller's thread, batch by batch, with no
-reader; otherwise a ``Reader`` (``shardcache.read.reader``) decodes and gathers ahead in its threads. In
-the main process each delivered batch is counted into the stream's pass state; a DataLoader worker
-hands its batches over in shared memory (``shardcache.read.ship``).
-"""
+"""One pass's batches for one worker of a ``WindowStream``: ``serve``, from a complete resident arena on the
+caller's thread, else from a ``Reader``; a DataLoader worker hands them over in shared memory (``ship``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import StreamClosedError
 from ..tuning import RUN_BYTES, RUNS_AHEAD
@@ -29,8 +24,8 @@ SUPERSEDED = "this WindowStream iterator was closed, or superseded by a newer it
 def serve(
     stream: WindowStream, plan: EpochPlan, worker: int, workers: int, generation: int | None
 ) -> Iterator[Batch | MetaBatch]:
-    """Batches ``worker``, ``+ workers``, ... of ``plan``; in the main process (``generation``) it
-    also counts each delivered batch into the pass state, and stops once a newer pass began."""
+    """Batches ``worker``, ``+ workers``, ... of ``plan``; in the main process (``generation``) each delivered
+    batch is counted into the pass state, and a newer pass stops it."""
     batches = range(worker, plan.n_batches, workers)
     if not batches:
         return
@@ -48,6 +43,7 @@ def serve(
                 yield gathered
             return
     capacity = stream.capacity(plan, workers) if resident is None else resident.nbytes
+    most = stream.batch_windows  # a worker ring's slots hold the largest batch
     reader = Reader(
         spec,
         plan,
@@ -55,11 +51,11 @@ def serve(
         capacity,
         decoders=stream.decoders,
         run_windows=run,
-        outputs=_worker_ring(stream) if in_worker else None,
+        outputs=stream.resources.worker_ring((spec.x_shape(most), spec.y_shape(most))) if in_worker else None,
         resident=resident,
         ahead=1 if in_worker else RUNS_AHEAD,
     )
-    stream.resources.track_reader(reader)
+    stream.resources.readers.add(reader)
     try:
         reader.start()
         while (ready := reader.next()) is not None:
@@ -78,9 +74,3 @@ def serve(
                 yield ship(out) if in_worker else out
     finally:
         reader.close()
-
-
-def _worker_ring(stream: WindowStream) -> Any:
-    """This DataLoader worker's shared-memory slots for its batches (made on its first pass)."""
-    s, n = stream.read_spec, stream.batch_windows
-    return stream.resources.worker_ring((s.x_shape(n), s.y_shape(n)))

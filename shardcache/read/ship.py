@@ -34,13 +34,8 @@ Shapes = tuple[tuple[int, ...], ...]
 
 
 class Loan:
-    """Arrays over reused memory, lent out as tensors and free again once every tensor over them is gone.
-
-    ``lend(n)`` gives tensors over the first ``n`` rows of each array; each holds (through its
-    storage) a new numpy view of its array, the loan's handle, which every view of the tensor
-    shares. ``free`` is True once every handle of the last loan is gone, whatever views the
-    caller made and dropped.
-    """
+    """Arrays over reused memory, lent out as tensors and free again once every tensor over them is gone: each
+    tensor's storage holds a new numpy view (the loan's handle), which every view of the tensor shares."""
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
         self.arrays = arrays
@@ -79,11 +74,8 @@ _BY_POINTER: weakref.WeakValueDictionary[int, WorkerRing] = weakref.WeakValueDic
 
 
 class WorkerRing:
-    """A worker process's slots for batches of at most ``shapes`` (x, y), shared with the main process.
-
-    ``gens`` is shared: row 0 holds each slot's last generation shipped (written here, as the
-    batch is pickled), row 1 the last one the main process released.
-    """
+    """A worker process's slots for batches of at most ``shapes`` (x, y), shared with the main process;
+    shared ``gens`` row 0 holds each slot's last generation shipped, row 1 the last one released."""
 
     def __init__(self, prefix: str, shapes: Shapes) -> None:
         self.key, self.shapes = f"{prefix}/{os.getpid()}/{uuid.uuid4().hex}", shapes
@@ -152,9 +144,8 @@ class WorkerRing:
 
 @dataclass(frozen=True, kw_only=True)
 class _Sent:
-    """What crosses for a batch in a ring slot: the ring (``key``) of worker ``pid``, the slot and
-    the generation it carries, its rows, the slot's storage and the ring's generations (``news``,
-    the first time the slot is used) and the batch's metadata (``MetaBatch``'s fields after ``y``)."""
+    """What crosses for a batch in a ring slot; ``news`` (the slot's storage and the ring's generations)
+    only the first time the slot is used."""
 
     key: str
     pid: int
@@ -172,7 +163,7 @@ def _fresh(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Shipped(Batch):
-    """A worker's batch over a ring slot: pickled as a slot reference (see the module docstring)."""
+    """A worker's batch over a ring slot: pickled as a slot reference."""
 
     __slots__ = ()
 
@@ -238,7 +229,7 @@ def _arrive(sent: _Sent) -> Batch | MetaBatch:
 
 
 def _release_locked() -> None:
-    """Give back to their workers the slots whose batches have all arrived and whose loans are back."""
+    """Give back the slots whose batches have all arrived and whose loans are back."""
     for ring in _RINGS.values():
         g = ring.g
         for i, gen in ring.seen.items():
@@ -247,8 +238,7 @@ def _release_locked() -> None:
 
 
 def forget(prefix: str) -> None:
-    """Drop this process's mappings of the rings whose key starts with ``prefix`` (a stream's);
-    batches the caller still holds keep their memory until they are gone."""
+    """Drop this process's mappings of a stream's rings (keys starting with ``prefix``); held batches keep theirs."""
     with _LOCK:
         for k in [k for k in _RINGS if k.startswith(prefix)]:
             del _RINGS[k]
