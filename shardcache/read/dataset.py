@@ -86,8 +86,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         return self._n
 
     def row(self, i: int) -> int:
-        """Start row of window ``i`` in the caches' row space (for one cache its own rows: ``cache.locate``
-        names the symbol and row)."""
+        """Start row of window ``i`` in the caches' row space (one cache's own: ``cache.locate`` names it)."""
         return int(self._ranges.start_at(self._positions(np.asarray([_scalar(i)])))[0])
 
     def locate(self, i: int) -> tuple[int, int]:
@@ -110,8 +109,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         return self._gather(self._positions(_index_array(index)))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Batch | MetaBatch]:
-        """The windows of ``indices`` as a list of samples, gathered together (torch's DataLoader
-        calls this with each batch's indices and collates the list)."""
+        """The windows of ``indices`` as a list of samples, gathered together (torch's DataLoader batches)."""
         b = self[indices]
         return [type(b)(*fields) for fields in zip(*b)]
 
@@ -123,9 +121,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         return pos % self._n if len(pos) else pos
 
     def _gather(self, pos: np.ndarray) -> Batch | MetaBatch:
-        """Windows at positions ``pos`` (checked), stacked: each shard's block read once, its windows
-        gathered out of it together (in shard order, then put back in the asked order); with ``meta``,
-        their metadata as the stream gives it."""
+        """Windows at positions ``pos`` (checked), stacked: gathered shard by shard, then put in the asked order."""
         r, n = self.read_spec, len(pos)
         rows = self._ranges.start_at(pos) if n else np.zeros(0, np.int64)
         x, y = r.storage.empty(r.x_shape(n)), r.storage.empty(r.y_shape(n))
@@ -182,8 +178,8 @@ def _refused(index: Any, why: str) -> OptionTypeError:
 
 
 def _scalar(index: Any, sequence_ok: bool = False) -> int | None:
-    """``index`` as one int (numpy ints and 0-d integer arrays or tensors too); None for a slice or
-    a sequence when ``sequence_ok``. Floats, bools, None and strings are refused, naming the index."""
+    """``index`` as one int (numpy ints, 0-d integer arrays and tensors too); None for a slice or sequence when
+    ``sequence_ok``. Anything else is refused, naming the index."""
     if _is_bool(index):
         raise _refused(index, "a bool is not an index")
     if isinstance(index, torch.Tensor | np.ndarray):

@@ -24,8 +24,7 @@ __all__ = ["Reads", "check_reads", "reads_of"]
 
 
 def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) -> list[dict[str, str]]:
-    """Per cache, ``{"build": digest, "windows": "<count> #<digest>"}``: its build and the windows of
-    ``ranges`` (in the shared row space whose cache ``k`` starts at ``row_bounds[k]``) that lie in it."""
+    """Per cache, ``{"build": digest, "windows": "<count> #<digest>"}``: its build and its windows of ``ranges``."""
     out = []
     for k, cache in enumerate(caches):
         m = cache.manifest
@@ -43,8 +42,7 @@ def reads_of(caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) ->
 
 
 class Reads:
-    """``reads_of`` a stream's caches, worked out when a state is first saved or loaded (a stream that
-    never saves one never locates its windows)."""
+    """``reads_of`` a stream's caches, worked out when a state is first saved or loaded."""
 
     def __init__(self, caches: Sequence[Cache], row_bounds: np.ndarray, ranges: Ranges) -> None:
         self._of = (caches, row_bounds, ranges)
@@ -56,8 +54,8 @@ class Reads:
 
 
 def check_reads(saved: Any, mine: list[dict[str, str]], caches: Sequence[Cache], split: str | None, epoch: Any) -> None:
-    """Refuse a saved position whose caches' reads (``reads_of``) are not ``mine``, naming the first cache
-    that changed and what changed (the build, or the split's windows), with how to go on."""
+    """Refuse a saved position whose caches' reads are not ``mine``, naming the first cache that changed, what
+    changed and how to go on."""
     saved_list = saved if isinstance(saved, list) else [saved]
     if len(saved_list) != len(mine):
         return  # another number of caches: the settings' check names it

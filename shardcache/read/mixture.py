@@ -79,8 +79,7 @@ class Mixture:
 
 
 def _numbers(weights: Any) -> list[Any]:
-    """The weights as a list, whatever sequence of numbers holds them: a list, a tuple, a 1-D numpy
-    array or torch tensor (anything with ``tolist``, which gives Python numbers); other types refused."""
+    """The weights as a list: from a list, a tuple, or a 1-D array or tensor (``tolist``); other types refused."""
     if isinstance(weights, str | bytes) or not (isinstance(weights, Sequence) or hasattr(weights, "tolist")):
         raise OptionTypeError(f"weights={weights!r}: give one number per cache, such as (0.75, 0.25)")
     values = weights if isinstance(weights, Sequence) else weights.tolist()
@@ -105,8 +104,7 @@ def pieces_between(cum: np.ndarray, sizes: np.ndarray, a: int, b: int) -> tuple[
 
 
 def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
-    """``total`` split in proportion to ``weights`` (exact rationals of the given floats), each share
-    rounded down and the remainder given to the largest fractions (the first on ties)."""
+    """``total`` split in proportion to ``weights`` (exact rationals), by largest remainders (the first on ties)."""
     fr = [Fraction(w) for w in weights]
     whole = sum(fr)
     exact = [total * f / whole for f in fr]
@@ -119,8 +117,7 @@ def apportion(total: int, weights: Sequence[float]) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class Shares:
-    """``windows[k]`` windows per epoch from source ``k``, the rows ``row_bounds[k]:row_bounds[k + 1]`` of
-    the plan's row space (see the module docstring)."""
+    """``windows[k]`` windows per epoch from source ``k``, rows ``row_bounds[k]:row_bounds[k + 1]`` of the plan's."""
 
     row_bounds: np.ndarray
     windows: np.ndarray
@@ -132,9 +129,8 @@ class Shares:
     def sequence(
         self, ids: np.ndarray, per_shard: np.ndarray, shard_rows: int, *, seed: int, epoch: int, shuffle: bool
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Epoch ``epoch``'s pieces in order: shard, first and end of its windows (in row order), and
-        the positions of the pieces that begin a new cycle of their source (``breaks``), given
-        the shards ``ids`` holding window starts and each one's window count ``per_shard``."""
+        """Epoch ``epoch``'s pieces in order (shard, first and end of its windows) and the positions of those that
+        begin a new cycle of their source (``breaks``), from the shards ``ids`` and their window counts."""
         src = np.searchsorted(self.row_bounds, ids * shard_rows, side="right") - 1
         self._check_passes([int(per_shard[src == k].sum()) for k in range(len(self.windows))])
         parts = [
@@ -155,8 +151,7 @@ class Shares:
         return shards[take], lo[take], hi[take], np.flatnonzero(new[take])
 
     def _check_passes(self, whole: Sequence[int]) -> None:
-        """Refuse an epoch that passes over a cache more than ``MAX_PASSES`` times: its plan would list every
-        pass's pieces (a constructor that does not return at ``epoch_windows=10**12``)."""
+        """Refuse an epoch that passes over a cache more than ``MAX_PASSES`` times: its plan lists every pass's pieces."""
         passes = [-(-n // w) if w else 0 for n, w in zip(self.windows.tolist(), whole)]
         k = int(np.argmax(passes))
         if passes[k] > MAX_PASSES:

@@ -1,10 +1,5 @@
-"""A ``WindowStream``'s saved position: what ``state_dict`` holds, and the checks ``load_state_dict``
-makes before a pass resumes from it.
-
-A state is the epoch, its history of checkpoints (``[world, batches delivered per rank]``) and the
-signature of the settings that fix the epoch's batches; a state whose signature is not this stream's,
-or whose history is not a position inside its epoch, is refused (``StateError``, naming the field).
-"""
+"""A ``WindowStream``'s saved position (the epoch, its checkpoints' history and the signature of the settings
+that fix its batches), and the checks ``load_state_dict`` makes before a pass resumes from it."""
 
 from __future__ import annotations
 
@@ -31,8 +26,7 @@ def saved_state(stream: WindowStream) -> dict[str, Any]:
 
 
 def restore(stream: WindowStream, state: Mapping[str, Any]) -> None:
-    """``stream.load_state_dict(state)``: pin the next pass to ``state``'s epoch and position, once
-    it is checked to be this stream's and inside its epoch."""
+    """``stream.load_state_dict(state)``: pin the next pass to ``state``'s position, once checked."""
     if not isinstance(state, Mapping):
         raise OptionTypeError(
             f"load_state_dict takes a dict made by WindowStream.state_dict(), not {type(state).__name__}"
@@ -53,8 +47,7 @@ def restore(stream: WindowStream, state: Mapping[str, Any]) -> None:
 
 
 def signature(stream: WindowStream) -> dict[str, Any]:
-    """The settings that fix the epoch's batches: a saved position means nothing without them
-    (a mixture's settings only when set, so a single cache's state is as it always was)."""
+    """The settings that fix the epoch's batches (a mixture's only when set: a single cache's state stays as it was)."""
     h, times = stream.spec.horizon, stream.sources.split_times
     mixed = {**stream.mixture.signature(), "split_times": None if times is None else times.text}
     reads = stream.reads.digests

@@ -55,15 +55,13 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
 
     ``WindowStream(cache, 60, split="train")``: ``seq_len`` (or a ``WindowSpec``) is the only
     positional setting. ``caches`` is one cache (a path, an fsspec URL, an open ``Cache`` or a
-    ``CacheSource``) or a sequence of them with the same features, streamed as one
-    (``shardcache.read.sources``): every window of every cache once per epoch, or ``epoch_windows``
-    windows in the proportions of the sources' weights (``shardcache.read.mixture``); ``split_times``
-    re-cuts every cache's splits at shared times. A cache with several splits needs ``split`` (a name,
-    or ``"all"``). Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the ``features``
-    columns, all by default) and ``y`` the target row ``p + seq_len - 1 + horizon`` (the ``target``
-    columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence of horizons; ``meta=True``
-    yields ``MetaBatch`` (see there: ``time`` is the last input bar's, ``target_time`` the target
-    bar's).
+    ``CacheSource``) or a sequence of them with the same features, streamed as one: every window of
+    every cache once per epoch, or ``epoch_windows`` windows in the proportions of the sources' weights;
+    ``split_times`` re-cuts every cache's splits at shared times. A cache with several splits needs
+    ``split`` (a name, or ``"all"``). Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the
+    ``features`` columns, all by default) and ``y`` the target row ``p + seq_len - 1 + horizon`` (the
+    ``target`` columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence of horizons;
+    ``meta=True`` yields ``MetaBatch``.
 
     The other settings come as objects, or as keyword arguments naming their fields
     (``batch_size=512`` for ``order=PlanSettings(batch_size=512)``; one or the other for each object):
@@ -212,9 +210,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         restore(self, state)
 
     def begin_pass(self) -> Pass:
-        """Begin the next pass in this process, as ``iter()`` does (and a ``loader()`` before its
-        workers start): its epoch, resume history, rank and world. The previous pass's iterator is
-        superseded; a world with more ranks than windows is refused here."""
+        """Begin the next pass in this process, as ``iter()`` and a ``loader()`` do, superseding the previous one."""
         rank, world = rank_world(self._dist_hint)
         self.planner.check_world(world)
         p = self.passes.begin(rank, world)
@@ -222,8 +218,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         return p
 
     def capacity(self, plan: EpochPlan, workers: int) -> int:
-        """Bytes of decoded blocks each of ``workers`` readers of ``plan`` may hold: the open pools plus
-        ``prefetch``, or a share of the ``memory_budget`` (refused when it cannot hold the open pools)."""
+        """Bytes of decoded blocks each of ``workers`` readers of ``plan`` may hold (``LoaderSettings.capacity``)."""
         block = self.spec.block_rows(self.sources.shard_rows) * self.read_spec.row_bytes
         return self.loading.capacity(plan.max_open_pieces(), block, workers, self.order.mix)
 
