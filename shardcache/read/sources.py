@@ -343,15 +343,10 @@ def _check_features(caches: Sequence[Cache], urls: list[str]) -> None:
         if have == want:
             continue
         missing, extra = [n for n in want if n not in have], [n for n in have if n not in want]
-        if missing or extra:
-            diff = "; ".join(
-                part
-                for part in (
-                    missing and f"{url} lacks {', '.join(missing)}",
-                    extra and f"{url} has {', '.join(extra)}, which {urls[0]} lacks",
-                )
-                if part
-            )
+        lacks = [f"{url} lacks {', '.join(missing)}"] if missing else []
+        has = [f"{url} has {', '.join(extra)}, which {urls[0]} lacks"] if extra else []
+        if lacks or has:
+            diff = "; ".join(lacks + has)
         else:
             i = next(i for i, (a, b) in enumerate(zip(want, have)) if a != b)
             diff = f"{url} has the same features in another order (position {i}: {have[i]!r}, not {want[i]!r})"
