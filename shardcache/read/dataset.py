@@ -157,9 +157,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         return hit
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_lru"] = OrderedDict()
-        return state
+        return {**self.__dict__, "_lru": OrderedDict()}  # a worker decodes the blocks it needs
 
     def __repr__(self) -> str:
         urls = self.sources.urls
