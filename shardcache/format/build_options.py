@@ -1,14 +1,9 @@
 """``BuildOptions``: what a cache is built with, checked once, recorded in its manifest.
 
-One frozen, keyword-only record: the command line parses into it, ``build_cache`` takes it (its
-keyword arguments make one), an append reads it back from the cache (``Manifest.build.options``)
-and ``--stats recompute`` rebuilds with it. Its field names are the one list of build options: an
-append refuses any of them. Settings of one run (workers, scheduler, overwrite, resume, storage
-options, progress) are not recorded and live apart (``shardcache.ingest.run.RunOptions``).
-
-The manifest records it as its fields in order (``to_json``, ``typed_json``: ``stats_from`` and
-``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
-the command line shows its flag.
+One frozen, keyword-only record that the command line parses into, ``build_cache`` takes and an append reads
+back (``Manifest.build.options``); its field names are the one list of build options. Settings of one run
+(workers, overwrite, resume, ...) live apart (``shardcache.ingest.run.RunOptions``). Every check raises an
+``OptionError`` naming the parameter.
 """
 
 from __future__ import annotations
