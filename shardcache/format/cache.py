@@ -125,7 +125,6 @@ class Cache:
             arr = h.arrays[(i, name)] = node
         return arr
 
-    # -- manifest views ------------------------------------------------------------------
     @property
     def feature_names(self) -> list[str]:
         """Feature names, in column order."""
@@ -205,7 +204,6 @@ class Cache:
             raise CacheError(f"{self.url}: no split {split!r}; the cache has {', '.join(names)}")
         return names.index(split)
 
-    # -- data ----------------------------------------------------------------------------
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None, *, check: bool = True) -> np.ndarray:
         """Virtual rows ``[start, stop)`` (inside one symbol) of ``features``, into ``out`` (C-contiguous float32
         ``(stop - start, n_features)``) when given. ``check=False`` leaves ``check_same`` after a read that

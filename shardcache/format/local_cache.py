@@ -120,7 +120,6 @@ class LocalCache:
         if self._finalizer is not None:
             self._finalizer()
 
-    # -- reads -------------------------------------------------------------------------------
     def path(self, name: str) -> str:
         """Where object ``name`` (``<cache folder>/<key>@<rows>``) is kept."""
         return os.path.join(self.directory, *name.split("/"))
@@ -179,7 +178,6 @@ class LocalCache:
                 self._forget(name)
         return None
 
-    # -- writes ------------------------------------------------------------------------------
     def _lock_file(self, name: str | None) -> int:
         """An open descriptor of ``name``'s lock file (None: the ledger's); OSError when the folder takes no file."""
         stripe = int.from_bytes(hashlib.blake2b(str(name).encode(), digest_size=2).digest(), "big") % LOCKS

@@ -49,15 +49,13 @@ def _make_folder(path: str) -> None:
 def _create(path: str, data: bytes) -> bool:
     """Write ``data`` to a new file ``path`` (open, write, close); False, nothing written, if one is there."""
     try:
-        fd = os.open(path, _NEW, 0o666)
-    except FileExistsError:
-        return False
-    except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
-        _make_folder(os.path.dirname(path))
         try:
             fd = os.open(path, _NEW, 0o666)
-        except FileExistsError:
-            return False
+        except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
+            _make_folder(os.path.dirname(path))
+            fd = os.open(path, _NEW, 0o666)
+    except FileExistsError:
+        return False
     try:
         view = memoryview(data)
         while view:
@@ -81,25 +79,22 @@ def _write_file(path: str, data: bytes) -> None:
 def _link(source: str, path: str) -> bool:
     """``path`` as a hard link to the file ``source`` (an existing ``path`` replaced by a rename); False, nothing
     changed, where the file system refuses the link (no hard links, too many links, ``source`` gone)."""
-    for first in (True, False):
+    try:
         try:
             os.link(source, path)
-            return True
-        except FileExistsError:
-            tmp = f"{path}.{uuid.uuid4().hex}.partial"
-            try:
-                os.link(source, tmp)
-            except OSError:
-                return False
-            os.replace(tmp, path)
-            return True
         except FileNotFoundError:  # its folder is new (or ``source`` is gone: then the retry fails too)
-            if not first:
-                return False
             _make_folder(os.path.dirname(path))
+            os.link(source, path)
+    except FileExistsError:
+        tmp = f"{path}.{uuid.uuid4().hex}.partial"
+        try:
+            os.link(source, tmp)
         except OSError:
             return False
-    return False
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
 
 
 def _read_file(path: str) -> bytes | None:
