@@ -184,11 +184,8 @@ def gather(coros: list[Any], limit: int = 64) -> None:
             async with gate:
                 await c
 
-        failed = [
-            r
-            for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
-            if isinstance(r, BaseException)
-        ]
+        results = await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
 
