@@ -1,10 +1,7 @@
 """``BarTimes``: bar start times of a cache's virtual rows, read by shard of the symbols' ``time`` arrays.
 
-A stream with ``meta=True`` asks for the times of every batch's windows. Each shard of a ``time`` array
-is one object, read whole (one request, and one file read: an append's swap of the cache between two
-ranged reads of one object cannot mix old and new bytes), concurrently, with no ``zarr.json``; the
-last ``TIME_CHUNKS`` are kept, so each is read about once an epoch and memory stays bounded whatever
-the cache's length.
+Each shard of ``time`` is one object, read whole (so an append's swap between two ranged reads cannot mix
+old and new bytes) and concurrently; the last ``TIME_CHUNKS`` are kept, so memory stays bounded.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """``BuildOptions``: what a cache is built with, checked once, recorded in its manifest.
 
-One frozen, keyword-only record: the command line parses into it, ``build_cache`` takes it (its
-keyword arguments make one), an append reads it back from the cache (``Manifest.build.options``)
-and ``--stats recompute`` rebuilds with it. Its field names are the one list of build options: an
-append refuses any of them. Settings of one run (workers, scheduler, overwrite, resume, storage
-options, progress) are not recorded and live apart (``shardcache.ingest.run.RunOptions``).
-
-The manifest records it as its fields in order (``to_json``, ``typed_json``: ``stats_from`` and
-``split_cuts_ns`` only when set). Every check raises an ``OptionError`` naming the parameter;
-the command line shows its flag.
+One frozen, keyword-only record that the command line parses into, ``build_cache`` takes and an append reads
+back (``Manifest.build.options``); its field names are the one list of build options. Settings of one run
+(workers, overwrite, resume, ...) live apart (``shardcache.ingest.run.RunOptions``). Every check raises an
+``OptionError`` naming the parameter.
 """
 
 from __future__ import annotations
@@ -91,8 +86,9 @@ class BuildOptions:
         if self.codec not in CODECS:
             raise OptionError("codec", self.codec, f"choose one of {', '.join(CODECS)}")
         parse_delimiter(self.csv_delimiter)
-        for name, zero in (("seq_len", False), ("horizon", True), ("shard_rows", False), ("chunk_rows", False)):
-            set_(self, name, _count(name, getattr(self, name), zero=zero))
+        for name, least in (("seq_len", 1), ("horizon", 0), ("shard_rows", 1), ("chunk_rows", 1)):
+            value = getattr(self, name)
+            set_(self, name, None if value is None else whole_number(name, value, least))
         _check_chunking(self.shard_rows, self.chunk_rows)
         if self.bar is not None and _signed_duration("bar", self.bar) <= 0:
             raise OptionError("bar", self.bar, "must be a positive duration such as 1s, 1m or 5m")
@@ -212,11 +208,6 @@ def _check_chunking(shard_rows: int | None, chunk_rows: int | None) -> None:
             raise OptionError("chunk_rows", chunk_rows, "must not exceed {shard_rows}", {"shard_rows": shard_rows})
         if shard_rows % chunk_rows:
             raise OptionError("chunk_rows", chunk_rows, "must divide {shard_rows}", {"shard_rows": shard_rows})
-
-
-def _count(name: str, value: Any, *, zero: bool = False) -> int | None:
-    """``value`` as an int (``whole_number``) of at least 1, or 0 with ``zero``; None stays None."""
-    return None if value is None else whole_number(name, value, 0 if zero else 1)
 
 
 def _max_gap(value: Any) -> str:

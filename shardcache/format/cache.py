@@ -1,13 +1,9 @@
 """``Cache``: an opened, complete cache of the layout in ``shardcache.format.layout``.
 
-Opening reads the root manifest and the root index (``shardcache.format.root``: a few objects, not one
-per symbol) and lays the symbols out in one virtual row space (``rows``, a ``SymbolRows``), the plan's
-address space; per-symbol arrays are opened on first use, and the rows of ``features`` are read by
-per-process decoders made from the manifest and the root index alone (``shardcache.format.shard_reader``):
-no request per symbol. Bar times are read by shard of the ``time`` arrays (``shardcache.format.bar_times``).
-A URL's store is read with ``paths.read_options`` (s3fs: one request per whole object), and ``with_local``
-gives a view of the cache that keeps its shard objects in a node-local ``LocalCache``. A local cache
-replaced by a rebuild while it is read is noticed (``check_same``) and named, never read as damage.
+Opening reads the root manifest and index (``shardcache.format.root``: a few objects, not one per symbol)
+and lays the symbols out in one virtual row space (``rows``); rows of ``features`` are read by decoders made
+from those alone (``shard_reader``). A local cache replaced by a rebuild while it is read is noticed
+(``check_same``) and named, never read as damage.
 """
 
 from __future__ import annotations
@@ -129,7 +125,6 @@ class Cache:
             arr = h.arrays[(i, name)] = node
         return arr
 
-    # -- manifest views ------------------------------------------------------------------
     @property
     def feature_names(self) -> list[str]:
         """Feature names, in column order."""
@@ -209,17 +204,13 @@ class Cache:
             raise CacheError(f"{self.url}: no split {split!r}; the cache has {', '.join(names)}")
         return names.index(split)
 
-    # -- data ----------------------------------------------------------------------------
     def read_rows(self, start: int, stop: int, out: np.ndarray | None = None, *, check: bool = True) -> np.ndarray:
-        """Virtual rows ``[start, stop)`` (inside one symbol) of ``features``, into ``out``
-        (C-contiguous float32 ``(stop - start, n_features)``) when given. ``check=False`` leaves
-        ``check_same`` after a read that succeeded to the caller, who makes it once after many reads
-        (the stream's reader: once per pool, not once per small shard).
+        """Virtual rows ``[start, stop)`` (inside one symbol) of ``features``, into ``out`` (C-contiguous float32
+        ``(stop - start, n_features)``) when given. ``check=False`` leaves ``check_same`` after a read that
+        succeeded to the caller, who makes it once after many reads.
 
-        Read by ``decode.ShardDecoder`` (one request per shard, crc32c checked per inner
-        chunk; through ``local`` when set) and never made up: a shard object that is missing, fails its checksums or
-        cannot be decoded, and a cache swapped by a rebuild during the read, raise
-        ``CacheError`` naming the shard.
+        Never made up: a shard object that is missing, fails its checksums or cannot be decoded, and a cache
+        swapped by a rebuild during the read, raise ``CacheError`` naming the shard.
         """
         i = int(np.searchsorted(self.rows.bases, start, side="right")) - 1
         base = int(self.rows.bases[i]) if 0 <= i < len(self.bars_per_symbol) else 0
@@ -232,9 +223,7 @@ class Cache:
 
     def read_many(self, starts: np.ndarray, stops: np.ndarray, outs: list[np.ndarray], *, check: bool = True) -> None:
         """``read_rows`` of virtual rows ``[starts[k], stops[k])`` (each inside one symbol) into ``outs[k]``, for
-        many blocks at once: their symbols found in one search, and one ``check_same`` after them all (with
-        ``check``). What a reader of thousands of small symbols' shards calls: per block, only its
-        read is left."""
+        many blocks at once: their symbols found in one search, one ``check_same`` after them all (with ``check``)."""
         starts, stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
         sym = np.searchsorted(self.rows.bases, starts, side="right") - 1
         at = np.clip(sym, 0, max(len(self.bars_per_symbol) - 1, 0))

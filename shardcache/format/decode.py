@@ -1,42 +1,13 @@
 """Rows of the cache's sharded ``features`` array, decoded without zarr's async pipeline.
 
-``zarr`` reads a shard through an event loop, a thread pool and a buffer per inner chunk,
-several times slower than fetching the shard object and decoding its chunks directly
-(docs/performance.md, "Why the read path is built this way"). ``ShardDecoder`` does the latter for the layout
-``build-cache`` writes (Zarr v3 ``sharding_indexed``, row-wise inner chunks of whole rows,
-``bytes`` + one of blosc/zstd/lz4/none + ``crc32c``; index ``bytes`` + ``crc32c``): per
-shard, one request for the whole object, or for the index and then one byte range when
-only a few of the inner chunks the shard holds are needed (a block's overhang into the next
-shard); every chunk's crc32c is checked, then it is decoded straight into the caller's array.
-
-A decoder is made from the cache's manifest (``from_layout``: the layout is the same for every
-symbol, its rows are the manifest's), so reading a symbol costs no metadata request; ``open``
-makes one from an array's ``zarr.json`` instead. A whole object is asked for as the range
-``bytes=0-`` (s3fs sends a HEAD first for a GET without a range), and from an fsspec caching
-filesystem (``simplecache::``, ``filecache::``) always whole: those serve byte ranges from their
-local copy with a seek that a suffix range makes negative. With a ``LocalCache`` every object is
-read whole once into the node-local folder and ranges from the copy. Objects come
-from the array's own zarr store, so local paths and fsspec URLs behave alike; from a zarr
-``LocalStore`` they are read with a plain file read on the calling thread rather than a hop
-through zarr's event loop and its file thread (thread switches that a busy machine turns into
-milliseconds per shard before the first batch), into a buffer each thread reuses (a fresh
-buffer costs its page faults again on every read).
-``tests/test_decode.py`` checks it bit for bit against zarr's read for every codec.
-
-It stays against zarr's codec pipelines, its own and ``zarrs`` (the Rust one, ``codec_pipeline.path =
-"zarrs.ZarrsCodecPipeline"``, zarrs 0.2.3), on the 2-core development machine (2026-12-07, load
-average 0.6-1.2): a whole shard in 1.69 / 7.29 / 2.30 ms at F=9 (50,000 rows), 6.19 / 11.21 / 7.41 ms at F=64
-(32,768 rows) and 6.42 / 11.88 / 7.28 ms at F=256 (8,192 rows), hand-written / zarr / zarrs, and a small
-symbol's 200-row shard in 0.12 / 1.28 / 0.42 ms. The stream's epochs over 2,000 such symbols took 2.9x
-(through zarrs) and 5.9x (zarr) the hand-written decoder's time; with large symbols an epoch is the gather's
-and the three were within the noise (0.87-1.04x; 1.02-1.04x at the lowest loads). The scripts that measure
-it are in ``docs/notes/performance-log.md`` ("zarr codec pipeline and zarrs against the hand-written decoder"), and
-``python tools/bench.py loaders`` has a zarrs row in its "Zarr read path" table where zarrs is installed.
+``ShardDecoder`` reads the layout ``build-cache`` writes (``sharding_indexed``, row-wise inner chunks,
+blosc/zstd/lz4/none + crc32c) with one request per shard, or the index and then one byte range when few
+chunks are needed, checks every chunk's crc32c and decodes it straight into the caller's array. It stays
+against zarr's and zarrs' pipelines: the figures and scripts are in ``docs/notes/performance-log.md``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import struct
@@ -133,15 +104,13 @@ _SEP: str = CHUNK_KEYS["separator"]
 
 
 def _default_key(chunk: tuple[int, ...]) -> str:
-    """Zarr v3's default chunk key encoding with ``layout.CHUNK_KEYS``' separator (``c.3.0``): what
-    ``build-cache`` writes."""
+    """Zarr v3's default chunk key encoding with ``layout.CHUNK_KEYS``' separator (``c.3.0``)."""
     return "c" + _SEP + _SEP.join(map(str, chunk))
 
 
 def _ranges_work(store: Store) -> bool:
-    """Whether ``store`` serves suffix ranges: not an fsspec whole-file caching filesystem
-    (``simplecache::``, ``filecache::``), whose ``_cat_file`` seeks to a negative offset for them
-    (fsspec pull request #2101)."""
+    """Whether ``store`` serves suffix ranges: not ``simplecache::`` or ``filecache::``, whose ``_cat_file``
+    seeks to a negative offset for them (fsspec pull request #2101)."""
     if not isinstance(store, FsspecStore):
         return True
     from fsspec.implementations.cached import WholeFileCacheFileSystem
@@ -150,7 +119,8 @@ def _ranges_work(store: Store) -> bool:
 
 
 def _buffer(n: int) -> np.ndarray:
-    """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``KEEP_BUFFER``."""
+    """``n`` bytes of this thread's read buffer (valid until its next read), or a new array above ``KEEP_BUFFER``;
+    reused because a fresh buffer costs its page faults again on every read."""
     if n > KEEP_BUFFER:
         return np.empty(n, dtype=np.uint8)
     buf = getattr(_scratch, "buf", None)
@@ -161,9 +131,8 @@ def _buffer(n: int) -> np.ndarray:
 
 
 def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | None) -> np.ndarray | None:
-    """Bytes of a local object (``byte_range`` as zarr's ``LocalStore`` reads it), None if absent;
-    in this thread's read buffer. Plain file-descriptor calls: a small symbol's shard is a few
-    microseconds of reading, where a file object's own work would double it."""
+    """Bytes of a local object (``byte_range`` as zarr's ``LocalStore`` reads it) in this thread's read buffer,
+    None if absent. Plain descriptor calls: a file object's own work would double a small shard's read."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -193,8 +162,7 @@ def _read_file(path: str, byte_range: RangeByteRequest | SuffixByteRequest | Non
 class ShardDecoder:
     """Reads rows ``[start, stop)`` of a sharded float32 ``(n, F)`` array into a numpy array.
 
-    ``local`` (a ``LocalCache``) keeps a node-local copy of each shard object read, under
-    ``space/<key>@<rows>`` (``space``: the cache's folder in it)."""
+    ``local`` (a ``LocalCache``) keeps a copy of each shard object read, as ``space/<key>@<rows>``."""
 
     def __init__(self, array: zarr.Array[Any]) -> None:
         metadata = array.metadata
@@ -203,34 +171,14 @@ class ShardDecoder:
         self._bind(array.store_path.store, array.store_path.path, int(metadata.shape[0]), **_layout(metadata))
 
     @classmethod
-    def open(cls, store: Store, path: str) -> ShardDecoder:
-        """The decoder of the array at ``path`` in ``store``, from its ``zarr.json`` alone: one read (a
-        plain file read from a local store), without zarr's array opening and its event-loop hop.
-        FileNotFoundError if there is no array there, ValueError if its metadata is not readable."""
-        key = f"{path}/zarr.json" if path else "zarr.json"
-        if isinstance(store, LocalStore):
-            raw = _read_file(os.path.join(str(store.root), key), None)
-        else:
-            buf = sync(guarded("fetch", key, store.get(key, prototype=default_buffer_prototype())))
-            raw = None if buf is None else buf.as_numpy_array()
-        if raw is None:
-            raise FileNotFoundError(key)
-        doc = json.loads(raw.tobytes())
-        if not isinstance(doc, dict) or doc.get("node_type") != "array":
-            raise ValueError(f"{key} is not a Zarr v3 array's metadata")
-        return cls.from_metadata(store, path, ArrayV3Metadata.from_dict(doc))
-
-    @classmethod
     def from_metadata(cls, store: Store, path: str, metadata: ArrayV3Metadata) -> Self:
-        """The decoder of the array at ``path`` in ``store`` whose metadata is known already (a writer's
-        template, ``metadata.SymbolDocuments``): no read."""
+        """The decoder of the array at ``path`` in ``store`` whose metadata is known already: no read."""
         dec = cls.__new__(cls)
         dec._bind(store, path, int(metadata.shape[0]), **_layout(metadata))
         return dec
 
     def like(self, path: str, n_rows: int) -> Self:
-        """The decoder of another array of this store and layout, ``n_rows`` long, at ``path`` (another
-        symbol's ``features``): made without parsing metadata again."""
+        """The decoder of another array of this store and layout, ``n_rows`` long, at ``path``: no parsing."""
         dec = object.__new__(type(self))
         dec.__dict__.update(self.__dict__)  # a shallow copy, without ``copy.copy``'s generic protocol
         dec.prefix, dec.n_rows = path, int(n_rows)
@@ -250,10 +198,8 @@ class ShardDecoder:
         local: LocalCache | None = None,
         space: str = "",
     ) -> ShardDecoder:
-        """The decoder of the ``(n_rows, n_features)`` array at ``path`` that ``build-cache`` wrote with
-        ``shard_rows``, ``chunk_rows`` and ``codec`` (one of ``layout.CODECS``): what the manifest records,
-        so nothing is read to make it. ValueError for an unknown codec or shard rows that are not whole
-        chunks."""
+        """The decoder of the ``(n_rows, n_features)`` array at ``path`` of the layout the manifest records, so
+        nothing is read to make it. ValueError for an unknown codec or shard rows that are not whole chunks."""
         if codec not in _CODECS or shard_rows % chunk_rows or min(shard_rows, chunk_rows) < 1:
             raise ValueError(f"not the layout build-cache writes (codec {codec!r}, shards {shard_rows}/{chunk_rows})")
         make = _CODECS[codec]
@@ -322,7 +268,8 @@ class ShardDecoder:
         return out
 
     def _get(self, key: str, byte_range: RangeByteRequest | SuffixByteRequest | None = None) -> np.ndarray | None:
-        """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if the object is absent."""
+        """The bytes of ``key`` (or of ``byte_range`` of it) as uint8, None if absent. A local store is read on
+        this thread, not through zarr's event loop (thread switches a busy machine makes milliseconds)."""
         if self.root is not None:
             return _read_file(f"{self.root}/{key}", byte_range)
         request = _WHOLE if byte_range is None else byte_range

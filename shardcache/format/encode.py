@@ -1,13 +1,8 @@
 """Shard and chunk bytes of the layout ``build-cache`` writes: the exact inverse of ``decode.py``.
 
-zarr writes a shard through its async codec pipeline, and reads the old object first when the
-shard is the partial last one (a GET before every PUT on an object store). These functions make
-the same bytes in one pass, so a writer stores each object with one ``store.set`` (one file write
-locally): every inner chunk of whole rows, padded with the fill value to its full shape, through
-``bytes`` (little-endian), the codec and a crc32c; chunks equal to the fill value left out, as
-zarr's ``write_empty_chunks=False`` leaves them out; then the shard index (offset and length of
-each chunk, ``2**64 - 1`` for an absent one) with its crc32c, at the end.
-``tests/test_encode.py`` checks them bit for bit against zarr's own writes, for every codec.
+zarr writes a shard through its async pipeline and reads a partial last shard first (a GET before every
+PUT); these make the same bytes in one pass (``bytes``, the codec and a crc32c per padded inner chunk, fill
+chunks left out, then the index and its crc32c), checked bit for bit against zarr by ``tests/test_encode.py``.
 """
 
 from __future__ import annotations
@@ -39,9 +34,8 @@ def _all_fill(values: np.ndarray, fill: Any) -> bool:
 
 
 def encode_chunk(values: np.ndarray, rows: int, fill: Any, codec: Any | None) -> bytes | None:
-    """One chunk of ``rows`` rows (``values`` padded with ``fill`` below its own rows) as stored:
-    the codec's bytes and their crc32c; None when every value equals ``fill`` (NaN equal to NaN),
-    which zarr does not store."""
+    """One chunk of ``rows`` rows (``values`` padded with ``fill``) as stored: the codec's bytes and their
+    crc32c; None when every value equals ``fill`` (NaN equal to NaN), which zarr does not store."""
     values = np.asarray(values)
     if _all_fill(values, fill):  # the padding is the fill value: the rows given decide
         return None
@@ -64,10 +58,8 @@ _BUFFERS = threading.local()
 
 
 def _filled(rows: int, shape: tuple[int, ...], dtype: np.dtype, fill: Any) -> np.ndarray:
-    """A chunk of ``rows`` rows of ``fill``, this thread's own, made once per shape and fill (a small
-    symbol's 65,536-row time chunk is 300 values and 512 KiB of padding: writing that padding
-    again for each symbol cost as much as compressing it: paired, a build of 2,000 symbols of 200 bars
-    takes 11% less wall time with it, ``farm-bench -n 5``)."""
+    """A chunk of ``rows`` rows of ``fill``, this thread's own, made once per shape and fill: writing a small
+    symbol's padding again for each symbol cost 11% of a build of 2,000 small symbols."""
     key = (rows, shape, dtype.str, np.asarray(fill, dtype=dtype).tobytes())
     made: dict[tuple[Any, ...], np.ndarray] = _BUFFERS.__dict__.setdefault("made", {})
     full = made.get(key)

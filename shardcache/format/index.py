@@ -1,13 +1,8 @@
 """The root shard index: one row per stored shard of every symbol, in plain zarr arrays at the root.
 
-``shards`` int64 ``(N, 6)`` holds, per shard in virtual-shard order (symbol after symbol, each
-symbol's shards in order; row ``s`` is virtual shard ``s``): ``symbol``, ``shard`` (the symbol's own
-shard number), ``rows``, ``first_ts`` and ``last_ts`` (its first and last bar, ns since the epoch),
-``stored_bytes`` (the size of its ``features`` object) and ``chunk_rows`` (its inner chunks' rows: the
-symbol's, ``layout.symbol_chunk_rows``). ``shard_digests`` uint64 ``(N, 2)`` holds each
-shard's digest (``layout.shard_digest``: blake2b, 16 bytes, of its decoded rows) as two little-endian
-words. Both are written once per build or append, whatever the number of symbols, so ``ls``,
-``info`` and ``verify`` read them instead of every symbol's objects.
+``shards`` (``SHARD_FIELDS``, row ``s`` virtual shard ``s``) and ``shard_digests`` (two little-endian
+words each) are written once per build or append, whatever the number of symbols, so ``ls``, ``info`` and
+``verify`` read them instead of every symbol's objects (docs/store.md describes the columns).
 """
 
 from __future__ import annotations

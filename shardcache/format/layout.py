@@ -1,27 +1,9 @@
 """The on-disk layout (format 5): one Zarr v3 group per symbol, a root index and the ``shardcache`` manifest.
 
-Layout (readable with plain ``zarr`` and ``xarray``)::
-
-    CACHE/                      root group; attributes["shardcache"] = manifest (bounded size)
-      segments  int64 (S, 4)    derived index: symbol, start, stop (rows of that symbol), split
-      shards    int64 (N, 6)    one row per stored shard: symbol, shard, rows, first and last bar
-                                time, stored bytes (``format.index``)
-      shard_digests uint64 (N, 2)  each shard's digest, two little-endian words
-      feature   str (F,)        the feature names: the coordinate of every symbol's ``feature`` dimension
-      symbols/<i>/              the manifest's symbol i (``symbols[i]``), at path ``groups[i]``
-        features  float32 (n_i, F)  dims (time, feature); sharded, Blosc(lz4)+crc32c inner chunks
-        time      int64 (n_i,)      bar start times, CF units (xarray decodes datetime64[ns])
-      history/                  attrs: sources (the inputs), appends (one record per append); not read to open
-
-A symbol is five objects when it fits one shard: its group's, ``features``' and ``time``'s
-``zarr.json``, its shard and its time chunk. Everything else is written once per build or
-append at the root, whatever the number of symbols. Every array is dense: row ``r`` of symbol
-``i``'s arrays is its ``r``-th bar in time order. A segment is a maximal run of one symbol's
-bars with no gap above ``max_gap`` and inside one split, so a window never crosses a symbol,
-a gap or a split. The manifest's ``complete`` flag is written last.
-
-The constants, codecs and pure row arithmetic of that layout live here; ``cache.Cache`` reads
-it and ``writer.CacheWriter`` writes it.
+docs/store.md draws the layout. Every array is dense (row ``r`` of a symbol is its ``r``-th bar in time
+order), a segment is a run of one symbol's bars in one split with no gap above ``max_gap``, and the
+manifest's ``complete`` flag is written last. The constants, codecs and row arithmetic of that layout live
+here; ``cache.Cache`` reads it and ``writer.CacheWriter`` writes it.
 """
 
 from __future__ import annotations
@@ -103,11 +85,8 @@ def chunk_codec(codec: str) -> Any | None:
 
 
 def default_chunking(n_features: int) -> tuple[int, int]:
-    """Shard and inner-chunk rows: shards of ~8 MiB decoded, 8 inner chunks each.
-
-    Measured on the 2-core machine (``tools/bench.py``): whole-shard decodes of 4-16 MiB
-    keep the decode thread well ahead of the gather, and the prefetch memory stays small.
-    """
+    """Shard and inner-chunk rows: shards of ~8 MiB decoded (4-16 MiB keep the decode thread ahead of the
+    gather with little prefetch memory, ``tools/bench.py``), 8 inner chunks each."""
     target = 8 << 20
     rows = 1 << int(np.log2(max(1, target // (4 * max(1, n_features)))))
     shard_rows = int(min(max(rows, 4096), 65536))
@@ -117,9 +96,8 @@ def default_chunking(n_features: int) -> tuple[int, int]:
 def open_group(
     url: str | os.PathLike[str], mode: str = "r", storage_options: dict[str, Any] | None = None
 ) -> zarr.Group:
-    """Open the cache group at a local path or any fsspec URL (``s3://``, ``memory://``, ``file://``);
-    ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise). An object store's client
-    has ``remote.open_store``'s timeouts and retries."""
+    """Open the cache group at a local path or any fsspec URL (an object store's with ``remote.open_store``);
+    ``storage_options`` must be a mapping (an ``OptionTypeError`` otherwise)."""
     check_storage_options(storage_options)
     url = os.fspath(url)
     kwargs: dict[str, Any] = {"mode": mode, "zarr_format": 3}
@@ -150,9 +128,8 @@ def group_path(i: int) -> str:
 
 
 def chunk_key(i: int, array: str, k: int) -> str:
-    """Store key of chunk ``k`` of symbol ``i``'s ``array``: ``features`` is chunked in rows only, so its
-    shard ``k`` is ``symbols/<i>/features/c.<k>.0``; ``time``'s chunk is ``symbols/<i>/time/c.<k>``
-    (zarr's default chunk key encoding with ``CHUNK_KEYS``' separator)."""
+    """Store key of chunk ``k`` of symbol ``i``'s ``array``: ``symbols/<i>/features/c.<k>.0`` (chunked in rows
+    only) or ``symbols/<i>/time/c.<k>``."""
     sep: str = CHUNK_KEYS["separator"]
     return f"{group_path(i)}/{array}/c{sep}{int(k)}" + (f"{sep}0" if array == "features" else "")
 
@@ -164,14 +141,9 @@ def symbol_bases(bars_per_symbol: Any, shard_rows: int) -> np.ndarray:
 
 
 def symbol_chunk_rows(bars_per_symbol: Any, chunk_rows: int) -> np.ndarray:
-    """Inner-chunk rows of each symbol's ``features``, fixed when its array is created: ``chunk_rows``
-    halved while the half still holds the symbol's bars, down to ``chunk_rows / 16`` at the least.
-
-    A 300-bar symbol then decodes a 512-row chunk, not an 8,192-row one that is 96% fill (lever 7 of
-    docs/notes/scale-notes.md); a halved chunk still divides the shard, and the shard index grows to 16
-    times the entries at most. The root index records each shard's (``format.index``), so readers
-    know it without a symbol's ``zarr.json``, and an append that grows a symbol keeps it.
-    """
+    """Inner-chunk rows of each symbol's ``features``, fixed when its array is created: ``chunk_rows`` halved
+    while the half still holds the symbol's bars, down to ``chunk_rows / 16`` (a 300-bar symbol decodes a
+    512-row chunk, not an 8,192-row one of 96% fill); the root index records each shard's."""
     n = np.asarray(bars_per_symbol, dtype=np.int64).reshape(-1)
     c = np.full(len(n), int(chunk_rows), dtype=np.int64)
     for _ in range(4):  # 16 = 2**4
@@ -212,11 +184,8 @@ def gather(coros: list[Any], limit: int = 64) -> None:
             async with gate:
                 await c
 
-        failed = [
-            r
-            for r in await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
-            if isinstance(r, BaseException)
-        ]
+        results = await asyncio.gather(*(one(c) for c in coros), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
 

@@ -1,37 +1,10 @@
 """A bounded node-local copy of shard objects, shared by every process of a node that names its folder.
 
-``WindowStream(..., cache_dir=DIR, cache_limit="50GB")`` (LitData's ``cache_dir`` and
-``max_cache_size``, Mosaic's ``local`` and ``cache_limit``) reads each shard object of a remote cache
-once into ``DIR`` and every later read of it from there, in any DataLoader worker or rank of the node.
-
-* **One file per shard object**, named by its key below a folder per cache (a digest of its URL and
-  build, so a rebuilt cache never reads an older one's files) and by the rows the manifest says it
-  holds (``symbols/3/features/c.0.0@300``): an append that grows a symbol's last shard names a new
-  file, so a copy taken before the append is never read for rows it does not have.
-* **Fetched by one, read by all**: a miss takes an exclusive ``flock`` on one of ``LOCKS`` lock files
-  (by the name's hash) before it downloads; another process or thread that misses the same object
-  waits on that lock, then finds the file. A lock dies with its process, so a killed fetch never
-  blocks the others.
-* **Bounded**: a ledger (SQLite, in ``DIR/ledger.sqlite3``: one row per file, its size, whether it is
-  written, its writer's pid, in insertion order, and the total) admits a file only after deleting the
-  oldest written files until the total plus the new file fits ``limit``. The row is written before the
-  file and a file deleted before its row, and a file being written by a live process is never
-  deleted, so the shard files in ``DIR`` never hold more than ``limit`` bytes, whichever process
-  writes. An object larger than the limit (or than the room left by files being written) is read
-  without being kept. A file is written to ``<name>.part`` (its writer holds its lock) and renamed
-  into place, so a reader sees whole files only; a killed writer's row and part file are evicted.
-* **Checked on every read, healed when wrong**: a file is the object's bytes and a 16-byte trailer, the
-  blake2b of its name (8 bytes), the crc32c of the bytes and a magic word. A copy whose trailer is not its
-  name's (two copies swapped, or renamed), or whose bytes do not match (flipped, truncated, emptied) is
-  deleted and the object fetched again, with a ``ShardCopyWarning``: the remote cache is the truth.
-* A temporary folder (``LocalCache.temporary_dir``) is removed by the process that made it, on
-  ``close()`` or at exit; the processes it was handed to (DataLoader workers) only use it.
-
-The ledger's own files (a few KB a thousand shards) and the lock files are not counted in ``limit``.
-A ``fork()`` waits for a ledger transaction of this process under way (a few milliseconds), so a
-forked DataLoader worker never inherits SQLite's locks held by another thread.
-Every process that shares a folder should give it the same limit (each enforces its own on what it
-adds). Needs a local filesystem with working ``flock`` and SQLite locking (not NFS).
+One file per object (``<cache folder>/<key>@<rows>``, so a grown shard names a new file), fetched by the
+process that takes its ``flock`` stripe first and read by all; a SQLite ledger deletes the oldest files
+before one is admitted (a row is written before its file and a file deleted before its row), so the files
+never pass ``limit``. Each file ends in a trailer (its name's blake2b, its crc32c, a magic word) checked on
+every read. Needs a local filesystem with working ``flock`` and SQLite locking; docs/scaling.md has the rest.
 """
 
 from __future__ import annotations
@@ -62,8 +35,8 @@ _MAGIC = b"SCc1"
 
 
 class ShardCopyWarning(UserWarning):
-    """A node-local copy could not be used: it was not its object's bytes (deleted and fetched again), or the
-    folder takes no copies (full, read-only; reads go on without them)."""
+    """A node-local copy could not be used: not its object's bytes (deleted and fetched again), or the folder
+    takes no copies (full, read-only; reads go on without them)."""
 
 
 def _stamp(name: str) -> bytes:
@@ -83,8 +56,7 @@ _SCHEMA = (
 
 
 def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this node (a file it is writing must not be evicted; a ring it
-    maps must not be unlinked)."""
+    """Whether process ``pid`` runs on this node (a file it writes is not evicted, a ring it maps not unlinked)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -92,6 +64,14 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _drop(db: sqlite3.Connection, name: str) -> None:
+    """Delete ``name``'s ledger row, if there is one, and its size from the total."""
+    row = db.execute("SELECT size FROM files WHERE name = ?", (name,)).fetchone()
+    if row is not None:
+        db.execute("DELETE FROM files WHERE name = ?", (name,))
+        db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 0", (row[0],))
 
 
 def _remove_tree(path: str, owner: int) -> None:
@@ -140,15 +120,13 @@ class LocalCache:
         if self._finalizer is not None:
             self._finalizer()
 
-    # -- reads -------------------------------------------------------------------------------
     def path(self, name: str) -> str:
         """Where object ``name`` (``<cache folder>/<key>@<rows>``) is kept."""
         return os.path.join(self.directory, *name.split("/"))
 
     def get(self, name: str, download: Callable[[], np.ndarray | None]) -> str | np.ndarray | None:
-        """The path of object ``name`` when a copy is kept, else its bytes from ``download()`` (kept
-        when they fit; None when the object does not exist). One caller downloads a missing object,
-        the others wait for it."""
+        """The path of object ``name`` when a copy is kept, else its bytes from ``download()`` (kept when they
+        fit; None when the object does not exist). One caller downloads a missing object, the others wait."""
         path = self.path(name)
         if os.path.isfile(path):
             return path
@@ -178,8 +156,8 @@ class LocalCache:
             )
 
     def checked(self, name: str, data: np.ndarray) -> np.ndarray | None:
-        """The bytes of object ``name`` in ``data``, its kept file as read; None, the file deleted (so the next
-        ``get`` fetches it again), when the file is not that object's whole bytes."""
+        """The bytes of object ``name`` in ``data`` (its kept file as read); None, the file deleted, when the file
+        is not that object's whole bytes."""
         why = "is damaged"
         if len(data) >= TRAILER.size:
             stamp, crc, magic = TRAILER.unpack_from(data.data, len(data) - TRAILER.size)
@@ -200,10 +178,8 @@ class LocalCache:
                 self._forget(name)
         return None
 
-    # -- writes ------------------------------------------------------------------------------
     def _lock_file(self, name: str | None) -> int:
-        """An open descriptor of ``name``'s lock file (None: the ledger's set-up); OSError when the folder
-        takes no new file."""
+        """An open descriptor of ``name``'s lock file (None: the ledger's); OSError when the folder takes no file."""
         stripe = int.from_bytes(hashlib.blake2b(str(name).encode(), digest_size=2).digest(), "big") % LOCKS
         folder = os.path.join(self.directory, "locks")
         os.makedirs(folder, exist_ok=True)
@@ -213,8 +189,7 @@ class LocalCache:
 
     @contextlib.contextmanager
     def _locked(self, name: str | None, fd: int | None = None) -> Iterator[None]:
-        """An exclusive lock of ``name``'s lock file (``fd`` when it is open already): one fetch of an object
-        at a time on the node."""
+        """An exclusive lock of ``name``'s lock file (``fd`` when open already): one fetch of an object at a time."""
         fd = self._lock_file(name) if fd is None else fd
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # per open file: threads of one process exclude each other too
@@ -223,8 +198,8 @@ class LocalCache:
             os.close(fd)  # releases the lock
 
     def _keep(self, name: str, path: str, data: np.ndarray) -> None:
-        """Admit ``data`` to the ledger (deleting the oldest files until it fits), write it in place, then
-        mark it ready. Not kept when it cannot fit, or cannot be written (a full disk): the read goes on."""
+        """Admit ``data`` to the ledger, write it to a part file renamed into place, then mark it ready; not kept
+        when it cannot fit or be written (a full disk): the read goes on."""
         body = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         size = int(body.nbytes) + TRAILER.size
         try:
@@ -253,8 +228,7 @@ class LocalCache:
             self._unusable(exc)
 
     def _db(self) -> sqlite3.Connection:
-        """This thread's connection to the ledger (a new one in a forked or spawned process); the caller
-        holds ``_SQLITE``."""
+        """This thread's connection to the ledger (a new one in a forked process); the caller holds ``_SQLITE``."""
         conn = getattr(self._tls, "conn", None)
         if conn is None or self._tls.pid != os.getpid():
             # one process at a time: a journal mode is changed under an exclusive lock, and SQLite answers
@@ -285,8 +259,7 @@ class LocalCache:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No file is admitted to or evicted from the folder while inside (every writer of the node waits
-        for the ledger): what the folder holds then is one moment's, e.g. to measure it."""
+        """No file is admitted to or evicted from the folder while inside (every writer of the node waits)."""
         with _SQLITE:
             db = self._db()
             db.execute("BEGIN IMMEDIATE")
@@ -296,16 +269,12 @@ class LocalCache:
                 db.execute("ROLLBACK")
 
     def _admit(self, name: str, size: int) -> bool:
-        """Count ``size`` bytes for ``name`` (a row being written, by this process), first deleting the
-        oldest ready files (a file, then its row) while the total would pass the limit; False, with
-        nothing changed, when the files being written by live processes leave no room. One transaction:
-        concurrent writers never overshoot together."""
+        """Count ``size`` bytes for ``name``, first deleting the oldest ready files while the total would pass the
+        limit; False, nothing changed, when files being written by live processes leave no room. One
+        transaction: concurrent writers never overshoot together."""
 
         def admit(db: sqlite3.Connection) -> bool:
-            old = db.execute("SELECT size FROM files WHERE name = ?", (name,)).fetchone()
-            if old is not None:  # a row whose file is gone: a write killed before its rename
-                db.execute("DELETE FROM files WHERE name = ?", (name,))
-                db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 0", (old[0],))
+            _drop(db, name)  # a row whose file is gone: a write killed before its rename
             total = db.execute("SELECT bytes FROM total WHERE id = 0").fetchone()[0]
             victims, freed = [], 0
             if self.limit is not None and total + size > self.limit:
@@ -330,14 +299,7 @@ class LocalCache:
 
     def _forget(self, name: str) -> None:
         """Drop ``name``'s row (its file was not written)."""
-
-        def forget(db: sqlite3.Connection) -> None:
-            row = db.execute("SELECT size FROM files WHERE name = ?", (name,)).fetchone()
-            if row is not None:
-                db.execute("DELETE FROM files WHERE name = ?", (name,))
-                db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 0", (row[0],))
-
-        self._transaction(forget)
+        self._transaction(lambda db: _drop(db, name))
 
     def stored_bytes(self) -> int:
         """Bytes the ledger counts (every file kept, and any being written)."""

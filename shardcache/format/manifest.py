@@ -1,19 +1,9 @@
 """``Manifest``: the root attributes of a cache (``attrs["shardcache"]``), typed, with their JSON round trip.
 
-The on-disk contract (format 5) is the JSON document ``to_json`` writes and ``from_json`` reads:
-
-* the store: ``feature_names``, ``symbols`` with each one's ``groups`` path and ``bars_per_symbol``,
-  ``layout`` (shard and chunk rows, codec, shards), ``format_version`` and ``complete`` (written last);
-* how it was built: ``build`` (the ``BuildOptions``, resolved ``max_gap_ns`` and ``bar_ns``, the
-  inputs' fingerprint), ``normalize`` and ``stats``, ``splits`` (spec, names, cut times, bars each);
-* what the build counted: ``counts`` (bars, records read and dropped, windows, ...), ``bytes``,
-  ``rolls`` of continuous symbols, ``tails`` (each symbol's raw last bar, which an append continues
-  from), ``appends`` (how many; only once there was one), ``created``, ``elapsed_s``.
-
-``from_json`` refuses formats 1 to 4, a newer format, an incomplete cache and a field that is missing,
-unknown or of another type, naming it (``typed_json``). Per-symbol parts (``symbols``, ``groups``, ``bars_per_symbol``, ``rolls``, ``tails``)
-stay the JSON lists and dicts they are read as: opening a cache of thousands of symbols builds no
-object per symbol. ``Manifest.identity`` is a digest of that JSON: the cache's identity under any name.
+The JSON document ``to_json`` writes and ``from_json`` reads is the on-disk contract (format 5, described in
+docs/store.md); ``from_json`` refuses other formats, an incomplete cache and a bad field, naming it. The
+per-symbol parts stay the JSON lists and dicts they are read as: opening a cache of thousands of symbols
+builds no object per symbol.
 """
 
 from __future__ import annotations
@@ -209,7 +199,7 @@ class BuildRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """A complete cache's root attributes (see the module docstring); ``to_json``/``from_json`` are the bytes."""
+    """A complete cache's root attributes (the store page lists them); ``to_json``/``from_json`` are the bytes."""
 
     JSON_DERIVED: ClassVar[tuple[str, ...]] = ("normalize", "format_version", "complete")
     """Worked out for plain readers, written after the fields, never read back (``typed_json``)."""

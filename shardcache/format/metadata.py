@@ -1,13 +1,8 @@
 """The ``zarr.json`` documents of a cache, made by zarr once and stamped per symbol.
 
-Every symbol's ``features`` and ``time`` arrays share codecs, chunking, dtypes, fill values and
-attributes; only their length differs. zarr makes each document once, in memory, for a sentinel
-length (``SymbolDocuments``), and each symbol's document is that template with its length in
-place of the sentinel: the bytes zarr itself writes for that array (``tests/test_encode.py``
-compares them with ``zarr.create_array``'s), without zarr's existence checks and read-backs
-against the store, so a writer stores thousands of them concurrently, one PUT each.
-The root's few nodes (the manifest's group, the root index arrays) are made whole by zarr in
-memory and copied (``zarr_objects``).
+Every symbol's ``features`` and ``time`` documents differ only in their length, so zarr makes each once, in
+memory, for a sentinel length (``SymbolDocuments``) and a symbol's is that template with its length: zarr's
+own bytes (``tests/test_encode.py``), without its existence checks and read-backs, one PUT each.
 """
 
 from __future__ import annotations
@@ -48,10 +43,8 @@ def _stamp(document: bytes) -> Callable[[int], bytes]:
 
 
 def indented_json(value: Any, indent: int, level: int = 0) -> str:
-    """``json.dumps(value, indent=indent, allow_nan=True)`` as it reads nested ``level`` deep in a document:
-    the same text, with the containers that hold no container (a list of numbers, a symbol's tail)
-    encoded by the C encoder, not item by item by the Python one ``indent`` selects (a manifest of
-    thousands of symbols is a million items)."""
+    """``json.dumps(value, indent=indent, allow_nan=True)`` as it reads nested ``level`` deep in a document, with
+    the containers that hold no container encoded by the C encoder, not item by item by the Python one."""
     if not isinstance(value, (list, tuple, dict)) or not value:
         return _ENCODE(value)
     inner = "\n" + " " * (indent * (level + 1))
@@ -88,9 +81,8 @@ def _group_template(name: str, indent: int) -> tuple[bytes, bytes]:
 
 
 def group_document(name: str, value: Any) -> bytes:
-    """The ``zarr.json`` zarr writes for a group whose only attribute is ``name`` (``value``, plain JSON):
-    the same bytes, made from zarr's document for a placeholder, without zarr's deep copies of the
-    attributes and with ``indented_json`` (the manifest grows with the symbols: 1.5 MB at 2,000)."""
+    """The ``zarr.json`` zarr writes for a group whose only attribute is ``name`` (``value``, plain JSON), made
+    from zarr's document for a placeholder without zarr's deep copies (the manifest is 1.5 MB at 2,000 symbols)."""
     indent = zarr.config.get("json_indent")
     if type(indent) is not int or indent < 0:  # json's other indents (None, a string): zarr's own way
         return zarr_objects(lambda g: g.attrs.put({name: value}))["zarr.json"]

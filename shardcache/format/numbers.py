@@ -1,6 +1,5 @@
-"""Whole-number options, checked one way in every wing: ``whole_number`` takes an int (numpy's too) in
-its range. A float, a bool or a string is a wrong type (``OptionTypeError``: refused, never truncated),
-a value out of range a bad value (``OptionError``, naming the option and, on the command line, its flag)."""
+"""Whole-number options, checked one way in every wing: a float, a bool or a string is refused
+(``OptionTypeError``, never truncated), a value out of range is an ``OptionError`` naming the option."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """A cache's objects by key, written and read with one request each, many at once.
 
-One code path for every store: a local cache's objects are plain files, a new one written in
-place, an existing one written to a temporary name and renamed over it (a reader sees the old
-object or the new one, and a hard link into another cache is replaced, never written through:
-see ``shardcache.ingest.append``); any other URL goes through zarr's ``Store`` API
-(``store.set``, ``store.get``), concurrently on zarr's event loop. Nothing is checked or read back before a
-write: the writer knows what it writes. A whole object is read with an open-ended byte range
-(``OffsetByteRequest(0)``), which s3fs sends as one GET where a plain read first asks the
-object's size with a HEAD.
+A local cache's objects are plain files: a new one written in place, an existing one replaced by a rename
+(a reader sees the old object or the new one, and a hard link into another cache is never written through:
+see ``shardcache.ingest.append``); any other URL goes through zarr's ``Store`` API on its event loop.
+Nothing is checked or read back before a write: the writer knows what it writes.
 """
 
 from __future__ import annotations
@@ -51,18 +47,15 @@ def _make_folder(path: str) -> None:
 
 
 def _create(path: str, data: bytes) -> bool:
-    """Write ``data`` to a new file ``path``; False (nothing written) if something is there already.
-    Three system calls (open, write, close), its folder made on the first miss."""
+    """Write ``data`` to a new file ``path`` (open, write, close); False, nothing written, if one is there."""
     try:
-        fd = os.open(path, _NEW, 0o666)
-    except FileExistsError:
-        return False
-    except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
-        _make_folder(os.path.dirname(path))
         try:
             fd = os.open(path, _NEW, 0o666)
-        except FileExistsError:
-            return False
+        except FileNotFoundError:  # its folder is new: the first object of a symbol, an array or a shard
+            _make_folder(os.path.dirname(path))
+            fd = os.open(path, _NEW, 0o666)
+    except FileExistsError:
+        return False
     try:
         view = memoryview(data)
         while view:
@@ -73,10 +66,8 @@ def _create(path: str, data: bytes) -> bool:
 
 
 def _write_file(path: str, data: bytes) -> None:
-    """``data`` as the file ``path``. A new file is written in place (a kill leaves a part only where no
-    object was, and every such key is written again before a cache is complete: a build's tasks and its
-    finish run again on resume); an existing one is replaced by a rename, never written through, so a
-    hard link into another cache keeps its bytes and a reader sees the old object or the new one."""
+    """``data`` as the file ``path``: a new file in place (a kill leaves a part only where no object was, and a
+    resume writes every such key again), an existing one replaced by a rename, never written through."""
     if _create(path, data):
         return
     tmp = f"{path}.{uuid.uuid4().hex}.partial"
@@ -86,28 +77,24 @@ def _write_file(path: str, data: bytes) -> None:
 
 
 def _link(source: str, path: str) -> bool:
-    """``path`` as a hard link to the file ``source`` (an existing ``path`` replaced by a rename, as
-    ``_write_file`` replaces it); False, with nothing changed, where the file system refuses the link
-    (no hard links, too many links to ``source``, ``source`` gone)."""
-    for first in (True, False):
+    """``path`` as a hard link to the file ``source`` (an existing ``path`` replaced by a rename); False, nothing
+    changed, where the file system refuses the link (no hard links, too many links, ``source`` gone)."""
+    try:
         try:
             os.link(source, path)
-            return True
-        except FileExistsError:
-            tmp = f"{path}.{uuid.uuid4().hex}.partial"
-            try:
-                os.link(source, tmp)
-            except OSError:
-                return False
-            os.replace(tmp, path)
-            return True
         except FileNotFoundError:  # its folder is new (or ``source`` is gone: then the retry fails too)
-            if not first:
-                return False
             _make_folder(os.path.dirname(path))
+            os.link(source, path)
+    except FileExistsError:
+        tmp = f"{path}.{uuid.uuid4().hex}.partial"
+        try:
+            os.link(source, tmp)
         except OSError:
             return False
-    return False
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
 
 
 def _read_file(path: str) -> bytes | None:
@@ -119,9 +106,8 @@ def _read_file(path: str) -> bytes | None:
 
 
 def get_whole(store: Store, keys: Iterable[str], limit: int = 64) -> dict[str, bytes | None]:
-    """The whole objects ``keys`` of ``store`` (None for an absent one): one request each, with an
-    open-ended byte range (one GET from s3fs, one read of a local file), ``limit`` at a time. A
-    ``RemoteError`` names an object the store could not give after its client's retries."""
+    """The whole objects ``keys`` of ``store`` (None for an absent one), ``limit`` at a time: one request each,
+    an open-ended byte range (s3fs sends a plain read as a HEAD and a GET). A ``RemoteError`` when one fails."""
     proto, out = default_buffer_prototype(), {}
 
     async def one(key: str) -> None:
@@ -168,15 +154,12 @@ class Objects:
                 sync(guarded("store", key, self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))))
 
     def put_many(self, objects: Mapping[str, bytes], limit: int = 64, *, share: bool = False) -> None:
-        """``put`` every object of ``objects``; on an object store ``limit`` requests at a time, locally
-        ``FILE_THREADS`` threads for each ``FILE_BATCH`` objects (mostly kernel time: a new folder, inode
-        and entry each, which run side by side on the cores).
+        """``put`` every object of ``objects``: on an object store ``limit`` requests at a time, locally
+        ``FILE_THREADS`` threads for each ``FILE_BATCH`` objects (mostly kernel time, which runs side by side).
 
-        With ``share``, a local object whose bytes equal an earlier one's of its thread is a hard link
-        to that one's file: the same name and bytes without a new inode, which is most of what a file
-        costs on a journaling file system (the documents of thousands of symbols of one length are
-        a few distinct files). Only for objects always replaced whole, never written in place: the
-        ``zarr.json`` documents (this module and zarr's ``LocalStore`` both replace a file by a rename).
+        With ``share``, a local object whose bytes equal an earlier one's of its thread is a hard link to that
+        one's file, saving the inode that is most of a file's cost. Only for objects always replaced whole by
+        a rename, never written in place: the ``zarr.json`` documents.
         """
         if self.root is not None:
             items = list(objects.items())

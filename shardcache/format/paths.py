@@ -1,13 +1,9 @@
 """Local paths and URLs: one rule for the format, the build and its sources.
 
-A plain path and a ``file://`` URL are local (read with ``os``); any other ``scheme://`` is
-read through fsspec, with ``storage_options`` (a mapping of that filesystem's arguments). fsspec's
-chained URLs (``simplecache::s3://bucket/c.zarr``) are URLs too: each layer takes the options
-under its protocol's name (``{"s3": {...}, "simplecache": {...}}``), the outermost layer also the
-options given at the top level.
-``probe`` asks a URL's store once, quickly, whether it answers, so an unknown scheme, an
-unreachable endpoint, missing credentials or a missing bucket end in one line instead of a
-client's retries and traceback. ``read_options`` are the options a cache is read with.
+A plain path and a ``file://`` URL are local; any other ``scheme://`` (chained ones too, each layer taking
+the options under its protocol's name) is read through fsspec with ``storage_options``. ``probe`` asks a
+URL's store once, quickly, whether it answers, so a bad scheme, endpoint, credentials or bucket end in one
+line; ``read_options`` are the options a cache is read with.
 """
 
 from __future__ import annotations
@@ -55,9 +51,7 @@ def layers(url: str) -> list[str]:
 
 def read_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """``storage_options`` for reading the cache at ``url``: the caller's, with each read default
-    (s3fs: ``max_concurrency=1``, one request per whole object; the data layer of a chained URL:
-    ``asynchronous=True``, as zarr makes a plain URL's) added to a layer that does not set it. What
-    the caller sets always wins."""
+    (``_READ_DEFAULTS``, and ``asynchronous=True`` for a chain's data layer) where the caller sets none."""
     if not is_url(url):
         return None if storage_options is None else dict(storage_options)
     out = dict(storage_options or {})
@@ -83,9 +77,8 @@ def check_storage_options(storage_options: object) -> None:
 
 
 def probe(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
-    """Why the store holding ``url`` cannot be used, in a few words (an unknown scheme, a missing
-    package, an endpoint that does not answer, missing credentials, a missing bucket); None when it
-    answers, or for a local path. One request at most, with one attempt and a short timeout."""
+    """Why the store holding ``url`` cannot be used, in a few words; None when it answers, or for a local path.
+    One request at most, with one attempt and a short timeout."""
     check_storage_options(storage_options)
     if not is_url(url):
         return None

@@ -1,6 +1,4 @@
-"""Read-ahead hints for a local cache's shard files: ``will_read`` asks the OS to fetch the files a reader
-is about to read, together, so that those gone cold in the page cache come from disk at once. Hints only: nothing is read
-here, and a reader that skips them reads the same bytes."""
+"""Read-ahead hints for a local cache's shard files: ``will_read`` asks the OS to fetch them together."""
 
 from __future__ import annotations
 
@@ -16,12 +14,9 @@ __all__ = ["will_read"]
 
 
 def will_read(cache: Cache, starts: np.ndarray, stops: np.ndarray) -> None:
-    """Ask the OS to fetch the shard files of ``cache``'s virtual rows ``[starts[k], stops[k])`` ahead of
-    their reads, so that a local cache's small shards gone cold in the page cache come from disk together,
-    not one at a time as each read reaches them (a cold epoch of 2,000 small symbols). A hint: nothing
-    is read, and nothing is done for an object store, through a node-local copy, or on an OS without
-    ``posix_fadvise``. Hinting files that are in the page cache already costs under 2% of a warm epoch of
-    2,000 small symbols (paired, 15 epochs), so no probe tells them apart."""
+    """Ask the OS to fetch the shard files of ``cache``'s virtual rows ``[starts[k], stops[k])`` ahead of their
+    reads, so that cold small shards come from disk together. A hint: nothing is read, and nothing is done for
+    an object store, a node-local copy or an OS without ``posix_fadvise``; warm files cost under 2% an epoch."""
     root = cache.handles.group.store_path
     if cache.local is not None or not isinstance(root.store, LocalStore) or not hasattr(os, "posix_fadvise"):
         return
@@ -33,8 +28,6 @@ def will_read(cache: Cache, starts: np.ndarray, stops: np.ndarray) -> None:
         os.path.join(folder, chunk_key(i, "features", k))
         for i, k in zip(symbol.tolist(), (row // cache.shard_rows).tolist())
     ]
-    if not paths:
-        return
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)

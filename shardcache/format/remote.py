@@ -1,10 +1,8 @@
 """Object-store clients that never hang and ride out transient faults.
 
-Every store of a cache on an object store (reads, builds, appends, ``verify``) is made here, with S3's
-connect and read timeouts and botocore's standard retries (``CLIENT_DEFAULTS``, under any
-``config_kwargs`` key the caller sets), and s3fs's own retry loop around botocore's attempts bounded
-(``S3FS_TRIES``). A request that fails after its retries is a ``RemoteError`` (``guarded`` makes one of
-any client's error); ``reported`` makes it a ``StoreError`` of one line naming the cache, the object
+Every store of a cache on an object store is made here, with S3's timeouts and botocore's standard retries
+(``CLIENT_DEFAULTS``) and s3fs's own retry loop bounded (``S3FS_TRIES``). A request that still fails is a
+``RemoteError`` (``guarded``); ``reported`` makes it a one-line ``StoreError`` naming the cache, the object
 and the endpoint, with what to check.
 """
 
@@ -32,18 +30,16 @@ __all__ = [
     "reported",
 ]
 
-# botocore's client config (s3fs takes it as ``config_kwargs``): a connection within 5 s, never 10 s
-# without a byte, and the standard retry mode (exponential backoff with full jitter) for resets,
-# timeouts, 5xx, 429 and SlowDown, 3 attempts a request. A key the caller gives wins over its default.
+# botocore's client config (s3fs's ``config_kwargs``): a connection within 5 s, never 10 s without a byte,
+# and the standard retry mode (backoff with jitter), 3 attempts a request; a key the caller gives wins.
 CLIENT_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5,
     "read_timeout": 10,
     "retries": {"mode": "standard", "max_attempts": 3},
 }
-# s3fs retries a timed-out, cut or SlowDown request itself, twice nested for a ranged read (5 x 5 by
-# default, around botocore's attempts: 75 tries, over 12 minutes of one stalled endpoint). Two tries
-# each in this module's clients keep one retry of a body cut mid-way, which botocore does not retry:
-# at most 2 x 2 x 3 = 12 tries of a stalled endpoint before a ``RemoteError`` (175 s measured on loopback).
+# s3fs retries a request itself, twice nested for a ranged read (5 x 5 around botocore's 3 by default: over
+# 12 minutes of a stalled endpoint); 2 keep one retry of a body cut mid-way, which botocore does not retry:
+# at most 2 x 2 x 3 = 12 tries before a ``RemoteError`` (175 s measured on loopback).
 S3FS_TRIES = 2
 _S3 = ("s3", "s3a")
 T = TypeVar("T")
@@ -67,9 +63,8 @@ async def guarded(verb: str, key: str, request: Awaitable[T]) -> T:
 
 
 def client_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``storage_options`` for a store of the cache at ``url``: the caller's, with ``CLIENT_DEFAULTS`` in
-    the ``config_kwargs`` of each S3 layer (the top level for a plain URL, ``options[protocol]`` in a
-    chain), per key the caller leaves out. None or a copy for a local path."""
+    """``storage_options`` for a store of the cache at ``url``: the caller's, with ``CLIENT_DEFAULTS`` in the
+    ``config_kwargs`` of each S3 layer, per key the caller leaves out. None or a copy for a local path."""
     if not is_url(url):
         return None if storage_options is None else dict(storage_options)
     out = dict(storage_options or {})
@@ -94,9 +89,8 @@ def _bounded(fs: Any) -> None:
 
 
 def open_store(url: str, storage_options: Mapping[str, Any] | None, *, read_only: bool) -> FsspecStore:
-    """The zarr store of the object-store URL ``url``, with ``client_options`` and ``S3FS_TRIES``. fsspec
-    shares a filesystem between equal options, and these carry ``CLIENT_DEFAULTS``: a filesystem that a
-    caller made with other options keeps its retries."""
+    """The zarr store of the object-store URL ``url``, with ``client_options`` and ``S3FS_TRIES`` (fsspec shares
+    a filesystem between equal options: one a caller made with other options keeps its retries)."""
     store = FsspecStore.from_url(url, storage_options=client_options(url, storage_options), read_only=read_only)
     _bounded(store.fs)
     return store

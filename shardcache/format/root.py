@@ -1,10 +1,8 @@
 """A cache's opened metadata as plain data: the manifest and the root index, checked against each other.
 
-Opening a cache reads its root attributes (the ``Manifest``) and the root index (``segments``, one
-row per segment, and ``shards``, one row per shard: a few objects, not one per symbol), and checks
-that they describe the same bars. ``load_root`` gives them as a ``Root``; no per-symbol array is
-opened. ``shard_digests`` (each shard's digest words) is read only when asked for (``verify``,
-appends).
+``load_root`` reads the root attributes (the ``Manifest``) and the root index (``segments``, ``shards``: a
+few objects, not one per symbol) and checks that they describe the same bars; ``shard_digests`` is read only
+when asked for (``verify``, appends).
 """
 
 from __future__ import annotations

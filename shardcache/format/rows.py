@@ -1,9 +1,7 @@
 """``SymbolRows``: a cache's symbols laid out in one *virtual* row space, as the window plan sees them.
 
-Symbol ``i``'s bars are rows ``[bases[i], bases[i] + bars_per_symbol[i])``, each symbol starting on a
-whole shard (``layout.symbol_bases``), so virtual shard ``s`` lies inside one symbol and is that
-symbol's local shard ``s - bases[i] / shard_rows``. The writer places shards by it and the reader
-finds them by it; plain zarr and xarray users never see it (each symbol's arrays start at row 0).
+Each symbol starts on a whole shard (``layout.symbol_bases``), so a virtual shard lies inside one symbol.
+Plain zarr and xarray users never see it: each symbol's arrays start at row 0.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Settings objects given whole or as their fields, one way in every wing (``build_cache``'s
-``BuildOptions``, a stream's ``PlanSettings``): ``grouped`` takes the object a caller passed, or makes
-one of the keyword arguments naming its fields, never both; ``only_known`` refuses a keyword argument
-no settings object takes, as Python refuses an unexpected one."""
+"""Settings objects given whole or as their fields, one way in every wing: ``grouped`` takes the object or
+makes one of the keyword arguments naming its fields, never both; ``only_known`` refuses an unknown one."""
 
 from __future__ import annotations
 

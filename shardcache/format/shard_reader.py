@@ -1,10 +1,8 @@
 """``ShardReader``: a cache's store as one process holds it open, and the rows of ``features`` read from it.
 
-Per process (fsspec's asynchronous clients, s3fs's among them, do not survive a fork) it keeps the root
-group, the per-symbol arrays opened so far and one ``decode.ShardDecoder`` per symbol read. Decoders are
-made from the manifest's layout and the root index alone (``ShardDecoder.from_layout``: no request per
-symbol), the first of each inner-chunk size from the layout and the others copied from it. A shard that
-is missing or fails its checks is named in one ``CacheError``.
+Per process (fsspec's asynchronous clients do not survive a fork) it keeps the root group, the arrays opened
+so far and one ``decode.ShardDecoder`` per symbol read, made from the manifest's layout and the root index
+alone (no request per symbol). A shard that is missing or fails its checks is named in one ``CacheError``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Train/val/test splits: the ``split`` build option parsed, and resolved to cut timestamps.
 
-Every split is a time range shared by all symbols (no symbol's validation data overlaps
-another symbol's training data in time). Fractions are of all bars and are resolved from a
-sketch of each input run's timestamps; dates name where each later split starts. The format's,
-as ``BuildOptions`` checks the option and the manifest records the names and cut times.
+Every split is a time range shared by all symbols, so no symbol's validation data overlaps another's
+training data in time. Fractions are of all bars; dates name where each later split starts.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The one dataclass <-> JSON codec: a typed record as JSON data and back, a bad field named by its path.
 
-``dump`` writes a dataclass's fields by name (``json_field`` renames one, leaves one out while it is
-empty, or writes a nested record's fields into its parent's object), then the names in its
-``JSON_DERIVED`` (values worked out for plain readers, never read back). ``load`` rebuilds a type
-from such data (dataclasses, lists, tuples, dicts with text keys, Counters, unions, scalars, arrays
-given apart), checking every value, and raises :class:`FieldError` naming the first field that is
-missing, unknown or of another type (``layout.shard_rows``). The manifest, the build options and the
-build's task markers are all read and written here.
+``dump`` writes a dataclass's fields by name (``json_field`` renames one, leaves one out while it is empty,
+or flattens a nested record into its parent's object), then its ``JSON_DERIVED`` names (never read back).
+``load`` rebuilds a type from such data, checking every value, and raises :class:`FieldError` naming the
+first field that is missing, unknown or of another type (``layout.shard_rows``).
 """
 
 from __future__ import annotations

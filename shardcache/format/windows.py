@@ -1,13 +1,9 @@
 """Windows and their targets: what a window is, which windows are valid, and which rows each reads.
 
-A window at row ``p`` is rows ``[p, p + seq_len)``; its target rows are ``p + seq_len - 1 + h``
-for each horizon ``h`` (``WindowSpec.target_steps``, the one place that offset is computed). A
-window is valid when that whole span (to its largest horizon) lies in one segment, and so in one
-symbol, one gap-free run and one split; ``stride`` counts inside each segment.
-
-The window plan, the reader, the resident arena, ``WindowDataset``, the build's summary and
-``info`` all count and cut windows here. It needs numpy alone, so the build, the read side and
-inspect may all import it.
+A window at row ``p`` is rows ``[p, p + seq_len)``; its targets are rows ``p + seq_len - 1 + h`` for each
+horizon ``h`` (``WindowSpec.target_steps``, the one place that offset is computed). It is valid when that
+whole span lies in one segment (one symbol, gap-free run and split); ``stride`` counts inside each segment.
+Needs numpy alone, so the build, the read side and inspect may all import it.
 """
 
 from __future__ import annotations
@@ -136,8 +132,8 @@ def _horizon(value: Any) -> int | tuple[int, ...]:
 def as_spec(
     seq_len: int | WindowSpec, horizon: int | Sequence[int] | None = None, stride: int | None = None
 ) -> WindowSpec:
-    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be left
-    unset), else a spec of the three (None: 1)."""
+    """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be unset), else a spec of
+    the three (None: 1)."""
     if isinstance(seq_len, WindowSpec):
         beside = [n for n, v in (("horizon", horizon), ("stride", stride)) if v is not None]
         if beside:
@@ -180,17 +176,14 @@ class Ranges:
         m = np.maximum(k1 - k0, 0)
         if not m.sum():
             return np.zeros(0, dtype=np.int64)
-        first = s + self.stride * k0
-        offset = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
-        starts: np.ndarray = np.repeat(first, m) + self.stride * offset
+        starts: np.ndarray = np.repeat(s + self.stride * k0, m) + self.stride * _within(m)
         return starts
 
     def pieces(
         self, lo: np.ndarray, hi: np.ndarray, first: np.ndarray, last: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """For each ``i``, valid starts ``first[i]:last[i]`` (by position) of those in rows ``[lo[i], hi[i])``:
-        ``starts_between(lo[i], hi[i])[first[i]:last[i]]`` of every ``i`` at once, concatenated, and the
-        count of each (a pool's shard pieces in one pass over the runs, not one per piece)."""
+        """``starts_between(lo[i], hi[i])[first[i]:last[i]]`` of every ``i`` at once, concatenated, and the count
+        of each (a pool's shard pieces in one pass over the runs)."""
         lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
         first, last = np.asarray(first, dtype=np.int64), np.asarray(last, dtype=np.int64)
         r0 = np.maximum(np.searchsorted(self.start, lo, side="right") - 1, 0)
@@ -225,9 +218,7 @@ class Ranges:
         """Every valid start (for tests and map-style access)."""
         if len(self.start) == 0:
             return np.zeros(0, dtype=np.int64)
-        every: np.ndarray = np.concatenate(
-            [s + self.stride * np.arange(n, dtype=np.int64) for s, n in zip(self.start, self.count)]
-        )
+        every: np.ndarray = np.repeat(self.start, self.count) + self.stride * _within(self.count)
         return every
 
 
@@ -289,8 +280,8 @@ def valid_ranges(
     stride: int | None = None,
     split: str | None = None,
 ) -> Ranges:
-    """Valid window starts of a segment table (a ``Cache``, a ``SegmentTable``) for the read-time
-    window shape (a ``WindowSpec`` or its first fields; None: 1)."""
+    """Valid window starts of a segment table for the read-time window shape (a ``WindowSpec`` or its first
+    fields; None: 1)."""
     spec = as_spec(seq_len, horizon, stride)
     seg = split_segments(table, split)
     span, stride = spec.span, spec.stride

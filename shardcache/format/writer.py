@@ -1,11 +1,6 @@
-"""Writing the format-4 layout of ``shardcache.format.layout``: symbol documents, whole shards, the root
-index, the manifest last.
-
-Every object is written whole with one request (``objects.Objects``): the symbols' ``zarr.json``
-documents stamped from one template (``metadata.SymbolDocuments``), each shard and time chunk
-encoded here (``encode``), the root index and the manifest made by zarr in memory. Nothing is
-read back or checked for existence first, so a symbol costs what its objects cost: five PUTs for
-a one-shard symbol on an object store.
+"""Writing the layout of ``shardcache.format.layout``: symbol documents, whole shards, the root index, the
+manifest last. Every object is written whole with one request (``objects.Objects``) and nothing is read
+back or checked for existence first, so a one-shard symbol costs five PUTs on an object store.
 """
 
 from __future__ import annotations
@@ -60,19 +55,11 @@ def _small(g: zarr.Group, name: str, data: np.ndarray, dims: tuple[str, ...], **
 class CacheWriter:
     """Writes a cache's symbol documents, whole shards (one writer per shard), the root index and the manifest.
 
-    Shards are addressed in the virtual row space of ``bars_per_symbol`` (``symbol_bases``); the
-    writer turns them into rows of the symbol's own arrays. A symbol's inner chunks have
-    ``symbol_chunks[i]`` rows (``layout.symbol_chunk_rows`` of ``chunk_rows`` by default: a symbol
-    shorter than ``chunk_rows`` gets smaller ones; an append passes the stored symbols' own, which
-    never change). ``create=True`` starts a cache: the
-    root with ``complete: false``, the ``feature`` names and every symbol's documents.
-    ``create=False`` writes nothing until asked (a resume, an append: ``write_symbols`` rewrites
-    the documents of the symbols an append grows or adds). ``finish`` writes the root index, then
-    the manifest with ``complete: true``, the last write of a build. Locally (``objects``) a new
-    object is created in place and an existing one replaced by a rename, never written through: a
-    hard-linked staging copy (``shardcache.ingest.append``) never changes a file it shares with the
-    original, and symbol documents of equal bytes share one file. Picklable, so shard writes can run
-    as dask tasks on any worker.
+    Shards are addressed in the virtual row space of ``bars_per_symbol``. A symbol's inner chunks have
+    ``symbol_chunks[i]`` rows (``layout.symbol_chunk_rows`` by default; an append passes the stored ones,
+    which never change). ``create=True`` starts a cache (root marked incomplete, ``feature`` names, every
+    symbol's documents); ``create=False`` writes nothing until asked (a resume, an append). Picklable, so
+    shard writes can run as dask tasks on any worker.
     """
 
     def __init__(
@@ -114,8 +101,8 @@ class CacheWriter:
         return symbol_documents(self.n_features, self.shard_rows, int(self.symbol_chunks[i]), self.codec)
 
     def _create(self) -> None:
-        """A new cache: the root (``complete: false``) with its ``symbols`` group and ``feature`` names, then
-        every symbol's documents. A local folder already there is cleared first, as zarr's mode "w" does."""
+        """A new cache: the incomplete root, its ``symbols`` group and ``feature`` names, then every symbol's
+        documents. A local folder already there is cleared first, as zarr's mode "w" does."""
         if self.objects.root is not None and os.path.lexists(self.objects.root):
             shutil.rmtree(self.objects.root)
 
@@ -133,17 +120,16 @@ class CacheWriter:
         self.write_symbols(range(len(self.bars_per_symbol)))
 
     def write_symbols(self, symbols: Iterable[int], first_new: int = 0) -> None:
-        """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and
-        the group document of those from ``first_new`` on (an append's new symbols), concurrently;
-        locally, the documents of equal bytes (every group's, those of symbols of one length) share a file."""
+        """Write the ``features`` and ``time`` documents of ``symbols`` at their ``bars_per_symbol``, and the group
+        document of those from ``first_new`` on (an append's new symbols); equal local documents share a file."""
         out: dict[str, bytes] = {}
         for i in symbols:
             out.update(self.documents(i).symbol(int(i), int(self.bars_per_symbol[i]), group=int(i) >= first_new))
         self.objects.put_many(out, share=True)
 
     def sweep(self) -> int:
-        """Remove the temporary files killed writes left in a local cache (none on object stores:
-        a PUT is whole or absent), so they are never published. Returns how many were removed."""
+        """Remove (and count) the temporary files killed writes left in a local cache, so they are never
+        published; none on object stores, where a PUT is whole or absent."""
         root = self.objects.root
         if root is None:
             return 0
@@ -199,10 +185,8 @@ class CacheWriter:
         return self.write_shards([(shard, features, ts)])[0]
 
     def write_shards(self, items: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> list[ShardRecord]:
-        """``write_shard`` of each ``(shard, features, bar times)`` of ``items``, each step for all of them in
-        turn: every shard encoded, then every time chunk, then the digests, then every object in one
-        ``put_many``. For a task of a few hundred small symbols' shards, each kind of work back to back
-        built 2,000 symbols 10% faster than one shard's steps after another (docs/notes/scale-notes.md)."""
+        """``write_shard`` of each ``(shard, features, bar times)`` of ``items``, each step for all of them in turn,
+        then every object in one ``put_many`` (10% faster at 2,000 small symbols: docs/notes/scale-notes.md)."""
         shards = []
         for shard, features, ts in items:
             i, a, b = self.rows.shard_span(shard)
@@ -237,8 +221,8 @@ class CacheWriter:
         ]
 
     def write_history(self, history: dict[str, Any]) -> None:
-        """Store the inputs and append records (``{"sources": [...], "appends": [...]}``) as the
-        attributes of the ``history`` group: out of the manifest, and not read to open the cache."""
+        """Store the inputs and append records (``{"sources": [...], "appends": [...]}``) as the ``history``
+        group's attributes: out of the manifest, and not read to open the cache."""
         made = zarr_objects(lambda g: g.create_group("history", attributes=history))
         self.objects.put("history/zarr.json", made["history/zarr.json"])
 
@@ -264,11 +248,8 @@ class CacheWriter:
         self.objects.put("zarr.json", group_document(ATTR, manifest.to_json()))
 
     def finish(self, segments: np.ndarray, segment_split: np.ndarray, manifest: Manifest, index: ShardIndex) -> None:
-        """Write the root index, then the manifest marked complete (the last write).
-
-        ``segments`` are virtual rows, ``index`` every shard's row (``ShardIndex.updated``).
-        ``manifest`` must describe this writer's symbols and layout.
-        """
+        """Write the root index (``segments`` in virtual rows, ``index`` every shard's row), then ``manifest``,
+        which must describe this writer's symbols and layout, marked complete: the last write."""
         if manifest.bars_per_symbol != self.bars_per_symbol.tolist() or manifest.layout != self.layout:
             raise CacheError(f"{self.url}: the manifest to write does not describe the cache written")
         seg = np.asarray(segments, dtype=np.int64).reshape(-1, 3)
