@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and I
     from .ingest.append import append_cache
     from .ingest.builder import build_cache
     from .ingest.run import RunOptions
-    from .inspect.views import info, open_symbol, shards, to_xarray
+    from .inspect.views import info, open_symbol, open_symbols, shards, to_xarray
     from .read.settings import CacheSource, LoaderSettings, LocalCopy, PlanSettings
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
@@ -56,28 +56,19 @@ __all__ = [
 ]
 
 
-_LAZY = {  # name: the module that defines it
-    "__version__": "_version",
-    "BuildOptions": "format.build_options",
-    "Cache": "format.cache",
-    "open_cache": "format.cache",
-    "Manifest": "format.manifest",
-    "WindowStream": "read.stream",
-    "WindowDataset": "read.stream",
-    "WindowSpec": "read.stream",
-    "PlanSettings": "read.settings",
-    "LoaderSettings": "read.settings",
-    "LocalCopy": "read.settings",
-    "CacheSource": "read.settings",
-    "build_cache": "ingest.builder",
-    "append_cache": "ingest.append",
-    "RunOptions": "ingest.run",
-    "info": "inspect.views",
-    "open_symbol": "inspect.views",
-    "open_symbols": "inspect.views",
-    "shards": "inspect.views",
-    "to_xarray": "inspect.views",
+_DEFINED_IN = {  # module: the names it defines
+    "_version": ("__version__",),
+    "format.build_options": ("BuildOptions",),
+    "format.cache": ("Cache", "open_cache"),
+    "format.manifest": ("Manifest",),
+    "read.stream": ("WindowStream", "WindowDataset", "WindowSpec"),
+    "read.settings": ("PlanSettings", "LoaderSettings", "LocalCopy", "CacheSource"),
+    "ingest.builder": ("build_cache",),
+    "ingest.append": ("append_cache",),
+    "ingest.run": ("RunOptions",),
+    "inspect.views": ("info", "open_symbol", "open_symbols", "shards", "to_xarray"),
 }
+_LAZY = {name: module for module, names in _DEFINED_IN.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:

@@ -78,7 +78,6 @@ def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> N
     """Build options ``build-cache`` records in the cache (``BuildOptions``), ``default`` their defaults."""
     p.add_argument(
         "--features",
-        default=None,
         help="comma-separated feature names; 'default' (OHLCV set, else all columns) or 'raw', "
         "alone or with names (default,close)",
     )
@@ -100,21 +99,19 @@ def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> N
     )
     p.add_argument(
         "--bar",
-        default=None,
         help="bar size for tick schemas (trades, tbbo, mbp-1, bbo): 1s, 1m, 5m ...; resamples DBN OHLCV "
         "bars to a multiple of their interval",
     )
-    p.add_argument("--ts-column", default=None, help="Parquet/CSV timestamp column (default: detected)")
-    p.add_argument("--symbol-column", default=None, help="Parquet/CSV symbol column (default: detected)")
+    p.add_argument("--ts-column", help="Parquet/CSV timestamp column (default: detected)")
+    p.add_argument("--symbol-column", help="Parquet/CSV symbol column (default: detected)")
     p.add_argument(
         "--csv-delimiter",
-        default=None,
         metavar="CHAR",
         help="CSV delimiter: one character, or comma, semicolon, tab, pipe (default: sniffed from each header)",
     )
-    p.add_argument("--columns", default=None, help="value columns to read (comma-separated)")
-    p.add_argument("--shard-rows", type=int, default=None, help="rows per shard (default: ~8 MiB of features)")
-    p.add_argument("--chunk-rows", type=int, default=None, help="rows per inner chunk (default: shard/8)")
+    p.add_argument("--columns", help="value columns to read (comma-separated)")
+    p.add_argument("--shard-rows", type=int, help="rows per shard (default: ~8 MiB of features)")
+    p.add_argument("--chunk-rows", type=int, help="rows per inner chunk (default: shard/8)")
     p.add_argument(
         "--codec",
         choices=CODECS,
@@ -125,12 +122,8 @@ def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> N
 
 def _add_run_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
     """The rest, in ``--help``'s order: how a run goes (``RunOptions``), the summary, resumes and appends."""
-    p.add_argument("--workers", type=int, default=None, help="local dask threads (default: one per core)")
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)",
-    )
+    p.add_argument("--workers", type=int, help="local dask threads (default: one per core)")
+    p.add_argument("--scheduler", help="dask.distributed scheduler address tcp://HOST:PORT (or DASK_SCHEDULER_ADDRESS)")
     _add_storage_arg(p)
     p.add_argument(
         "--seq-len", type=int, default=default["seq_len"], help="window length for the summary's window count"
@@ -157,13 +150,11 @@ def _add_run_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
     p.add_argument(
         "--stats",
         choices=["frozen", "recompute"],
-        default=None,
         help="with --append: keep the cache's normalization statistics (frozen, default) or "
         "rebuild everything with statistics over all bars (recompute)",
     )
     p.add_argument(
         "--stats-from",
-        default=None,
         metavar="CACHE",
         help="normalize with CACHE's statistics and split at its cut times instead of computing them",
     )
@@ -235,11 +226,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
 def _fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-    return str(n)
+    return f"{n:.1f} TiB"
 
 
 def _utc(ts_ns: int) -> str:

@@ -1,16 +1,8 @@
 """The errors shardcache raises: one root a caller can catch, each also the builtin it would expect.
 
-Modelled on zarr's ``BaseZarrError(ValueError)``: ``except ValueError`` and ``except
-ShardcacheError`` both work. The CLI turns any ``ShardcacheError`` into one line on stderr and
-exit status 2; an ``OptionError`` is phrased there with the command line's flag.
-
-- ``OptionError`` (``ValueError``): an option's value is wrong; names the parameter.
-- ``OptionTypeError`` (``TypeError``): an option or index of the wrong type; names it.
-- ``SourceError`` (``ValueError``): an input file that is not usable market data; names the file.
-- ``CacheError`` (``ValueError``): a cache that is missing, incomplete, damaged or of another format.
-- ``StateError`` (``ValueError``): a saved ``state_dict`` that does not fit this stream.
-- ``StreamClosedError`` (``RuntimeError``): an iterator used after ``close()`` or a newer ``iter()``.
-- ``SeveralCachesError`` (``AttributeError``): ``stream.cache`` of a stream of several caches.
+Modelled on zarr's ``BaseZarrError(ValueError)``: ``except ValueError`` and ``except ShardcacheError`` both
+work. The CLI turns any ``ShardcacheError`` into one line on stderr and exit status 2; an ``OptionError`` is
+phrased there with the command line's flag. Each class's docstring says when it is raised.
 """
 
 from __future__ import annotations

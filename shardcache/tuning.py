@@ -1,13 +1,9 @@
-"""The tuning constants of every wing: values that trade speed or memory.
-
-Each is here with what it trades, the figure that justifies its value and the tool that measures
-it, so that a value is changed only with a new figure. Formats, semantic limits and documented
-defaults stay where they mean something (``FORMAT_VERSION``, ``MAX_HISTORY``, ``GRAIN``,
-``memory_budget="auto"``'s fractions). "no figure recorded": the value was chosen, never measured.
-The figures were measured on the 2-core development machine; docs/performance.md and
-docs/notes/scale-notes.md hold the runs. A leaf: it imports nothing from the package, and a
-module that uses a constant imports it by name (``from ..tuning import RUN_BYTES``), so a test
-patches the name where it is used (``reader.FAST_READ``).
+"""The tuning constants of every wing: values that trade speed or memory, each with what it trades, the figure that
+justifies it and the tool that measures it, so a value changes only with a new figure ("no figure recorded": chosen,
+never measured; figures from the 2-core development machine, runs in docs/performance.md and docs/notes/scale-notes.md).
+Formats, semantic limits and documented defaults stay where they mean something (``FORMAT_VERSION``, ``MAX_HISTORY``,
+``GRAIN``, ``memory_budget="auto"``'s fractions). A leaf, importing nothing of the package; a module imports a constant
+by name (``from ..tuning import RUN_BYTES``), so a test patches the name where it is used (``reader.FAST_READ``).
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ TIME_CHUNKS = 16  # bar_times.py: time shards kept (LRU), twice the 2 x mix = 8 
 MAX_DECODERS = 8  # options.py: default decoder threads per reader, at most: more find no blocks to decode
 # no figure recorded (mix=4, prefetch=2: about 6 blocks in flight; `tools/bench.py cores` measures 1 and 2 cores)
 
-SURE_TO_FIT = 256 << 20  # settings.py: a batch of at most this many bytes is not checked against free memory
-# no figure recorded
+SURE_TO_FIT = 256 << 20  # settings.py: batches up to this size skip the free-memory check; no figure recorded
 
 RUN_BYTES = 4 << 20  # reader.py, serve.py: in-process, consecutive batches copied together up to this size
 # an epoch of 2,000 x 300: runs of 1 MiB 0.43 -> 0.61 s, 16 MiB no gain (paired; `tools/bench.py symbols`)
@@ -89,8 +84,7 @@ GROUP_BLOCKS = 64  # reader.py: small blocks read in one ``Sources.read_many`` c
 # groups of 16 or 256 instead: within the noise (0.387 / 0.443 / 0.404 s an epoch of 2,000 x 300, 6 rounds;
 # `tools/bench.py symbols`); no figure recorded for 64 against other sizes
 
-MIN_CHUNK = 8  # storage.py: windows per index_select call below which numpy.take is the faster copy
-# no figure recorded
+MIN_CHUNK = 8  # storage.py: windows per index_select call below which numpy.take is the faster copy; no figure recorded
 
 SMALL_ARENA = 1 << 20  # storage.py: bytes of a pool's arena below which it comes from the heap, not a map
 # 500 maps, unmaps and fresh pages an epoch fewer at 2,000 symbols; no timing recorded
@@ -101,16 +95,14 @@ HUGE_MAP = 4 << 20  # storage.py: maps from this size ask for huge pages (numpy'
 SLOTS = 8  # ship.py, per worker: runs ahead (2), batches in flight (prefetch_factor 2), kept by the caller
 # 5-6 used at F=256 with 2 workers, 15.7 MB each (`tools/bench.py loaders`)
 
-WAIT = 0.02  # ship.py: seconds a worker waits for a free slot before it sends fresh tensors
-# no figure recorded
+WAIT = 0.02  # ship.py: seconds a worker waits for a free slot before it sends fresh tensors; no figure recorded
 
 LRU_BLOCKS = 4  # dataset.py: decoded blocks a WindowDataset keeps (LRU)
 # no figure recorded (memory bound held by tests/test_memory.py)
 
 # ---- inspect/ ---------------------------------------------------------------------------------
 
-OPEN_THREADS = 8  # views.py: symbols open_symbols opens at once from an object store (a few reads each)
-# no figure recorded
+OPEN_THREADS = 8  # views.py: object-store symbols open_symbols opens at once (a few reads each); no figure recorded
 
 # ---- ingest/ ----------------------------------------------------------------------------------
 
@@ -121,16 +113,13 @@ PLAIN_FILES = 32  # merge.py: spill files a stretch of plain symbols reads at on
 
 BATCH_BYTES = 4 << 20  # merge.py: bytes of small clusters written as one record batch of a cluster file
 BATCH_TABLES = 16  # merge.py: clusters written as one record batch at the most
-# 10x the days: 243 -> 78 MiB of mapped spill pages (commit 28451bf; `tools/bench.py build`); no figure
-# recorded for 16 tables
+# 10x the days: 243 -> 78 MiB of spill pages mapped (28451bf; `tools/bench.py build`); no figure recorded for 16 tables
 
 SPILL_ROWS = 1 << 16  # scan.py: rows of a piece sorted and written to its spill file at a time
 # batching spills removed 1,566 file openings at 2,000 symbols (commit f34c262); no figure for the value
 
-TASK_BATCH = 256  # tasks.py: tasks in one dask graph: the scheduler's state stays bounded with 10,000s of files
-# no figure recorded
+TASK_BATCH = 256  # tasks.py: tasks per dask graph (bounds the scheduler state at 10,000s of files); no figure recorded
 
 ZSTD_STEP = 8 << 20  # sources/dbn.py: bytes asked of a DBN file's zstd stream at once
 DBN_BLOCK_ROWS = 1 << 16  # sources/dbn.py: records decoded at once (to fit the CPU caches)
-CSV_BLOCK = 4 << 20  # sources/csv.py: bytes per CSV read block: bounds a piece's memory
-# no figure recorded for these three
+CSV_BLOCK = 4 << 20  # sources/csv.py: bytes per CSV read block: bounds a piece's memory; no figure recorded for these 3

@@ -29,9 +29,9 @@ def join_shared(
     if root is None:
         return problems
     owner = {f"{g}/{d}": (s, d) for g, s in zip(groups, symbols) for d in DOCS}
+    docs = [p.key if p.key in owner else f"{p.key}/zarr.json" for p in problems]  # a wrong shape is named by its array
     files: dict[tuple[int, int], list[int]] = {}
-    for k, p in enumerate(problems):
-        doc = p.key if p.key in owner else f"{p.key}/zarr.json"  # a wrong shape is named by its array
+    for k, doc in enumerate(docs):
         if doc not in owner:
             continue
         try:
@@ -45,17 +45,17 @@ def join_shared(
     for members in files.values():
         if len(members) < 2:
             continue
-        docs = [p.key if p.key in owner else f"{p.key}/zarr.json" for p in (problems[k] for k in members)]
-        names = [owner[d][0] for d in docs]
-        kinds = sorted({owner[d][1].removesuffix("zarr.json").strip("/") or "group" for d in docs})
+        shared = [docs[k] for k in members]
+        names = [owner[d][0] for d in shared]
+        kinds = sorted({owner[d][1].removesuffix("zarr.json").strip("/") or "group" for d in shared})
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         first = problems[members[0]]
         joined[members[0]] = replace(
             first,
-            key=docs[0],
+            key=shared[0],
             problem=f"one file, hard-linked as the {'/'.join(kinds)} document of {len(names)} symbols ({shown}): "
             f"{first.problem}; it was changed in place, which changes every symbol sharing it: {FIX}",
-            shared=tuple(docs),
+            shared=tuple(shared),
         )
         drop.update(members)
     return [joined.get(k, p) for k, p in enumerate(problems) if k in joined or k not in drop]

@@ -125,8 +125,7 @@ def _check_segments(cache: Cache, problems: list[Problem]) -> None:
     n, names = cache.bars_per_symbol, cache.manifest.symbols
     first = np.searchsorted(sym, np.arange(len(n)))  # each symbol's first segment (its last: the next's - 1)
     last = np.searchsorted(sym, np.arange(len(n)), side="right") - 1
-    some = last >= first
-    covered = some & (start[np.minimum(first, len(local) - 1)] == 0) & (stop[np.maximum(last, 0)] == n)
+    covered = (last >= first) & (start[np.minimum(first, len(local) - 1)] == 0) & (stop[np.maximum(last, 0)] == n)
     joins = np.flatnonzero((sym[1:] == sym[:-1]) & (start[1:] != stop[:-1]))  # a gap or an overlap
     empty = np.flatnonzero(stop <= start)
     for i in np.flatnonzero(~covered).tolist():
@@ -257,10 +256,8 @@ def _check_manifest(cache: Cache, problems: list[Problem]) -> None:
     groups, counts, n, total = len(cache.groups), len(cache.bars_per_symbol), len(cache.symbols), cache.n_bars
     if groups != n or counts != n:
         problems.append(Problem("manifest", f"{groups} groups and {counts} bar counts for {n} symbols"))
-    if int(cache.bars_per_symbol.sum()) != total:
-        problems.append(
-            Problem("manifest", f"bars per symbol add up to {int(cache.bars_per_symbol.sum())}, counts say {total}")
-        )
+    if (summed := int(cache.bars_per_symbol.sum())) != total:
+        problems.append(Problem("manifest", f"bars per symbol add up to {summed}, counts say {total}"))
     expected = cache.manifest.counts.segments
     if expected != len(cache.segments):
         problems.append(Problem("segments", f"{len(cache.segments)} segments, manifest says {expected}"))
@@ -316,9 +313,8 @@ def compare_caches(
 ) -> list[str]:
     """How two caches differ (arrays, the manifest less build times), a shard at a time; [] when identical."""
     ca, cb = open_cache(a, storage_options), open_cache(b, storage_options)
-    out = []
     ma, mb = ({k: v for k, v in c.manifest.to_json().items() if k not in _VOLATILE} for c in (ca, cb))
-    out += [
+    out = [
         f"manifest[{k!r}]: {ma.get(k)!r} != {mb.get(k)!r}" for k in sorted(set(ma) | set(mb)) if ma.get(k) != mb.get(k)
     ]
     if ca.history().get("sources") != cb.history().get("sources"):

@@ -103,25 +103,22 @@ def shards(cache: Cache | str | os.PathLike[str]) -> list[ShardInfo]:
     names, groups = cache.symbols, cache.groups
     keys = [cache.shard_key(s) for s in range(len(table))]
     stored = _stored_sizes(cache, keys)
-    out = []
-    for (i, k, rows, t0, t1), key in zip(table[:, :5].tolist(), keys):  # format.index.SHARD_FIELDS
-        a = k * cache.shard_rows
-        out.append(
-            ShardInfo(
-                symbol=names[i],
-                symbol_id=i,
-                group=groups[i],
-                shard=k,
-                key=key,
-                start=a,
-                stop=a + rows,
-                first_ts=t0,
-                last_ts=t1,
-                raw_bytes=rows * cache.n_features * 4,
-                stored_bytes=stored.get(key),
-            )
+    return [
+        ShardInfo(
+            symbol=names[i],
+            symbol_id=i,
+            group=groups[i],
+            shard=k,
+            key=key,
+            start=k * cache.shard_rows,
+            stop=k * cache.shard_rows + rows,
+            first_ts=t0,
+            last_ts=t1,
+            raw_bytes=rows * cache.n_features * 4,
+            stored_bytes=stored.get(key),
         )
-    return out
+        for (i, k, rows, t0, t1), key in zip(table[:, :5].tolist(), keys)  # format.index.SHARD_FIELDS
+    ]
 
 
 def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
