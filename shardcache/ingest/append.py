@@ -1,15 +1,10 @@
 """Appends: add later bars (the next day's files) to a cache without rewriting finished shards.
 
-``append_cache`` scans and merges the new inputs with the build's stages, then for every symbol with new
-bars refuses any at or before its last stored bar, rewrites its partial last shard and writes new ones
-after it, and continues its last segment when the first new bar follows within ``max_gap`` in the same
-split on the same instrument (features from the raw last bar the manifest keeps, ``tails``), as one
-build of every bar would. New symbols get new groups; split cut times and statistics are the cache's
-(``stats="recompute"`` rebuilds from the recorded inputs plus the new ones).
-
-Locally the append works on hard links to ``OUT``'s files (``CacheWriter`` renames each object into
-place, never writing through a link) and is swapped in as a build is; on an object store it writes in
-place, the manifest last, its last writes decided once and saved (``_Finish``). See docs/cli.md.
+A symbol's new bars must follow its last stored one; its partial last shard is rewritten, new shards written
+after it, and its last segment goes on as in one build of every bar (features from the raw last bar kept in
+the manifest's ``tails``). Split cuts and statistics stay the cache's (``stats="recompute"`` rebuilds). Locally
+the append works on hard links (``CacheWriter`` renames, never writing through one) and is swapped in as a
+build is; on an object store it writes in place, its last writes decided once and saved (``_Finish``).
 """
 
 from __future__ import annotations
@@ -74,8 +69,7 @@ class _Placement:
 @dataclass(kw_only=True)
 class _Finish:
     """An append's last writes (grown symbols' documents, history, root index, manifest), saved before the
-    first of them: a rerun after a kill among them writes these again, never placing bars from a half-written
-    cache nor recording the append twice."""
+    first: a rerun after a kill among them writes these again, never recording the append twice."""
 
     bars_per_symbol: np.ndarray
     segments: np.ndarray
@@ -222,16 +216,12 @@ def _place(cache: Cache, merged: list[Merged]) -> _Placement:
     )
 
 
-def _link_tree(src: str, dst: str) -> None:
-    """``dst`` as a tree of hard links to ``src``'s files (copies where links are refused)."""
-    for root, _, files in os.walk(src):
-        target = os.path.join(dst, os.path.relpath(root, src))
-        os.makedirs(target, exist_ok=True)
-        for name in files:
-            try:
-                os.link(os.path.join(root, name), os.path.join(target, name))
-            except OSError:
-                shutil.copy2(os.path.join(root, name), os.path.join(target, name))
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link to ``src`` at ``dst`` (a copy where links are refused)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def _stage_copy(cache: Cache, staging: Staging) -> None:
@@ -239,7 +229,7 @@ def _stage_copy(cache: Cache, staging: Staging) -> None:
     if not staging.local or staging.load("linked") is not None:
         return
     shutil.rmtree(staging.cache_path, ignore_errors=True)
-    _link_tree(local_path(cache.url).rstrip("/"), staging.cache_path)
+    shutil.copytree(local_path(cache.url).rstrip("/"), staging.cache_path, copy_function=_link_or_copy)
     staging.save("linked", True)
 
 

@@ -1,18 +1,10 @@
 """The builder: market-data files in, a complete sharded cache out, in bounded memory.
 
-Stages, each a set of independent dask tasks (``tasks.run_tasks``) of one file, or of a batch of
-symbols or shards holding at most one shard's rows (``tasks.pack``):
-
-1. **scan** (``scan``): bounded pieces, cleaned, split by symbol, sorted and spilled as run files;
-2. **merge** (``merge``): each symbol's runs sorted, deduplicated, cut into segments;
-3. **place** (in the driver): each symbol's rows in its own group, the segment table;
-4. **stats** (``compute``, z-score only): the train split's count/mean/M2, merged by Chan's formula;
-5. **write** (``compute``): features, normalized, each shard written whole by one task.
-
-The manifest (``summary``) is written last. ``stats_from=CACHE`` skips stage 4 for CACHE's statistics
-and cut times, as an append does (``append``). Memory is bounded by a piece, a cluster and a shard per
-worker; finished tasks are recorded and the cache published once complete (``staging``), so a killed
-build resumes where it stopped.
+Stages of independent dask tasks (``tasks.run_tasks``), each of one file or of a batch of symbols or shards
+holding at most one shard's rows: scan (``scan``), merge (``merge``), place (in the driver), z-score
+statistics of the train split and the write (``compute``); the manifest last (``summary``). ``stats_from``
+takes another cache's statistics and cut times, as an append does. Finished tasks are recorded and the cache
+published once complete (``staging``), so a killed build resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ from ..format.cache import Cache, open_cache
 from ..format.durations import format_duration
 from ..format.index import ShardIndex, ShardRecord
 from ..format.layout import default_chunking, group_path, symbol_bases
-from ..format.manifest import BuildRecord, Manifest, Stats
+from ..format.manifest import BuildRecord, Stats
 from ..format.paths import probe
 from ..format.remote import filesystem
 from ..format.splits import SplitSpec
@@ -150,16 +142,9 @@ def _build(
         unmapped=scanned.unmapped,
         elapsed_s=round(time.perf_counter() - t0, 3),
     )
-    _finish(work, base, merged, scanned, index, described)
-
-
-def _finish(
-    work: ShardWork, base: Manifest, merged: list[Merged], scanned: Scanned, index: ShardIndex, described: list[Any]
-) -> None:
-    """The staged cache's last writes: the history, the root index and segments, the manifest last."""
     manifest = grown(base, work, merged, scanned, index.stored_bytes, appended=False)
     work.writer.write_history({"sources": described, "appends": []})
-    work.writer.finish(work.segments, work.segment_split, manifest, index)
+    work.writer.finish(work.segments, work.segment_split, manifest, index)  # the manifest last
 
 
 def write_batches(stage: Stage, staging: Staging, work: ShardWork, batches: list[list[int]]) -> list[ShardRecord]:

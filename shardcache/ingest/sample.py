@@ -1,9 +1,7 @@
 """Synthetic market data for demos, tests and benchmarks, deterministic by seed.
 
-* :func:`make_sample`: CME-like 1-minute bars as DBN v3 ``ohlcv-1m`` files (zstd), one per trade date, of
-  ``ESH3``, ``NQH3``, ``RTYH3``, ``YMH3`` with symbol mappings: Globex sessions (17:00-16:00 US/Central,
-  DST shifts, weekends closed), minutes without trades missing, a geometric random walk on the tick grid;
-  the default 360 weekday files hold about 665,000 bars.
+* :func:`make_sample`: CME-like 1-minute DBN v3 ``ohlcv-1m`` files (zstd), one per trade date, of four
+  contracts on Globex sessions (DST shifts, weekends closed, minutes without trades missing).
 * :func:`make_sample_parquet`: wide Parquet bars (``ts``, ``symbol``, ``f000``...), in bounded row groups.
 * :func:`write_dbn`: any bar or tick schema the reader accepts, from numpy arrays (for crafted bad values).
 """

@@ -1,15 +1,10 @@
 """Resumable build state: the staging folder, what is finished, and the atomic swap into place.
 
-A build keeps what it has not published in ``OUT.staging`` beside a local ``OUT`` (for an object store,
-under the temp directory): ``state.json`` (inputs, options, versions), ``runs/`` and ``clusters/``
-(spills), ``done/`` (a marker per finished task: ``shardcache.ingest.markers``) and, locally,
-``cache.zarr/``. Each file is written to a temporary name and renamed, a marker after its task's
-outputs, so a build killed at any moment resumes (``--resume``) with only the missing tasks; a damaged
-marker starts it again. A lock on the folder refuses a second build of the same output.
-
-``--overwrite`` replaces only a shardcache cache (``RULES``). Locally the complete cache is renamed onto
-``OUT`` (swapped with an old one by ``renameat2(RENAME_EXCHANGE)`` where offered), so readers never see a
-partial cache; an object store is written in place, its manifest (marked complete) last.
+``OUT.staging`` (for an object store, under the temp directory) holds ``state.json``, the spills, ``done/``
+(a marker per finished task, written after its outputs) and, locally, ``cache.zarr/``; every file is renamed
+into place, so a killed build resumes with only the missing tasks. A lock refuses a second build of ``OUT``.
+A local cache is renamed (or ``renameat2``-swapped) onto ``OUT`` once complete; an object store is written in
+place, its manifest last. ``--overwrite`` replaces only a shardcache cache (``RULES``).
 """
 
 from __future__ import annotations
@@ -364,13 +359,9 @@ def _read_state(root: str) -> dict[str, Any] | None:
 
 
 # -- what a build does with what it finds ---------------------------------------------------------
-# Inputs: another build holds the staging folder; the build state kept there ("none", "same" or
-# "other" inputs and options than this build's, "same+replace": the same, started with
-# --overwrite); what is at OUT (``_out_state``: "missing"; "built": complete from these inputs and
-# options; "complete": from others; "incomplete": a cache whose build did not finish; "damaged": a
-# cache that cannot be opened; "empty": an empty folder; and what --overwrite never replaces:
-# "input", "file", "parent", "folder"); --resume; --overwrite. The first row that matches decides;
-# None matches anything.
+# Columns: another build holds the folder; the kept state ("none", "same", "other", "same+replace": the
+# same, started with --overwrite); what is at OUT (``_out_state``, "built": complete from these inputs and
+# options); --resume; --overwrite. The first row that matches decides; None matches anything.
 _KEPT = frozenset({"same", "same+replace", "other"})
 _SAME = frozenset({"same", "same+replace"})
 _THERE = frozenset({"built", "complete", "empty"})

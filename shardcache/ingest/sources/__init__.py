@@ -1,12 +1,9 @@
 """Input files as streams of bar tables: the contract every reader keeps, discovery and cleaning.
 
-A :class:`Source` is one opened input file; its ``pieces()`` yield bounded, unsorted ``pyarrow`` tables of
-``symbol``, ``ts`` (int64 ns, UTC, the bar start) and ``columns`` (float64, or a Parquet float32), DBN's
-with ``instrument`` ids (to cut a continuous symbol at its rolls). Every reader drops rows by one policy
-(:func:`clean_piece`), counted in ``Source.drops``: ``timestamp out of range`` (outside 1980-2100),
-``non-finite price`` / ``non-positive price`` (:data:`PRICE_COLUMNS`), ``non-finite value``. A file's
-reader is told by its first bytes (``PAR1``, ``DBN`` or a zstd frame) and a ``*.csv[.gz|.zst]`` name;
-files may be local paths or fsspec URLs (:mod:`.files`).
+A :class:`Source`'s ``pieces()`` yield bounded, unsorted ``pyarrow`` tables of ``symbol``, ``ts`` (int64 ns,
+UTC, the bar start) and ``columns`` (float64, or a Parquet float32), DBN's with ``instrument`` ids (its rolls).
+Every reader drops rows by one policy (:func:`clean_piece`), counted in ``Source.drops``. A reader is told by
+the file's first bytes (``PAR1``, ``DBN``, a zstd frame) and a ``*.csv[.gz|.zst]`` name; URLs go by fsspec.
 """
 
 from __future__ import annotations

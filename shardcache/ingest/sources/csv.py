@@ -1,12 +1,9 @@
 """CSV bar tables (vendors' exports) as sources, read block by block by ``pyarrow.csv`` (``open_csv``).
 
-Columns are found and cleaned as for Parquet (:mod:`.table`), typed from the first block, but value
-columns are read as float64 (a later fraction is no error). The delimiter is ``csv_delimiter``, else the
-commonest of comma, semicolon, tab and pipe outside quotes in the header. Thousands separators and
-decimal commas are read as numbers once the first block shows the decimal mark (a column that does not,
-``"1,100"``, is refused). gzip, zstd and bz2 are told by their magic bytes; blanks around header names,
-leading ``#`` comment lines and an empty nameless last column are dropped; UTF-16 text, a nameless
-column elsewhere and a header with no rows are refused.
+Columns are found and cleaned as for Parquet (:mod:`.table`), typed from the first block, value columns read
+as float64 (a later fraction is no error). The delimiter is ``csv_delimiter`` or sniffed from the header.
+Thousands separators and decimal commas are read once the first block shows the decimal mark (``"1,100"``
+alone is refused); gzip, zstd and bz2 are told by their magic bytes; ``#`` lines before the header are skipped.
 """
 
 from __future__ import annotations

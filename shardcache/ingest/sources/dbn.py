@@ -1,27 +1,12 @@
 """Databento DBN files (``.dbn``, ``.dbn.zst``, DBN versions 1-3) as bar tables.
 
-The metadata header is decoded by ``databento_dbn`` (upgraded to v3); records are viewed here as numpy
-structured arrays (:func:`record_dtype`, the same layouts in versions 1-3), in bounded blocks of the
-stream-decompressed body. A body that mixes record types is walked record by record, the others
-counted as ``other record type (NAME)``. Prices are fixed-point (1e-9): ``UNDEF_PRICE`` becomes NaN.
-Symbols come from the metadata's mappings by instrument id and UTC date (:mod:`.symbology`); each
-piece carries the instrument ids, so the build cuts a continuous symbol at its rolls.
-
-What becomes a bar (``ts`` is the bar start, bars aligned to the epoch, UTC):
-
-* ``ohlcv-*``: each record, resampled (first open, max high, min low, last close, summed volume)
-  with a ``bar`` that is a multiple of the interval.
-* ``trades``, ``tbbo``, ``mbp-1``: trades (``mbp-1``/``tbbo``: action ``T``) folded into bars of
-  ``bar`` (default 1m) by ``ts_event``, with ``count``; a bar with no trade is not emitted. ``tbbo``
-  and ``mbp-1`` add ``bid, ask, spread`` of the bar's last record with both sides.
-* ``bbo-1s``, ``bbo-1m``: a sample at the end of its interval belongs to the bar holding
-  ``ts_recv - 1``; OHLC of the mid price, ``bid, ask, spread`` of the last sample, ``volume`` and
-  ``count`` from each interval whose last trade fell inside it (a lower bound).
-
-Folding is exact across blocks: a bar stays open until the newest timestamp read is :data:`LATE_NS`
-past its end; a record for a bar already emitted is dropped as ``late record``. Records with an
-undefined or non-positive trade price (BBO: quote) or a timestamp out of range are dropped and
-counted; an undefined tbbo/mbp-1 quote is only skipped.
+The header is decoded by ``databento_dbn`` (upgraded to v3); records are numpy views (:func:`record_dtype`)
+of bounded blocks, a body that mixes record types walked record by record. Prices are fixed-point (1e-9),
+``UNDEF_PRICE`` NaN; symbols come from the mappings by instrument id and UTC date (:mod:`.symbology`).
+OHLCV records are bars, resampled to ``bar``; trades fold into ``bar`` bars by ``ts_event`` (no trade, no
+bar); a bbo sample belongs to the bar holding ``ts_recv - 1``, its volume only its interval's last trade's (a
+lower bound). A bar stays open until the newest timestamp read is :data:`LATE_NS` past its end, so folding is
+exact across blocks; a later record is a ``late record``.
 """
 
 from __future__ import annotations
@@ -83,14 +68,7 @@ _OHLCV_FIELDS = [
     ("close", "<i8", 40),
     ("volume", "<u8", 48),
 ]
-_BBO = [
-    ("price", "<i8", 16),
-    ("size", "<u4", 24),
-    ("side", "S1", 29),
-    ("flags", "u1", 30),
-    ("ts_recv", "<u8", 32),
-    ("sequence", "<u4", 44),
-]
+_BBO = [f for f in _TRADE if f[0] not in ("action", "depth", "ts_in_delta")]  # the same offsets
 _LAYOUTS: dict[str, tuple[list[tuple[str, str, int]], int]] = {
     "ohlcv": (_OHLCV_FIELDS, 56),
     "trade": (_TRADE, 48),
@@ -386,7 +364,7 @@ class DbnSource(Source):
             raw = np.frombuffer(data, dtype=np.uint8)
             n = len(raw) // size
             rows = raw[: n * size].reshape(n, size)
-            if (rows[:, 0] == size // 4).all() and self._only_mine(rows[:, 1]):
+            if (rows[:, 0] == size // 4).all() and np.isin(rows[:, 1], self.rtypes).all():
                 recs, used = rows.view(self.dtype).reshape(n), n * size
                 stream.records += n
             else:
@@ -398,9 +376,6 @@ class DbnSource(Source):
                 if rest:
                     raise SourceError(self.path, f"truncated DBN data after {stream.records} records")
                 return
-
-    def _only_mine(self, rtypes: np.ndarray) -> bool:
-        return bool(np.isin(rtypes, self.rtypes).all())
 
     def _walk(self, raw: np.ndarray, stream: _Stream) -> tuple[np.ndarray, int]:
         """Records of a block that mixes record types, found by walking their length bytes."""

@@ -1,16 +1,9 @@
 """Tables of bars (Parquet, CSV): one way to find the columns and to turn a record batch into a piece.
 
-* **timestamp**: ``ts_column``, else the column named (ignoring case) one of :data:`TS_NAMES`: timestamps
-  (stored as UTC), dates, ISO-8601 text (no zone: UTC) or integers (s, ms, us or ns: the unit that puts
-  them in 1980-2100).
-* **symbol**: ``symbol_column``, else one of :data:`SYMBOL_NAMES` (text, UTF-8 bytes, whole numbers;
-  trimmed, an empty one dropped as ``missing symbol``), else a hive ``symbol=...`` folder, else the file
-  name (``ESH3.parquet`` -> ``ESH3``).
-* **values**: ``columns`` or every numeric column but those (OHLCV names in any case), as float64
-  (float32 and float16 as float32).
-
-Refused with one line: a nameless column, a text value column, names equal ignoring case, two timestamp
-or symbol candidates, integers above 2**53, a column with no value, symbols that are not text.
+The timestamp is ``ts_column`` or one of :data:`TS_NAMES` (ignoring case): timestamps, dates, ISO-8601 text
+(no zone: UTC) or integers in the unit that puts them in 1980-2100. The symbol is ``symbol_column``, one of
+:data:`SYMBOL_NAMES`, a hive ``symbol=...`` folder or the file name. The values are ``columns`` or every other
+numeric column, as float64 (float32 and float16 as float32); what cannot be read so is refused in one line.
 """
 
 from __future__ import annotations
@@ -164,8 +157,7 @@ class TabularSource(Source):
             raise SourceError(
                 self.path,
                 f"duplicate column name{'s' if len(twice) > 1 else ''} "
-                f"{', '.join(repr(n) for n in twice)}; rename the columns so each "
-                "name appears once",
+                f"{', '.join(repr(n) for n in twice)}; rename the columns so each name appears once",
             )
         folded: dict[str, list[str]] = {}
         for n in names:
@@ -327,8 +319,7 @@ class TabularSource(Source):
         raise SourceError(
             self.path,
             f"timestamp column '{self.ts_column}' holds {bad!r}, not an ISO-8601 time "
-            "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps "
-            "or integers since the epoch",
+            "(YYYY-MM-DD[THH:MM:SS][Z|+HH:MM]) of one kind throughout; write timestamps or integers since the epoch",
         )
 
     def _int_scale(self, values: np.ndarray) -> int:
@@ -357,8 +348,7 @@ class TabularSource(Source):
                 raise SourceError(
                     self.path,
                     f"column '{self._source_name[name]}' holds integers above 2**53 "
-                    f"(up to {top:.0f}), which float64 features cannot hold exactly "
-                    f"(the file is not corrupt); {hint}",
+                    f"(up to {top:.0f}), which float64 features cannot hold exactly (the file is not corrupt); {hint}",
                 )
         if pa.types.is_float64(t) or pa.types.is_float32(t):
             return col
