@@ -407,6 +407,12 @@ def place_clusters(merged: Sequence[Merged], rows: Sequence[int]) -> tuple[np.nd
     return ids, first, counts
 
 
+def _drop_runs(paths: Sequence[str]) -> None:
+    """Delete the scan's run files once every merge job is recorded (a resume may still need them before)."""
+    for path in paths:
+        Path(path).unlink(missing_ok=True)
+
+
 def _runs_of(rows: np.ndarray, staging: str) -> list[_Run]:
     return [
         _Run(
@@ -450,6 +456,5 @@ def merge_symbols(
         for k, (lo, hi) in enumerate(groups)
     ]
     done = stage(_merge, jobs, "merge", weights=[hi - lo for lo, hi in groups], desc="sort symbols", unit="symbol")
-    for path in sorted(run_path(staging, r) for r in np.unique(runs[["file", "piece"]])):  # a file a piece
-        Path(path).unlink(missing_ok=True)  # only now: a resume may need them until every job is recorded
+    _drop_runs(sorted(run_path(staging, r) for r in np.unique(runs[["file", "piece"]])))  # a file a piece
     return [m for batch in done for m in batch.merged()]

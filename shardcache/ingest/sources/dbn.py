@@ -186,14 +186,10 @@ def _read_metadata(path: str, stream: _Stream) -> tuple[int, dbn.Metadata]:
 def _pick(t: np.ndarray, valid: np.ndarray, starts: np.ndarray, group: np.ndarray, first: bool) -> np.ndarray:
     """Per group, the row of the earliest (or latest) valid ``t``; out-of-range when none is valid."""
     n = len(t)
-    pos = np.arange(n)
-    if first:
-        key = np.where(valid, t, _I64_MAX)
-        best = np.minimum.reduceat(key, starts)
-        return np.minimum.reduceat(np.where(valid & (key == best[group]), pos, n), starts)
-    key = np.where(valid, t, _I64_MIN)
-    best = np.maximum.reduceat(key, starts)
-    return np.maximum.reduceat(np.where(valid & (key == best[group]), pos, -1), starts)
+    reduce, none, missing = (np.minimum, _I64_MAX, n) if first else (np.maximum, _I64_MIN, -1)
+    key = np.where(valid, t, none)
+    best = reduce.reduceat(key, starts)
+    return reduce.reduceat(np.where(valid & (key == best[group]), np.arange(n), missing), starts)
 
 
 def _take(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
