@@ -155,3 +155,20 @@ def test_a_late_switch_of_timestamp_kind_quotes_the_text_that_switched(tmp_path,
             "offset) after '2023-01-02T12:00:00Z' (with one); write its ISO-8601 times of one kind throughout"
         )
     ]
+
+
+def test_a_float32_parquet_beside_a_float64_csv_of_one_symbol_merges(tmp_path, expected):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    rows = _rows()
+    first, rest = rows[0::2], rows[1::2]  # interleaved in time: one run of the merge
+    cols = {"ts": [r[0] for r in first], "symbol": ["S"] * len(first)}
+    for k, name in enumerate(["open", "high", "low", "close", "volume"]):
+        cols[name] = pa.array([r[k + 1] for r in first], pa.float32())  # the bars' values are exact in float32
+    pq.write_table(pa.table(cols), tmp_path / "first.parquet")
+    csv = tmp_path / "rest.csv"
+    csv.write_text(
+        "ts,symbol,open,high,low,close,volume\n" + "".join(f"{r[0]},S,{','.join(map(str, r[1:]))}\n" for r in rest)
+    )
+    out = tmp_path / "mixed.zarr"
+    build_cache([tmp_path / "first.parquet", csv], out, **OPTS)
+    np.testing.assert_array_equal(_values(out), expected)

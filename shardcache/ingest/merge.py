@@ -329,7 +329,7 @@ def _cluster_rows(members: list[_Run], spills: Spills) -> tuple[pa.Table, np.nda
     parts = [spills.rows(r.path, r.offset, r.n) for r in sorted(members, key=lambda r: r.key)]
     if len({"instrument" in p.column_names for p in parts}) > 1:  # DBN runs beside table runs: no ids to compare
         parts = [p.drop_columns(["instrument"]) if "instrument" in p.column_names else p for p in parts]
-    table = pa.concat_tables(parts)
+    table = pa.concat_tables(parts, promote_options="permissive")  # a float32 Parquet beside a float64 CSV
     ts = table["ts"].to_numpy()
     if len(members) > 1:
         order = np.argsort(ts, kind="stable")
