@@ -208,13 +208,15 @@ def test_clean_piece_policy() -> None:
         ("1d", 86_400 * 10**9),
         ("0", 0),
         ("250ms", 250 * 10**6),
+        ("5min", 300 * 10**9),
+        ("30D", 30 * 86_400 * 10**9),
     ],
 )
 def test_parse_duration(text: str, ns: int) -> None:
     assert parse_duration(text) == ns
 
 
-@pytest.mark.parametrize("text", ["", "m", "5", "-1m", "1.5h", "1 week", "1y"])
+@pytest.mark.parametrize("text", ["", "m", "5", "-1m", "1.5h", "1 week", "1y", "5mins", "1M"])
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="bad duration"):
         parse_duration(text)
