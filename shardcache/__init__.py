@@ -4,7 +4,8 @@
 ``BuildOptions`` (``RunOptions`` say how one run goes) and ``append_cache`` adds later bars to it;
 ``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory, its settings given as
-objects (``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, one ``CacheSource`` per cache) or their fields;
+objects (``Cut``, ``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, one ``CacheSource`` per cache) or their
+fields; ``walk_forward`` makes the folds (``Fold``) a ``Cut`` serves;
 ``WindowDataset`` is the map-style twin for evaluation;
 ``info``, ``shards``, ``open_symbol``, ``open_symbols`` and ``to_xarray`` show a cache to people
 (``shardcache.inspect.views``).
@@ -26,6 +27,8 @@ if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and I
     from .ingest.builder import build_cache
     from .ingest.run import RunOptions
     from .inspect.views import info, open_symbol, open_symbols, shards, to_xarray
+    from .read.cuts import Cut
+    from .read.folds import Fold, walk_forward
     from .read.settings import CacheSource, LoaderSettings, LocalCopy, PlanSettings
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
@@ -34,6 +37,8 @@ __all__ = [
     "Cache",
     "CacheError",
     "CacheSource",
+    "Cut",
+    "Fold",
     "LoaderSettings",
     "LocalCopy",
     "Manifest",
@@ -53,6 +58,7 @@ __all__ = [
     "open_symbols",
     "shards",
     "to_xarray",
+    "walk_forward",
 ]
 
 
@@ -63,6 +69,8 @@ _DEFINED_IN = {  # module: the names it defines
     "format.manifest": ("Manifest",),
     "read.stream": ("WindowStream", "WindowDataset", "WindowSpec"),
     "read.settings": ("PlanSettings", "LoaderSettings", "LocalCopy", "CacheSource"),
+    "read.cuts": ("Cut",),
+    "read.folds": ("Fold", "walk_forward"),
     "ingest.builder": ("build_cache",),
     "ingest.append": ("append_cache",),
     "ingest.run": ("RunOptions",),

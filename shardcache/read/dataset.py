@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Unpack
 
 import numpy as np
@@ -21,6 +21,7 @@ from ..format.cache import Cache
 from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
 from ..tuning import LRU_BLOCKS
+from .cuts import Cut
 from .options import Batch, MetaBatch, window_spec
 from .readspec import ReadSpec, ReadsWindows
 from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
@@ -53,8 +54,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         caches: CacheInput | CacheSource | Sequence[CacheInput | CacheSource],
         seq_len: int | WindowSpec,
         *,
-        split: str | None = None,  # first: an evaluation names the split it reads
-        split_times: str | Mapping[str, str] | None = None,
+        cut: Cut | None = None,
         meta: bool = False,
         local: LocalCopy | None = None,
         **fields: Unpack[DatasetFields],
@@ -62,11 +62,12 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
         only_known("WindowDataset", given, DatasetFields.__optional_keys__)
         self.spec = window_spec(seq_len, given)  # options first, then the caches
+        cut = grouped("WindowDataset", "cut", Cut, cut, given)
         sources = sources_of(caches, given.pop("storage_options", None))
         local = grouped("WindowDataset", "local", LocalCopy, local, given)
         # a temporary local copy (``sources.temporary``) lives as long as this dataset: removed when it is
         # collected, or at exit
-        self.sources = Sources.open(sources, split=split, split_times=split_times, local=local)
+        self.sources = Sources.open(sources, cut=cut, local=local)
         self.read_spec = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=meta)
         self._ranges = self.read_spec.ranges
         self._n = self._ranges.total()

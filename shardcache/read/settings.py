@@ -20,6 +20,7 @@ from ..format.local_cache import LocalCache
 from ..format.numbers import whole_number
 from ..format.paths import check_storage_options, is_url, layers
 from ..tuning import SURE_TO_FIT
+from .folds import Fold
 from .options import check_device, default_decoders, parse_budget, parse_size
 
 __all__ = [
@@ -321,8 +322,13 @@ class _WindowFields(TypedDict, total=False):
 
 
 class DatasetFields(_WindowFields, total=False):
-    """The keyword arguments ``WindowDataset`` takes by name: ``WindowSpec``'s, ``LocalCopy``'s and ``storage_options``."""
+    """The keyword arguments ``WindowDataset`` takes by name: ``WindowSpec``'s, ``Cut``'s, ``LocalCopy``'s and
+    ``storage_options``."""
 
+    split: str | None
+    split_times: str | Mapping[str, str] | None
+    fold: Fold | None
+    embargo: str | None
     storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None
     cache_dir: str | os.PathLike[str] | None
     cache_limit: int | str | None

@@ -2,90 +2,26 @@
 
 Cache ``k``'s rows are rows ``[row_bounds[k], row_bounds[k + 1])`` of the shared space, cut into shards of
 the gcd of the caches' shard sizes, so no shard straddles two caches or symbols. Every cache serves the same
-split, over the same time range unless ``split_times`` re-cuts them all (``SplitTimes``).
+split, over the same time range unless a ``Cut`` (``split_times``, a fold, an embargo) re-cuts them all.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, OptionError, OptionTypeError, ShardcacheError
+from ..errors import CacheError, OptionError, ShardcacheError
 from ..format.cache import Cache, open_cache
 from ..format.local_cache import LocalCache
 from ..format.readahead import will_read
-from ..format.splits import parse_split
-from ..format.windows import Ranges, SegmentSource, SegmentTable, WindowSpec, valid_ranges
+from ..format.windows import Ranges, SegmentSource, WindowSpec, valid_ranges
+from .cuts import Cut
 from .options import check_split, no_windows_error
 from .settings import CacheSource, LocalCopy
 
-__all__ = ["Sources", "SplitTimes"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class SplitTimes:
-    """Split names in time order and the times (ns since the epoch, UTC) where each later split starts:
-    ``split_times`` as a user gives it, ``"val=2023-05-15,test=2023-06-01"`` or ``{"val": "2023-05-15",
-    ...}`` (the dates of ``build-cache --split``; ``train`` is everything before the first)."""
-
-    names: tuple[str, ...]
-    cuts_ns: tuple[int, ...]
-    text: str
-
-    @classmethod
-    def of(cls, value: Any) -> SplitTimes | None:
-        if value is None:
-            return None
-        if isinstance(value, Mapping):
-            text = ",".join(f"{k}={v}" for k, v in value.items())
-        elif isinstance(value, str):
-            text = value
-        else:
-            raise OptionTypeError(
-                f"split_times={value!r}: give 'val=YYYY-MM-DD,test=YYYY-MM-DD' or a dict such as {{'val': '2023-05-15'}}"
-            )
-        try:
-            spec = parse_split(text)
-        except OptionError as exc:
-            raise OptionError("split_times", value, exc.problem) from None
-        if spec.dates_ns is None:
-            raise OptionError("split_times", value, "takes the dates each later split starts at, not fractions")
-        return cls(names=tuple(spec.names), cuts_ns=tuple(spec.dates_ns), text=text)
-
-    def table(self, cache: Cache) -> SegmentTable:
-        """``cache``'s segments (every split) cut again at these times, each piece in the split its bars' times fall in."""
-        seg = np.asarray(cache.segments, dtype=np.int64).reshape(-1, 3)
-        bounds = [seg[:, 1]]
-        if len(seg):
-            first, last = cache.bar_times(seg[:, 1]), cache.bar_times(seg[:, 2] - 1)
-            for cut in self.cuts_ns:
-                row = np.where(first >= cut, seg[:, 1], seg[:, 2])
-                inside = np.flatnonzero((first < cut) & (last >= cut))
-                row[inside] = _first_at(cache, seg[inside, 1], seg[inside, 2] - 1, cut)
-                bounds.append(row)
-        bounds.append(seg[:, 2])
-        edges = np.stack(bounds, axis=1)  # per segment: start, one row per cut, stop (non-decreasing)
-        lo, hi = edges[:, :-1], edges[:, 1:]
-        keep = hi > lo
-        split = np.broadcast_to(np.arange(lo.shape[1], dtype=np.int8), lo.shape)
-        sym = np.broadcast_to(seg[:, :1], lo.shape)
-        table = np.stack([sym[keep], lo[keep], hi[keep]], axis=1)
-        order = np.argsort(table[:, 1], kind="stable")
-        return SegmentTable(segments=table[order], segment_split=split[keep][order], split_names=list(self.names))
-
-
-def _first_at(cache: Cache, lo: np.ndarray, hi: np.ndarray, cut: int) -> np.ndarray:
-    """For each pair, the first row in ``(lo, hi]`` whose bar time is at least ``cut``: one binary search of them all."""
-    lo, hi = lo.copy(), hi.copy()
-    while len(lo) and (hi - lo > 1).any():
-        mid = (lo + hi) // 2
-        before = cache.bar_times(mid) < cut
-        lo, hi = np.where(before, mid, lo), np.where(before, hi, mid)
-    return hi
+__all__ = ["Sources"]
 
 
 class Sources:
@@ -100,8 +36,7 @@ class Sources:
         self,
         caches: Sequence[Cache],
         *,
-        split: str | None,
-        split_times: SplitTimes | None,
+        cut: Cut,
         temporary: LocalCache | None = None,
     ) -> None:
         self.temporary = temporary  # a temporary node-local copy of remote caches' shards, removed by its owner
@@ -119,51 +54,52 @@ class Sources:
         self._cache = np.repeat(np.arange(len(self.caches)), [len(c.rows.bars_per_symbol) for c in self.caches])
         self._symbol = np.concatenate([np.arange(len(c.rows.bars_per_symbol)) for c in self.caches])
         self._bars = np.concatenate([c.rows.bars_per_symbol for c in self.caches])
-        self.split_times = split_times
-        self.split = self._choose(split)
+        self.cut = cut
+        self.split = self._choose(cut)
         """The split read (``None``: every bar)."""
-        self.tables: list[SegmentSource] = [c if split_times is None else split_times.table(c) for c in self.caches]
+        times = cut.times(self.caches[0])
+        self.split_names = list(self.caches[0].split_names if times is None else times.names)
+        """The names of the splits the caches are cut into."""
+        self.tables: list[SegmentSource] = [c if times is None else times.table(c) for c in self.caches]
 
     @classmethod
     def open(
         cls,
         sources: Sequence[CacheSource],
         *,
-        split: str | None,
-        split_times: Any = None,
+        cut: Cut,
         local: LocalCopy | None = None,
     ) -> Sources:
-        """The caches of ``sources`` (``sources_of``) opened, read through ``local`` when given; the split checked."""
-        times = SplitTimes.of(split_times)
+        """The caches of ``sources`` (``sources_of``) opened, read through ``local`` when given; the cut checked."""
         if local is not None:
             local.check(sources)
         opened = [open_cache(s.cache, None if s.storage_options is None else dict(s.storage_options)) for s in sources]
         opened, temporary = (opened, None) if local is None else local.apply(opened)
         try:
-            return cls(opened, split=split, split_times=times, temporary=temporary)
+            return cls(opened, cut=cut, temporary=temporary)
         except BaseException:
             if temporary is not None:
                 temporary.close()
             raise
 
     # -- the split ---------------------------------------------------------------------------
-    def _choose(self, split: str | None) -> str | None:
-        """The split every cache serves: each cache's own (the same time range in all), or ``split_times``'."""
-        times = self.split_times
-        if times is None:
+    def _choose(self, cut: Cut) -> str | None:
+        """The split every cache serves: each cache's own (the same time range in all), or the cut's."""
+        split = cut.split
+        if cut.fold is None and cut.split_times is None:
             for cache in self.caches:
                 check_split(cache, split)  # a cache without the split is refused by name
             if len(self.caches) > 1 and split not in (None, "all"):
                 self._check_cuts(split)
             return split
-        if split is not None and not isinstance(split, str):
-            raise OptionTypeError(f"split={split!r}: must be a split name (a str) or 'all'")
-        if split is None and len(times.names) > 1:
-            raise OptionError(
-                "split", None, f"split_times cuts {', '.join(times.names)}: pass split={times.names[0]!r} (or another)"
-            )
-        if split not in (None, "all", *times.names):
-            raise OptionError("split", split, f"no such split; split_times cuts {', '.join(times.names)}")
+        names = cut.times(self.caches[0]).names  # type: ignore[union-attr]  # a fold or split_times: never None
+        said = repr(cut.fold) if cut.fold is not None else "split_times"
+        if split is None and len(names) > 1:
+            raise OptionError("split", None, f"{said} cuts {', '.join(names)}: pass split={names[0]!r} (or another)")
+        if split not in (None, "all", *names):
+            raise OptionError("split", split, f"no such split; {said} cuts {', '.join(names)}")
+        if cut.fold is not None:
+            _check_fold_stats(self.caches, self.urls, cut)
         return split
 
     def _check_cuts(self, split: str) -> None:
@@ -332,6 +268,27 @@ def _check_normalized(caches: Sequence[Cache], urls: list[str]) -> None:
         f"(normalize={caches[r].manifest.normalize!r}): the model would see each feature on two scales; "
         "build every cache with the same build-cache --normalize (and --stats-from one of them to share its statistics)",
     )
+
+
+def _check_fold_stats(caches: Sequence[Cache], urls: list[str], cut: Cut) -> None:
+    """Refuse a fold of a cache z-scored at build time with statistics of bars from the fold's validation
+    range on: its train windows would carry what the validation period's mean and variance are."""
+    fold = cut.fold
+    assert fold is not None
+    for cache, url in zip(caches, urls):
+        splits = cache.manifest.splits
+        if _stats_key(cache) is None or splits.stats_split is None:
+            continue
+        ends = splits.cuts_ns[0] if splits.stats_split == "train" and splits.cuts_ns else None
+        if ends is not None and ends <= fold.val[0]:
+            continue
+        upto = "every bar" if ends is None else f"bars before {np.datetime64(int(ends), 'ns').astype('datetime64[m]')}"
+        raise OptionError(
+            "fold",
+            repr(fold),
+            f"{url} is z-scored with the statistics of {upto}, which reach into this fold's validation range: "
+            "its training would see them; build the cache with --normalize none to fold it",
+        )
 
 
 def _check_features(caches: Sequence[Cache], urls: list[str]) -> None:

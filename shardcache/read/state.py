@@ -48,8 +48,8 @@ def restore(stream: WindowStream, state: Mapping[str, Any]) -> None:
 
 def signature(stream: WindowStream) -> dict[str, Any]:
     """The settings that fix the epoch's batches (a mixture's only when set: a single cache's state stays as it was)."""
-    h, times = stream.spec.horizon, stream.sources.split_times
-    mixed = {**stream.mixture.signature(), "split_times": None if times is None else times.text}
+    h = stream.spec.horizon
+    mixed = {**stream.mixture.signature(), **stream.sources.cut.signature()}
     reads = stream.reads.digests
     return {
         "seq_len": stream.seq_len,

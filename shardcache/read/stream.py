@@ -22,6 +22,7 @@ from ..format.cache import Cache
 from ..format.numbers import whole_number
 from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
+from .cuts import Cut
 from .dataset import WindowDataset
 from .identity import Reads
 from .lifetime import StreamResources
@@ -66,6 +67,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     The other settings come as objects, or as keyword arguments naming their fields
     (``batch_size=512`` for ``order=PlanSettings(batch_size=512)``; one or the other for each object):
 
+    - ``cut`` (``Cut``: ``split``, ``split_times``, ``fold``, ``embargo``): which bars are served, in time;
     - the window: ``horizon``, ``stride``, ``features``, ``target`` (a ``WindowSpec``'s fields);
     - ``order`` (``PlanSettings``: ``batch_size``, ``shuffle``, ``seed``, ``mix``, ``drop_last``): which
       batches an epoch has;
@@ -86,8 +88,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         caches: CacheInput | CacheSource | Sequence[CacheInput | CacheSource],
         seq_len: int | WindowSpec,
         *,
-        split: str | None = None,
-        split_times: str | Mapping[str, str] | None = None,
+        cut: Cut | None = None,
         epoch_windows: int | None = None,
         meta: bool = False,
         order: PlanSettings | None = None,
@@ -98,6 +99,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
         only_known("WindowStream", given, StreamFields.__optional_keys__)
         self.spec = window_spec(seq_len, given)  # options first, then the caches
+        cut = grouped("WindowStream", "cut", Cut, cut, given)
         self.order = grouped("WindowStream", "order", PlanSettings, order, given)
         """Which batches an epoch has: ``batch_size``, ``shuffle``, ``seed``, ``mix``, ``drop_last``."""
         self.loading = grouped("WindowStream", "loading", LoaderSettings, loading, given)
@@ -106,7 +108,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         weights = weights_of(sources, given.pop("weights", None))
         self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=len(sources))
         local = grouped("WindowStream", "local", LocalCopy, local, given)
-        self.sources = Sources.open(sources, split=split, split_times=split_times, local=local)
+        self.sources = Sources.open(sources, cut=cut, local=local)
         self.read_spec = ReadSpec.of(self.sources, self.spec, self.loading.device, meta)
         self.planner = Planner(
             ranges=self.read_spec.ranges,
@@ -277,7 +279,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         windows = np.diff(self.read_spec.ranges.count_below(s.row_bounds)).tolist()
         return {
             "split": self.split,
-            "split_times": None if s.split_times is None else s.split_times.text,
+            **s.cut.signature(),
             "weights": None if self.mixture.weights is None else list(self.mixture.weights),
             "epoch_windows": self.planner.n_windows,
             "stats": s.stats,
