@@ -251,6 +251,15 @@ def test_expand_inputs(tmp_path: Path) -> None:
         expand_inputs([str(tmp_path / "empty")])
 
 
+def test_an_empty_list_of_inputs_is_refused_by_name(tmp_path: Path) -> None:
+    from shardcache import build_cache
+    from shardcache.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"^sources=\[\]: names no input: give at least one file"):
+        build_cache([], tmp_path / "out.zarr", progress=False)  # once an IndexError from the scan
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_open_source_dispatch_by_content(tmp_path: Path) -> None:
     path = write(tmp_path / "bars.dbn", ts=[T0], close=[1.0])
     assert open_source(str(path)).kind == "parquet"

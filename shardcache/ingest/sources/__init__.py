@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...errors import SourceError
+from ...errors import OptionError, SourceError
 from ...format.durations import format_duration, parse_duration
 from ...format.paths import check_storage_options, is_url, local_path
 from .base import DBN_MAGIC, PARQUET_MAGIC, PRICE_COLUMNS, ZSTD_MAGIC, Source, clean_piece
@@ -83,6 +83,8 @@ def expand_inputs(specs: Sequence[str], storage_options: dict[str, Any] | None =
     """Files named by ``specs`` (files, folders searched recursively, globs, fsspec URLs such as
     ``s3://b/dbn/*.dbn.zst``), sorted and unique; files skipped by suffix or as hidden are named in a warning."""
     check_storage_options(storage_options)
+    if not specs:
+        raise OptionError("sources", [], "names no input: give at least one file, folder, glob or URL")
     seen: dict[str, str] = {}
     for spec in specs:
         spec = os.fspath(spec)
