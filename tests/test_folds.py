@@ -3,15 +3,21 @@ windows a stream or a dataset serves of each fold or split, against plain zarr's
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+import torch.multiprocessing as mp
 import zarr
+from helpers import ddp_rank
+from helpers.stream import _first_rows as stored_first_rows
 from helpers.stream import keys_of
 from hypothesis import given
 from hypothesis import strategies as st
 
 from shardcache import build_cache
 from shardcache.errors import OptionError, OptionTypeError, StateError
+from shardcache.format.cache import Cache
 from shardcache.ingest.sample import make_sample
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.folds import Fold, walk_forward
@@ -214,3 +220,14 @@ def test_a_fold_of_a_cache_z_scored_over_its_validation_range_is_refused(dated) 
 
 def _cut(path: str) -> int:
     return int(zarr.open_group(path, mode="r").attrs["shardcache"]["splits"]["cuts_ns"][0])
+
+
+def test_gloo_ranks_serve_a_folds_train_windows_once(raw, tmp_path) -> None:
+    fold = walk_forward(raw, train="8D", val="3D", embargo="1h")[1]
+    kwargs = {"seq_len": 30, "batch_size": 100, "fold": fold, "split": "train"}
+    mp.spawn(ddp_rank, args=(2, raw, str(tmp_path / "init"), str(tmp_path), kwargs), nprocs=2, join=True)
+    got = np.concatenate([np.load(tmp_path / f"rank{r}.npy") for r in range(2)])
+    dropped = json.loads((tmp_path / "rank0.json").read_text())["dropped"]
+    first = stored_first_rows(Cache(raw))
+    want = np.asarray(sorted(first[s] + r for s, r in oracle(raw, 30, 1, fold.train[0], fold.val[0] - HOUR)))
+    assert len(np.unique(got)) == len(got) == len(want) - dropped and np.isin(got, want).all()
