@@ -204,8 +204,13 @@ def test_a_fold_is_refused_beside_split_times_an_embargo_or_without_a_split(raw)
 
 def test_a_fold_with_no_window_says_so(raw) -> None:
     fold = walk_forward(raw, train="8D", val="1h", step="1h")[0]
-    with pytest.raises(OptionError, match="no window"):
+    with pytest.raises(OptionError, match=r"no window: .* \(as Fold 0: train .* cuts it\)"):
         WindowStream(raw, 2000, fold=fold, split="val")
+
+
+def test_an_embargo_longer_than_its_split_leaves_no_window_and_says_so(dated) -> None:
+    with pytest.raises(OptionError, match=r"no bars in this split \(as embargo 30d cuts it\)"):
+        WindowStream(dated, 30, split="train", embargo="30D")
 
 
 def test_a_fold_of_a_cache_z_scored_over_its_validation_range_is_refused(dated) -> None:

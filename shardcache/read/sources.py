@@ -132,7 +132,11 @@ class Sources:
         for cache, table in zip(self.caches, self.tables):
             r = valid_ranges(table, spec, split=self.split)
             if not r.total():
-                raise _named(no_windows_error(cache, spec, self.split, table), cache.url if len(self) > 1 else "")
+                exc = no_windows_error(cache, spec, self.split, table)
+                said = self.cut.describe()
+                if said and isinstance(exc, OptionError):
+                    exc = OptionError(exc.option, exc.value, f"{exc.problem} (as {said} cuts it)", exc.mentions)
+                raise _named(exc, cache.url if len(self) > 1 else "")
             parts.append(r)
         if len(parts) == 1:
             return parts[0]
