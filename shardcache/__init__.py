@@ -4,7 +4,8 @@
 ``BuildOptions`` (``RunOptions`` say how one run goes) and ``append_cache`` adds later bars to it;
 ``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory, its settings given as
-objects (``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, one ``CacheSource`` per cache) or their fields;
+objects (``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, ``Normalization``, one ``CacheSource`` per cache) or
+their fields;
 ``WindowDataset`` is the map-style twin for evaluation;
 ``info``, ``shards``, ``open_symbol``, ``open_symbols`` and ``to_xarray`` show a cache to people
 (``shardcache.inspect.views``).
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and I
     from .ingest.builder import build_cache
     from .ingest.run import RunOptions
     from .inspect.views import info, open_symbol, open_symbols, shards, to_xarray
+    from .read.normalize import Normalization
     from .read.settings import CacheSource, LoaderSettings, LocalCopy, PlanSettings
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
@@ -37,6 +39,7 @@ __all__ = [
     "LoaderSettings",
     "LocalCopy",
     "Manifest",
+    "Normalization",
     "PlanSettings",
     "RunOptions",
     "ShardcacheError",
@@ -63,6 +66,7 @@ _DEFINED_IN = {  # module: the names it defines
     "format.manifest": ("Manifest",),
     "read.stream": ("WindowStream", "WindowDataset", "WindowSpec"),
     "read.settings": ("PlanSettings", "LoaderSettings", "LocalCopy", "CacheSource"),
+    "read.normalize": ("Normalization",),
     "ingest.builder": ("build_cache",),
     "ingest.append": ("append_cache",),
     "ingest.run": ("RunOptions",),

@@ -49,7 +49,11 @@ def restore(stream: WindowStream, state: Mapping[str, Any]) -> None:
 def signature(stream: WindowStream) -> dict[str, Any]:
     """The settings that fix the epoch's batches (a mixture's only when set: a single cache's state stays as it was)."""
     h, times = stream.spec.horizon, stream.sources.split_times
-    mixed = {**stream.mixture.signature(), "split_times": None if times is None else times.text}
+    mixed = {
+        **stream.mixture.signature(),
+        "split_times": None if times is None else times.text,
+        "normalization": stream.normalization.signature(),
+    }
     reads = stream.reads.digests
     return {
         "seq_len": stream.seq_len,
