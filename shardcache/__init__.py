@@ -4,8 +4,8 @@
 ``BuildOptions`` (``RunOptions`` say how one run goes) and ``append_cache`` adds later bars to it;
 ``Cache.manifest`` (a ``Manifest``) records how the cache was built and what it holds;
 ``WindowStream`` streams every window of it (stride 1) with bounded memory, its settings given as
-objects (``Cut``, ``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, one ``CacheSource`` per cache) or their
-fields; ``walk_forward`` makes the folds (``Fold``) a ``Cut`` serves;
+objects (``Cut``, ``PlanSettings``, ``LoaderSettings``, ``LocalCopy``, ``Normalization``, one ``CacheSource`` per
+cache) or their fields; ``walk_forward`` makes the folds (``Fold``) a ``Cut`` serves;
 ``WindowDataset`` is the map-style twin for evaluation;
 ``info``, ``shards``, ``open_symbol``, ``open_symbols`` and ``to_xarray`` show a cache to people
 (``shardcache.inspect.views``).
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what __getattr__ loads on first use, as type checkers and I
     from .inspect.views import info, open_symbol, open_symbols, shards, to_xarray
     from .read.cuts import Cut
     from .read.folds import Fold, walk_forward
+    from .read.normalize import Normalization
     from .read.settings import CacheSource, LoaderSettings, LocalCopy, PlanSettings
     from .read.stream import WindowDataset, WindowSpec, WindowStream
 
@@ -42,6 +43,7 @@ __all__ = [
     "LoaderSettings",
     "LocalCopy",
     "Manifest",
+    "Normalization",
     "PlanSettings",
     "RunOptions",
     "ShardcacheError",
@@ -71,6 +73,7 @@ _DEFINED_IN = {  # module: the names it defines
     "read.settings": ("PlanSettings", "LoaderSettings", "LocalCopy", "CacheSource"),
     "read.cuts": ("Cut",),
     "read.folds": ("Fold", "walk_forward"),
+    "read.normalize": ("Normalization",),
     "ingest.builder": ("build_cache",),
     "ingest.append": ("append_cache",),
     "ingest.run": ("RunOptions",),

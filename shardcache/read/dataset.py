@@ -22,11 +22,12 @@ from ..format.settings import grouped, only_known
 from ..format.windows import WindowSpec
 from ..tuning import LRU_BLOCKS
 from .cuts import Cut
+from .normalize import Normalization
 from .options import Batch, MetaBatch, window_spec
 from .readspec import ReadSpec, ReadsWindows
 from .settings import CacheInput, CacheSource, DatasetFields, LocalCopy, sources_of
 from .sources import Sources
-from .storage import Arena, columns_of, gather, target_steps
+from .storage import Arena, block_columns, gather, target_steps
 
 __all__ = ["WindowDataset"]
 
@@ -39,7 +40,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
     the end. ``ds[a:b]`` and ``ds[[i, j]]`` are ``Batch(x [n, seq_len, F], y [n, T])``.
 
     Takes the caches and window settings of ``WindowStream`` (keyword-only after ``seq_len``, the
-    same split rule) and its ``cache_dir``/``cache_limit``; over several caches the index runs through
+    same split rule), its ``cache_dir``/``cache_limit`` and its ``normalization``; over several caches the index runs through
     cache 0's windows, then cache 1's (``offsets``, ``locate``). Keeps the last few decoded shard
     blocks, so nearby indices cost no zarr call. With ``meta=True`` items are ``MetaBatch``: each
     window's place and times exactly as the stream gives them, for lining predictions up with bars.
@@ -57,6 +58,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         cut: Cut | None = None,
         meta: bool = False,
         local: LocalCopy | None = None,
+        normalization: Normalization | None = None,
         **fields: Unpack[DatasetFields],
     ) -> None:
         given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
@@ -65,10 +67,12 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         cut = grouped("WindowDataset", "cut", Cut, cut, given)
         sources = sources_of(caches, given.pop("storage_options", None))
         local = grouped("WindowDataset", "local", LocalCopy, local, given)
+        self.normalization = grouped("WindowDataset", "normalization", Normalization, normalization, given)
+        """How served values are scaled (``WindowStream.normalization``)."""
         # a temporary local copy (``sources.temporary``) lives as long as this dataset: removed when it is
         # collected, or at exit
         self.sources = Sources.open(sources, cut=cut, local=local)
-        self.read_spec = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta=meta)
+        self.read_spec = ReadSpec.of(self.sources, self.spec, torch.device("cpu"), meta, self.normalization)
         self._ranges = self.read_spec.ranges
         self._n = self._ranges.total()
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
@@ -149,9 +153,8 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         s, r = self.sources, self.read_spec
         lo = shard * s.shard_rows
         hi = min(lo + self.spec.block_rows(s.shard_rows), s.region_stop(lo))
-        rows = s.read_rows(lo, hi)
-        x = columns_of(rows, r.xcols)
-        y = x if r.same_columns else columns_of(rows, r.ycols)
+        scale = None if r.scaler is None else r.scaler.block(lo)
+        x, y = block_columns(s.read_rows(lo, hi), (r.xcols, r.ycols), r.same_columns, scale)
         self._lru[shard] = hit = (lo, Arena(x, y, self.spec.seq_len))
         while len(self._lru) > LRU_BLOCKS:
             self._lru.popitem(last=False)

@@ -306,6 +306,9 @@ class Reader:
         at = [int(p.layout.at[k]) for p, k in group]
         outs = [p.arena.x[a : a + n].numpy() for (p, _), a, n in zip(group, at, (hi - lo).tolist())]
         self.spec.sources.read_many(lo, hi, outs)
+        if self.spec.scaler is not None:  # every column, the targets scaled alike (``grouped``)
+            for a, out in zip(lo.tolist(), outs):
+                self.spec.scaler.block(a).x(out)
         self.small_read = min((time.perf_counter() - t0) / len(group), 1.5 * self.small_read)
 
     def _wait_decoded(self, g: int) -> None:
@@ -349,8 +352,14 @@ class Reader:
         """The read of ``_decode``, through the storage."""
         s = self.spec
         lo, hi, at = int(pool.layout.lo[k]), int(pool.layout.hi[k]), int(pool.layout.at[k])
+        scale = None if s.scaler is None else s.scaler.block(lo)
         copy = s.storage.fill(
-            pool.arena, at, hi - lo, lambda out: s.sources.read_rows(lo, hi, out=out, check=False), (s.xcols, s.ycols)
+            pool.arena,
+            at,
+            hi - lo,
+            lambda out: s.sources.read_rows(lo, hi, out=out, check=False),
+            (s.xcols, s.ycols),
+            scale,
         )
         if copy is None:
             return

@@ -10,6 +10,7 @@ import torch
 
 from ..format.cache import Cache
 from ..format.windows import Ranges, WindowSpec
+from .normalize import Normalization, Scaler, Stats
 from .options import columns
 from .sources import Sources
 from .storage import Arena, Host, storage_for
@@ -21,7 +22,8 @@ __all__ = ["ReadSpec", "ReadsWindows"]
 class ReadSpec:
     """What a reader needs to know of its stream: the caches and their valid windows, the window, the
     input/target columns (None: every column), the ``storage`` of decoded rows and batches, and whether
-    batches carry each window's place and times (``meta``). Made by ``ReadSpec.of``."""
+    batches carry each window's place and times (``meta``), and the ``scaler`` of a read-time normalization
+    (None: the stored values). Made by ``ReadSpec.of``."""
 
     sources: Sources
     ranges: Ranges
@@ -32,13 +34,19 @@ class ReadSpec:
     ny: int
     storage: Host
     meta: bool
+    scaler: Scaler | None = None
 
     @classmethod
-    def of(cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool) -> ReadSpec:
-        """What a stream of ``sources`` reads: columns checked first, then the split's valid windows."""
+    def of(
+        cls, sources: Sources, spec: WindowSpec, device: torch.device, meta: bool, norm: Normalization | None = None
+    ) -> ReadSpec:
+        """What a stream of ``sources`` reads: columns checked first, then the split's valid windows, then the
+        statistics of ``norm`` (read from the train range's bars)."""
         xcols = columns(sources.caches[0], spec.features, "features")  # every cache has the same features
         ycols = columns(sources.caches[0], spec.target, "target")
         ranges = sources.ranges(spec)
+        stats = None if norm is None else norm.stats(sources)
+        targets = norm is not None and norm.normalize_targets
         return cls(
             sources=sources,
             ranges=ranges,
@@ -49,6 +57,7 @@ class ReadSpec:
             ny=len(ycols) if ycols is not None else sources.n_features,
             storage=storage_for(device),
             meta=bool(meta),
+            scaler=None if stats is None else Scaler(stats, sources, (xcols, ycols), targets),
         )
 
     @property
@@ -58,8 +67,8 @@ class ReadSpec:
 
     @property
     def same_columns(self) -> bool:
-        """Inputs and targets are every column: one arena serves both."""
-        return self.xcols is None and self.ycols is None
+        """Inputs and targets are every column, scaled alike: one arena serves both."""
+        return self.xcols is None and self.ycols is None and (self.scaler is None or self.scaler.targets)
 
     def arena(self, rows: int, *, keep: bool = False) -> Arena:
         """An arena of ``rows`` rows on the storage (``Host.arena``), one tensor when the columns are the same."""
@@ -130,6 +139,13 @@ class ReadsWindows:
     def split(self) -> str | None:
         """The split read (``None``: every bar)."""
         return self.sources.split
+
+    @property
+    def stats(self) -> Stats | None:
+        """The statistics applied to served values (``Stats``: ``mean`` and ``std`` per feature, per cache or
+        per symbol as ``normalize`` says), None without a read-time normalization."""
+        scaler = self.read_spec.scaler
+        return None if scaler is None else scaler.stats
 
     @property
     def meta(self) -> bool:

@@ -322,8 +322,8 @@ class _WindowFields(TypedDict, total=False):
 
 
 class DatasetFields(_WindowFields, total=False):
-    """The keyword arguments ``WindowDataset`` takes by name: ``WindowSpec``'s, ``Cut``'s, ``LocalCopy``'s and
-    ``storage_options``."""
+    """The keyword arguments ``WindowDataset`` takes by name: ``WindowSpec``'s, ``Cut``'s, ``LocalCopy``'s,
+    ``Normalization``'s and ``storage_options``."""
 
     split: str | None
     split_times: str | Mapping[str, str] | None
@@ -332,6 +332,9 @@ class DatasetFields(_WindowFields, total=False):
     storage_options: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None
     cache_dir: str | os.PathLike[str] | None
     cache_limit: int | str | None
+    normalize: str | None
+    normalize_targets: bool
+    pool_caches: bool
 
 
 class StreamFields(DatasetFields, total=False):

@@ -49,7 +49,11 @@ def restore(stream: WindowStream, state: Mapping[str, Any]) -> None:
 def signature(stream: WindowStream) -> dict[str, Any]:
     """The settings that fix the epoch's batches (a mixture's only when set: a single cache's state stays as it was)."""
     h = stream.spec.horizon
-    mixed = {**stream.mixture.signature(), **stream.sources.cut.signature()}
+    mixed = {
+        **stream.mixture.signature(),
+        **stream.sources.cut.signature(),
+        "normalization": stream.normalization.signature(),
+    }
     reads = stream.reads.digests
     return {
         "seq_len": stream.seq_len,

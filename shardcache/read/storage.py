@@ -15,7 +15,7 @@ import glob
 import mmap
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,7 +23,21 @@ import torch
 from ..format.windows import WindowSpec
 from ..tuning import HUGE_MAP, MIN_CHUNK, SMALL_ARENA
 
-__all__ = ["Arena", "Device", "Host", "chunk_for", "gather", "mapped", "one_thread_here", "storage_for", "target_steps"]
+if TYPE_CHECKING:
+    from .normalize import BlockScale
+
+__all__ = [
+    "Arena",
+    "Device",
+    "Host",
+    "block_columns",
+    "chunk_for",
+    "gather",
+    "mapped",
+    "one_thread_here",
+    "storage_for",
+    "target_steps",
+]
 
 GRAIN = 32768  # at::internal::GRAIN_SIZE: a parallel_for over at most this many elements runs inline
 WHOLE = 1 << 62  # a chunk no gather reaches: one index_select
@@ -130,9 +144,28 @@ Read = Callable[[np.ndarray | None], np.ndarray]
 """A block's read: its rows of every column, into the given array (or a new one with None)."""
 
 
-def columns_of(rows: np.ndarray, cols: list[int] | None) -> torch.Tensor:
-    """``rows``' columns ``cols`` (None: every column) as a tensor."""
-    return torch.from_numpy(rows if cols is None else np.ascontiguousarray(rows[:, cols]))
+Cols = tuple[list[int] | None, list[int] | None]
+"""A block's input and target columns (None: every column)."""
+
+
+def block_columns(
+    rows: np.ndarray, cols: Cols, shared: bool, scale: BlockScale | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoded block's inputs and targets (``cols``; one tensor when ``shared``), scaled by ``scale``: they
+    may share ``rows``' memory, never each other's unless ``shared``."""
+    xcols, ycols = cols
+    x = rows if xcols is None else np.ascontiguousarray(rows[:, xcols])  # a list index: a copy
+    if shared:
+        y = x
+    elif ycols is not None:
+        y = np.ascontiguousarray(rows[:, ycols])
+    else:
+        y = rows.copy() if xcols is None else rows
+    if scale is not None:
+        scale.x(x)
+        if not shared:
+            scale.y(y)
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 class Host:
@@ -158,15 +191,22 @@ class Host:
         """A new batch tensor."""
         return torch.empty(shape, dtype=torch.float32)
 
-    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: tuple[list[int] | None, list[int] | None]) -> Any:
-        """Read a block of ``n`` rows into arena rows ``at:at + n`` (only ``cols``' input and target columns)."""
+    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: Cols, scale: BlockScale | None = None) -> Any:
+        """Read a block of ``n`` rows into arena rows ``at:at + n`` (only ``cols``' input and target columns),
+        scaled there by ``scale`` (a read-time normalization)."""
         x = arena.x[at : at + n].numpy()
         if arena.shared:  # every column: straight into the arena
             read(x)
+            if scale is not None:
+                scale.x(x)
             return None
         arr, (xcols, ycols) = read(None), cols
+        y = arena.y[at : at + n].numpy()
         x[:] = arr if xcols is None else arr[:, xcols]
-        arena.y[at : at + n].numpy()[:] = arr if ycols is None else arr[:, ycols]
+        y[:] = arr if ycols is None else arr[:, ycols]
+        if scale is not None:
+            scale.x(x)
+            scale.y(y)
         return None
 
     def copying(self) -> contextlib.AbstractContextManager[Any]:
@@ -218,11 +258,10 @@ class Device(Host):
     def empty(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32, device=self.device)
 
-    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: tuple[list[int] | None, list[int] | None]) -> Any:
-        """Decode the block on the host and copy it to arena rows ``at:at + n``: ``(event, host buffers)`` on CUDA."""
-        arr = read(None)
-        hx = columns_of(arr, cols[0])
-        hy = hx if arena.shared else columns_of(arr, cols[1])
+    def fill(self, arena: Arena, at: int, n: int, read: Read, cols: Cols, scale: BlockScale | None = None) -> Any:
+        """Decode the block on the host, scale it there, and copy it to arena rows ``at:at + n``: ``(event, host
+        buffers)`` on CUDA."""
+        hx, hy = block_columns(read(None), cols, arena.shared, scale)
         host = [t.pin_memory() for t in dict.fromkeys([hx, hy])] if self.cuda else [hx, hy]
         with self.copying():
             arena.x[at : at + n].copy_(host[0], non_blocking=self.cuda)

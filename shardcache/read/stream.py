@@ -28,6 +28,7 @@ from .identity import Reads
 from .lifetime import StreamResources
 from .loader import StreamLoader
 from .mixture import Mixture
+from .normalize import Normalization
 from .options import CUDA_WORKERS, Batch, MetaBatch, parse_budget, rank_world, window_spec
 from .passes import Pass, PassState, Planner
 from .plan import EpochPlan
@@ -77,6 +78,8 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
       read, shared by every DataLoader worker and rank of the node that names the folder; a remote
       cache without ``cache_dir`` uses a temporary folder of ``cache_limit`` (default 1 GiB), removed
       by ``close()``;
+    - ``normalization`` (``Normalization``: ``normalize``, ``normalize_targets``, ``pool_caches``): z-score
+      the served values with the statistics of the stream's own train range (``stats``); None by default;
     - per cache (``CacheSource``: ``storage_options``, ``weight``), or for all: ``storage_options`` (one
       mapping, or one per cache) and ``weights`` (one per cache).
 
@@ -94,6 +97,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         order: PlanSettings | None = None,
         loading: LoaderSettings | None = None,
         local: LocalCopy | None = None,
+        normalization: Normalization | None = None,
         **fields: Unpack[StreamFields],
     ) -> None:
         given: dict[str, Any] = dict(fields)  # the typed keywords as a plain dict each settings object takes from
@@ -108,8 +112,10 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         weights = weights_of(sources, given.pop("weights", None))
         self.mixture = Mixture.of(weights=weights, epoch_windows=epoch_windows, n_sources=len(sources))
         local = grouped("WindowStream", "local", LocalCopy, local, given)
+        self.normalization = grouped("WindowStream", "normalization", Normalization, normalization, given)
+        """How served values are scaled: ``normalize``, ``normalize_targets``, ``pool_caches``."""
         self.sources = Sources.open(sources, cut=cut, local=local)
-        self.read_spec = ReadSpec.of(self.sources, self.spec, self.loading.device, meta)
+        self.read_spec = ReadSpec.of(self.sources, self.spec, self.loading.device, meta, self.normalization)
         self.planner = Planner(
             ranges=self.read_spec.ranges,
             n_rows=self.sources.n_rows,
