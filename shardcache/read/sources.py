@@ -75,7 +75,9 @@ class SplitTimes:
         sym = np.broadcast_to(seg[:, :1], lo.shape)
         table = np.stack([sym[keep], lo[keep], hi[keep]], axis=1)
         order = np.argsort(table[:, 1], kind="stable")
-        return SegmentTable(segments=table[order], segment_split=split[keep][order], split_names=list(self.names))
+        return SegmentTable(
+            segments=table[order], segment_split=split[keep][order], split_names=list(self.names), times=cache.bar_times
+        )
 
 
 def _first_at(cache: Cache, lo: np.ndarray, hi: np.ndarray, cut: int) -> np.ndarray:
@@ -204,7 +206,8 @@ class Sources:
             start=np.concatenate([p.start + off for p, off in zip(parts, self.row_bounds)]).astype(np.int64),
             count=np.concatenate([p.count for p in parts]).astype(np.int64),
             stride=spec.stride,
-            span=spec.span,
+            span=max(p.span for p in parts),
+            end=None if not spec.timed else np.concatenate([p.end + off for p, off in zip(parts, self.row_bounds)]),
         )
 
     def where(self) -> str:
