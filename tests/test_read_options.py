@@ -35,9 +35,12 @@ def test_horizon_zero_is_the_last_input_bar_as_an_int_or_in_a_sequence(stream_ca
     assert n_windows(stream_cache, 16, horizon=(0,)) == n_windows(stream_cache, 16, horizon=0)
 
 
-@pytest.mark.parametrize("bad", [-1, (-1,), (1, -2), (), 1.5, (1.5,), "1", True, (True,)])
+@pytest.mark.parametrize("bad", [-1, (-1,), (1, -2), (), 1.5, (1.5,), True, (True,)])
 def test_a_bad_horizon_gets_the_same_one_line_error_as_int_or_sequence(stream_cache, bad):
-    with pytest.raises(ValueError, match=r"^horizon=.*: must be an int >= 0 or a non-empty sequence of them$"):
+    with pytest.raises(
+        ValueError,
+        match=r'^horizon=.*: must be an int >= 0, a duration such as "5min", or a non-empty sequence of either$',
+    ):
         WindowSpec(16, horizon=bad)
     with pytest.raises(ValueError, match=r"^horizon="):
         WindowStream(stream_cache, 16, horizon=bad, split="all")

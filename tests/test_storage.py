@@ -16,19 +16,22 @@ from shardcache.read.storage import WHOLE, Arena, Device, gather
 
 
 @pytest.mark.parametrize("chunk", [WHOLE, 3, 0])
-@pytest.mark.parametrize("steps", [4, [4], [3, 6]])
+@pytest.mark.parametrize("steps", [4, [[4]], [[3, 6]], "each", "each of two"])
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("into", [True, False])
 def test_every_copy_mode_gathers_numpys_windows(chunk, steps, shared, into):
     """One ``index_select``, pieces of 3 windows, or numpy, into given tensors or new ones: each equals
-    numpy's windows and targets, ``[m, ny]`` for one horizon and ``[m, len(steps), ny]`` for a sequence."""
+    numpy's windows and targets, ``[m, ny]`` for one horizon and ``[m, len(steps), ny]`` for a sequence:
+    one offset for every window (row horizons) or each window's own (``[m]``, ``[m, H]``: time horizons)."""
     rng = np.random.default_rng(3)
     bars = rng.standard_normal((200, 5)).astype(np.float32)
     x = torch.from_numpy(bars) if shared else torch.from_numpy(bars[:, :3].copy())
     y = x if shared else torch.from_numpy(bars[:, 3:].copy())
     seq_len, rows = 4, rng.integers(0, 200 - 7, 37)
+    if isinstance(steps, str):
+        steps = rng.integers(0, 7, (37,) if steps == "each" else (37, 2))
     wins = np.moveaxis(sliding_window_view(x.numpy(), seq_len, axis=0), -1, 1)[rows]
-    want_y = y.numpy()[rows.reshape((-1,) + (1,) * np.ndim(steps)) + np.asarray(steps)]
+    want_y = y.numpy()[rows.reshape((-1,) + (1,) * max(np.ndim(steps) - 1, 0)) + np.asarray(steps)]
     out = (torch.empty(wins.shape), torch.empty(want_y.shape)) if into else None
     given = torch.from_numpy(rows) if chunk or not into else rows  # numpy's copies take a numpy array too
     got_x, got_y = gather(Arena(x, y, seq_len), given, torch.tensor(steps), chunk, out=out)
@@ -44,7 +47,8 @@ def _on_device_cpu(reads):
 
 @pytest.mark.parametrize("features", [None, ["f3", "f1"]])
 @pytest.mark.parametrize("budget", [None, "1GiB"])
-def test_the_device_strategy_on_the_cpu_serves_the_hosts_batches(stream_cache, features, budget):
+@pytest.mark.parametrize("horizon", [(1, 3), ("1min", "3min")])
+def test_the_device_strategy_on_the_cpu_serves_the_hosts_batches(stream_cache, features, budget, horizon):
     """Streamed (``memory_budget=None``) and resident (two epochs: the second gathered on this thread from
     the arena), the device strategy's arenas, transfers and gathers give the host's batches, in order."""
 
@@ -52,7 +56,7 @@ def test_the_device_strategy_on_the_cpu_serves_the_hosts_batches(stream_cache, f
         ds = WindowStream(
             stream_cache,
             12,
-            horizon=(1, 3),
+            horizon=horizon,
             split="all",
             batch_size=50,
             features=features,

@@ -3,18 +3,21 @@
 A window at row ``p`` is rows ``[p, p + seq_len)``; its targets are rows ``p + seq_len - 1 + h`` for each
 horizon ``h`` (``WindowSpec.target_steps``, the one place that offset is computed). It is valid when that
 whole span lies in one segment (one symbol, gap-free run and split); ``stride`` counts inside each segment.
+A horizon may be a duration instead (``"5min"``): then each window's target is found from the bar times
+(``horizons.py``), and ``Ranges.span`` is the most rows a valid window reads.
 Needs numpy alone, so the build, the read side and inspect may all import it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import OptionError, OptionTypeError
+from .horizons import asof_rows, duration_horizon, timed_runs
 from .numbers import whole_number
 
 __all__ = [
@@ -35,15 +38,17 @@ class WindowSpec:
 
     ``seq_len`` input bars; targets ``horizon`` bars after the last input bar (an int >= 0, or
     a sequence of them for several targets per window; 0 is the last input bar itself, for a
-    ``target`` column that is not an input, such as a label computed at that bar); every
+    ``target`` column that is not an input, such as a label computed at that bar), or a duration
+    after its time (``"5min"``, or a sequence of durations: the last stored bar at or before it); every
     ``stride``-th start of a segment; ``features``/``target`` name the input and target
     columns (None: all).
     """
 
     seq_len: int
     """Input bars per window."""
-    horizon: int | tuple[int, ...] = 1
-    """Target bars after the last input bar: an int >= 0, or a tuple of them (one target each)."""
+    horizon: int | str | tuple[int, ...] | tuple[str, ...] = 1
+    """Target bars after the last input bar (an int >= 0), or a duration after its time (``"5min"``), or a
+    tuple of either (one target each)."""
     stride: int = 1
     """Rows between consecutive window starts of a segment (1: every window)."""
     features: tuple[str, ...] | None = None
@@ -64,9 +69,28 @@ class WindowSpec:
             object.__setattr__(self, name, whole_number(name, value, 1))
 
     @property
-    def horizons(self) -> tuple[int, ...]:
-        """Every horizon, in the order of ``y``'s rows."""
-        return self.horizon if isinstance(self.horizon, tuple) else (self.horizon,)
+    def horizons(self) -> tuple[int, ...] | tuple[str, ...]:
+        """Every horizon as given, in the order of ``y``'s rows."""
+        return self.horizon if isinstance(self.horizon, tuple) else (self.horizon,)  # type: ignore[return-value]
+
+    @property
+    def timed(self) -> bool:
+        """Whether the horizons are durations (market time), not rows."""
+        return isinstance(self.horizons[0], str)
+
+    @property
+    def horizons_ns(self) -> tuple[int, ...]:
+        """Each time horizon in nanoseconds (refused for row horizons: they have none)."""
+        if not self.timed:
+            raise ValueError(f"horizon={self.horizon!r} counts rows, not time")
+        return tuple(duration_horizon(h) for h in self.horizons)
+
+    @property
+    def row_horizons(self) -> tuple[int, ...]:
+        """Each row horizon (refused for time horizons: their rows depend on the bars, ``target_rows_at``)."""
+        if self.timed:
+            raise ValueError(f"horizon={self.horizon!r} is a time: its target rows depend on the bars")
+        return tuple(int(h) for h in self.horizons)
 
     @property
     def multi(self) -> bool:
@@ -75,8 +99,9 @@ class WindowSpec:
 
     @property
     def span(self) -> int:
-        """Bars from a window's first input bar to its last target bar, plus one."""
-        return self.seq_len + max(self.horizons)
+        """Bars from a window's first input bar to its last target bar, plus one (row horizons; a time
+        horizon's depends on the bars: ``Ranges.span``)."""
+        return self.seq_len + max(self.row_horizons)
 
     @property
     def input_steps(self) -> np.ndarray:
@@ -91,7 +116,7 @@ class WindowSpec:
     @property
     def target_steps(self) -> np.ndarray:
         """Each target row's offset from its window's first row, in ``y``'s order of horizons."""
-        return np.asarray([self.last_step + h for h in self.horizons], dtype=np.int64)
+        return np.asarray([self.last_step + h for h in self.row_horizons], dtype=np.int64)
 
     def input_rows(self, starts: np.ndarray) -> np.ndarray:
         """The rows of the windows starting at ``starts``: ``[n, seq_len]``."""
@@ -100,10 +125,21 @@ class WindowSpec:
 
     def target_rows(self, starts: np.ndarray) -> np.ndarray:
         """The target rows of the windows starting at ``starts``, in ``y``'s layout: ``[n]``, or
-        ``[n, len(horizon)]`` for a sequence of horizons."""
+        ``[n, len(horizon)]`` for a sequence of horizons (row horizons; time horizons: ``target_rows_at``)."""
         steps, first = self.target_steps, np.asarray(starts)
         rows: np.ndarray = first[:, None] + steps if self.multi else first + int(steps[0])
         return rows
+
+    def target_rows_at(
+        self, starts: np.ndarray, ranges: Ranges, times: Callable[[np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """``target_rows`` of valid windows of ``ranges`` for any horizon: a time horizon's found from the bar
+        times of each window's rows (``times``, as ``Cache.bar_times``)."""
+        if not self.timed:
+            return self.target_rows(starts)
+        first = np.asarray(starts, dtype=np.int64)
+        rows = asof_rows(times, first + self.last_step, ranges.reach(first), self.horizons_ns)
+        return rows if self.multi else rows[:, 0]
 
     def y_shape(self, n: int, columns: int) -> tuple[int, ...]:
         """The shape of ``n`` windows' targets of ``columns`` columns each."""
@@ -114,23 +150,37 @@ class WindowSpec:
         return shard_rows + self.span - 1
 
 
-def _horizon(value: Any) -> int | tuple[int, ...]:
-    """A horizon as an int or a tuple of ints, each >= 0 (the same rule for both)."""
+def _horizon(value: Any) -> int | str | tuple[int, ...] | tuple[str, ...]:
+    """A horizon as an int >= 0 or a duration (``"5min"``, longer than 0), or a tuple of all ints or all
+    durations (the same rules)."""
 
     def ok(v: Any) -> bool:
         return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and bool(v >= 0)
 
     if ok(value):
         return int(value)
+    if isinstance(value, str):
+        duration_horizon(value)
+        return value
     many = isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes))
     values = list(value) if many else []
+    if values and all(isinstance(v, str) for v in values):
+        for v in values:
+            duration_horizon(v)
+        return tuple(str(v) for v in values)
+    if any(isinstance(v, str) for v in values) and all(ok(v) or isinstance(v, str) for v in values):
+        raise OptionError("horizon", value, "mixes bars and durations: give all ints or all durations")
     if not values or not all(map(ok, values)):
-        raise OptionError("horizon", value, "must be an int >= 0 or a non-empty sequence of them")
+        raise OptionError(
+            "horizon", value, 'must be an int >= 0, a duration such as "5min", or a non-empty sequence of either'
+        )
     return tuple(int(v) for v in values)
 
 
 def as_spec(
-    seq_len: int | WindowSpec, horizon: int | Sequence[int] | None = None, stride: int | None = None
+    seq_len: int | WindowSpec,
+    horizon: int | str | Sequence[int] | Sequence[str] | None = None,
+    stride: int | None = None,
 ) -> WindowSpec:
     """``seq_len`` itself when it is a ``WindowSpec`` (then ``horizon``/``stride`` must be unset), else a spec of
     the three (None: 1)."""
@@ -145,12 +195,28 @@ def as_spec(
 @dataclass(frozen=True, kw_only=True)
 class Ranges:
     """Valid window starts as arithmetic runs: ``start[i] + stride * k`` for ``k < count[i]``; each
-    window reads ``span`` rows from its start."""
+    window reads ``span`` rows from its start, at most (time horizons: and never past ``end[i]``, its
+    run's segment stop; None for row horizons, whose windows read ``span`` rows each)."""
 
     start: np.ndarray
     count: np.ndarray
     stride: int
     span: int
+    end: np.ndarray | None = None
+
+    def reach(self, starts: np.ndarray) -> np.ndarray:
+        """One past the last row the windows starting at ``starts`` (valid ones) may read."""
+        starts = np.asarray(starts, dtype=np.int64)
+        if self.end is None:
+            far: np.ndarray = starts + self.span
+            return far
+        run = np.searchsorted(self.start, starts, side="right") - 1
+        near: np.ndarray = np.minimum(starts + self.span, self.end[run])
+        return near
+
+    def block_rows(self, shard_rows: int) -> int:
+        """The most rows the windows starting in one shard read: the shard and the span its last window needs."""
+        return shard_rows + self.span - 1
 
     def total(self) -> int:
         return int(self.count.sum())
@@ -246,14 +312,25 @@ class SegmentSource(Protocol):
     def split_id(self, split: str | None) -> int | None:
         """The id of ``split`` (None: every split); an unknown name is refused."""
 
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times (int64 ns) of rows (what time horizons read)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SegmentTable:
-    """A segment table that is not in a cache yet (a build's or an append's)."""
+    """A segment table that is not in a cache yet (a build's or an append's), or a cache's cut again; its
+    bar times (``times``, for time horizons) when known."""
 
     segments: np.ndarray
     segment_split: np.ndarray
     split_names: list[str]
+    times: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def bar_times(self, rows: np.ndarray) -> np.ndarray:
+        """Bar start times of ``rows``; a table without them refuses time horizons."""
+        if self.times is None:
+            raise OptionError("horizon", None, "a time horizon needs the bar times of a cache; this table has none")
+        return self.times(rows)
 
     def split_id(self, split: str | None) -> int | None:
         if split is None:
@@ -276,14 +353,16 @@ def split_segments(table: SegmentSource, split: str | None) -> np.ndarray:
 def valid_ranges(
     table: SegmentSource,
     seq_len: int | WindowSpec,
-    horizon: int | Sequence[int] | None = None,
+    horizon: int | str | Sequence[int] | Sequence[str] | None = None,
     stride: int | None = None,
     split: str | None = None,
 ) -> Ranges:
     """Valid window starts of a segment table for the read-time window shape (a ``WindowSpec`` or its first
-    fields; None: 1)."""
+    fields; None: 1); time horizons read the table's bar times."""
     spec = as_spec(seq_len, horizon, stride)
     seg = split_segments(table, split)
+    if spec.timed:
+        return _timed_ranges(table, seg, spec)
     span, stride = spec.span, spec.stride
     start, stop = seg[:, 1], seg[:, 2]
     count = np.where(stop - start >= span, (stop - span - start) // stride + 1, 0)
@@ -292,11 +371,25 @@ def valid_ranges(
     return Ranges(start=start[nz][order], count=count[nz][order].astype(np.int64), stride=stride, span=span)
 
 
+def _timed_ranges(table: SegmentSource, seg: np.ndarray, spec: WindowSpec) -> Ranges:
+    """``valid_ranges`` of segments ``seg`` of ``table`` at time horizons."""
+    every = np.asarray(table.segments, dtype=np.int64).reshape(-1, 3)
+    every = every[np.argsort(every[:, 1], kind="stable")]
+    at = np.clip(np.searchsorted(every[:, 1], seg[:, 2]), 0, max(len(every) - 1, 0))
+    # the row after a segment is a bar of its symbol: a target there would cross the segment's end
+    followed = (every[at, 1] == seg[:, 2]) & (every[at, 0] == seg[:, 0]) if len(every) else np.zeros(0, bool)
+    order = np.argsort(seg[:, 1], kind="stable")
+    start, count, end, most = timed_runs(
+        seg[order], followed[order], table.bar_times, spec.seq_len, spec.stride, spec.horizons_ns
+    )
+    return Ranges(start=start, count=count, stride=spec.stride, span=spec.seq_len + max(most, 1), end=end)
+
+
 def n_windows(
     table: SegmentSource,
     seq_len: int | WindowSpec,
     *,
-    horizon: int | Sequence[int] | None = None,
+    horizon: int | str | Sequence[int] | Sequence[str] | None = None,
     stride: int | None = None,
     split: str | None = None,
 ) -> int:

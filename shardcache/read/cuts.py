@@ -78,7 +78,9 @@ class TimeCuts:
         sym = np.broadcast_to(seg[:, :1], lo.shape)
         table = np.stack([sym[keep], lo[keep], hi[keep]], axis=1)
         order = np.argsort(table[:, 1], kind="stable")
-        return SegmentTable(segments=table[order], segment_split=split[keep][order], split_names=list(self.names))
+        return SegmentTable(
+            segments=table[order], segment_split=split[keep][order], split_names=list(self.names), times=cache.bar_times
+        )
 
 
 def _first_at(cache: Cache, lo: np.ndarray, hi: np.ndarray, cut: int) -> np.ndarray:

@@ -78,7 +78,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         self.offsets = self._ranges.count_below(self.sources.row_bounds)  # each cache's first window, and the total
         """Index of each cache's first window, then the total (``len(caches) + 1`` ints)."""
         self._lru: OrderedDict[int, tuple[int, Arena]] = OrderedDict()
-        self._steps = target_steps(self.read_spec.storage, self.spec)
+        self._steps = None if self.spec.timed else target_steps(self.read_spec.storage, self.spec)
 
     @property
     def cache(self) -> Cache:
@@ -136,7 +136,9 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
         for sel in np.split(np.arange(n), cuts) if n else []:
             row0, arena = self._block(int(shard[order[sel[0]]]))
             a, b = int(sel[0]), int(sel[-1]) + 1
-            gather(arena, rows[order[a:b]] - row0, self._steps, 0, out=(x[a:b], y[a:b]))
+            mine = rows[order[a:b]]
+            steps = r.window_steps(mine) if self._steps is None else self._steps
+            gather(arena, mine - row0, steps, 0, out=(x[a:b], y[a:b]))
         if n and (order[1:] < order[:-1]).any():  # asked out of shard order
             back = torch.from_numpy(np.argsort(order))
             x, y = x[back], y[back]
@@ -152,7 +154,7 @@ class WindowDataset(ReadsWindows, Dataset[Batch | MetaBatch]):
             return hit
         s, r = self.sources, self.read_spec
         lo = shard * s.shard_rows
-        hi = min(lo + self.spec.block_rows(s.shard_rows), s.region_stop(lo))
+        hi = min(lo + self._ranges.block_rows(s.shard_rows), s.region_stop(lo))
         scale = None if r.scaler is None else r.scaler.block(lo)
         x, y = block_columns(s.read_rows(lo, hi), (r.xcols, r.ycols), r.same_columns, scale)
         self._lru[shard] = hit = (lo, Arena(x, y, self.spec.seq_len))

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from ..errors import CacheError, OptionError, OptionTypeError
 from ..format.cache import Cache
+from ..format.durations import format_duration
 from ..format.windows import SegmentSource, WindowSpec, split_segments
 from ..tuning import MAX_DECODERS
 
@@ -56,9 +57,10 @@ class MetaBatch(NamedTuple):
     - ``symbol`` ``[B]``: into that cache's ``symbols``;
     - ``time`` ``[B]``: ns since the epoch of the window's **last input bar** (``x[:, -1]``);
     - ``target_time`` ``[B]`` (``[B, len(horizon)]`` for a sequence of horizons): ns since the
-      epoch of each **target bar** (the bar ``y`` is read from). A horizon counts stored bars,
+      epoch of each **target bar** (the bar ``y`` is read from). An int horizon counts stored bars,
       not minutes: the target bar may lie further ahead than ``horizon`` bar sizes where bars
       are missing (no trade in a minute), so align on ``target_time``, not on ``time + horizon``;
+      a duration (``"5min"``) targets the last stored bar at or before ``time + horizon``;
     - ``source`` ``[B]``: the window's cache, an index into the stream's ``caches`` (0 for one cache).
     """
 
@@ -199,6 +201,8 @@ def no_windows_error(
         if where:
             return OptionError("split", split, "no window: the cache has no bars in this split")
         return CacheError(f"{cache.url}: no window: the cache has no bars")
+    if spec.timed:
+        return _no_timed_windows(cache if table is None else table, seg, cache, spec, where)
     k = int(np.argmax(seg[:, 2] - seg[:, 1]))
     sym = cache.symbols[int(seg[k, 0])]
     return OptionError(
@@ -206,6 +210,21 @@ def no_windows_error(
         spec.seq_len,
         f"no window: with horizon={spec.horizon} a window spans {spec.span} bars, but the longest "
         f"segment{where} (symbol {sym}) has {int(seg[k, 2] - seg[k, 1])} bars; lower seq_len or horizon",
+    )
+
+
+def _no_timed_windows(table: SegmentSource, seg: np.ndarray, cache: Cache, spec: WindowSpec, where: str) -> OptionError:
+    """``no_windows_error`` at time horizons: no segment holds a target bar within the horizon after a window."""
+    first, last = table.bar_times(seg[:, 1]), table.bar_times(seg[:, 2] - 1)
+    k = int(np.argmax(last - first))
+    sym, lasting = cache.symbols[int(seg[k, 0])], format_duration(int(last[k] - first[k]))
+    return OptionError(
+        "horizon",
+        spec.horizon,
+        f"no window: a time horizon's target is the last stored bar at or before the last input bar's time plus "
+        f"the horizon, and must lie after that bar and inside its segment, but no window of seq_len={spec.seq_len} "
+        f"has one; the longest segment{where} (symbol {sym}) lasts {lasting} over {int(seg[k, 2] - seg[k, 1])} "
+        "bars; lower seq_len or horizon",
     )
 
 

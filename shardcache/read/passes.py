@@ -74,7 +74,14 @@ def check_history(history: Any) -> History:
 
 
 _SINCE = {"cache"}  # signature fields a state saved before they existed lacks: such a state is taken
-_WHEN_SET = ("weights", "epoch_windows", "split_times", "fold", "embargo", "normalization")  # recorded only when set: absent means None
+_WHEN_SET = (
+    "weights",
+    "epoch_windows",
+    "split_times",
+    "fold",
+    "embargo",
+    "normalization",
+)  # recorded only when set: absent means None
 
 
 def check_signature(state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:

@@ -360,7 +360,7 @@ def pool_layouts(plan: EpochPlan, pools: range, ranges: Ranges, shard_rows: int)
     ends = np.cumsum(counts)
     full = counts > 0  # a piece with no window start is no block
     lo_all = starts[(ends - counts)[full]]
-    hi_all = starts[ends[full] - 1] + ranges.span
+    hi_all = ranges.reach(starts[ends[full] - 1])
     blocks = np.concatenate([[0], np.cumsum(full)])[bounds - j0]  # each pool's first block
     begin = np.concatenate([[0], ends])[bounds - j0]  # each pool's first start
     out = []

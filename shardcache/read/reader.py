@@ -155,7 +155,7 @@ class Reader:
             outputs = _Outputs(shapes, keep=RUNS_AHEAD + 3)
         self.outputs = outputs  # None: new tensors from the storage
         self.chunk = chunk_for(st, spec.window.seq_len, spec.nx, own_thread=False)  # ``_run`` may raise it
-        self.steps = target_steps(st, spec.window)
+        self.steps = None if spec.window.timed else target_steps(st, spec.window)  # time horizons: per window
         # small blocks read on this thread go in groups (``_read_group``): straight into a host arena of every column
         self.grouped = st.on_host and spec.same_columns and resident is None
 
@@ -385,8 +385,9 @@ class Reader:
                 o, m = int(off[g]) + s0 - run.a, s1 - s0
                 if starts is not None:
                     starts[o : o + m] = pool.layout.starts[s0:s1]
+                steps = s.window_steps(pool.layout.starts[s0:s1]) if self.steps is None else self.steps
                 st.wait(pool.events)
-                gather(pool.arena, pool.rows[s0:s1], self.steps, self.chunk, out=(x[o : o + m], y[o : o + m]))
+                gather(pool.arena, pool.rows[s0:s1], steps, self.chunk, out=(x[o : o + m], y[o : o + m]))
             event = st.mark()
         meta = None if starts is None else s.window_meta(starts)
         spans = [(i, *self.plan.batch_span(i)) for i in range(run.first, run.last + 1)]

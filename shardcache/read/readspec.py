@@ -93,11 +93,21 @@ class ReadSpec:
         """Bytes of one window in a batch: its inputs and its targets (float32)."""
         return 4 * (self.window.seq_len * self.nx + len(self.window.horizons) * self.ny)
 
+    def target_rows(self, starts: np.ndarray) -> np.ndarray:
+        """The target rows of the (valid) windows starting at ``starts``, in ``y``'s layout; a time horizon's
+        found from the bar times of those windows alone (no per-window array outlives a batch)."""
+        return self.window.target_rows_at(starts, self.ranges, self.sources.bar_times)
+
+    def window_steps(self, starts: np.ndarray) -> torch.Tensor:
+        """Each window's target offsets from its start, as ``gather`` takes them (time horizons)."""
+        steps = self.target_rows(starts) - (starts[:, None] if self.window.multi else starts)
+        return self.storage.index(np.ascontiguousarray(steps, dtype=np.int64))
+
     def window_meta(self, starts: np.ndarray) -> tuple[torch.Tensor, ...]:
         """``MetaBatch``'s fields after ``y`` for the windows starting at rows ``starts``."""
         source, symbol, local = self.sources.locate(starts)
         index = np.stack([symbol, local], axis=1)
-        targets = self.window.target_rows(starts)
+        targets = self.target_rows(starts)
         both = self.sources.bar_times(np.concatenate([starts + self.window.last_step, targets.reshape(-1)]))
         time, target_time = both[: len(starts)], both[len(starts) :].reshape(targets.shape)
         return tuple(torch.from_numpy(m) for m in (index, symbol, time, target_time, source))
@@ -116,8 +126,8 @@ class ReadsWindows:
         return self.spec.seq_len
 
     @property
-    def horizon(self) -> int | tuple[int, ...]:
-        """Target rows after a window's last input bar (a tuple: one target each)."""
+    def horizon(self) -> int | str | tuple[int, ...] | tuple[str, ...]:
+        """Target rows after a window's last input bar, or a duration after its time (a tuple: one target each)."""
         return self.spec.horizon
 
     @property
@@ -127,8 +137,8 @@ class ReadsWindows:
 
     @property
     def span(self) -> int:
-        """Rows one window reads: its inputs and its furthest target."""
-        return self.spec.span
+        """Rows one window reads: its inputs and its furthest target (time horizons: the most any valid window reads)."""
+        return self.read_spec.ranges.span
 
     @property
     def caches(self) -> tuple[Cache, ...]:

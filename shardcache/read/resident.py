@@ -48,7 +48,7 @@ class BlockTable:
         keep = b > a
         ids, a, b = ids[keep].astype(np.int64), a[keep], b[keep]
         lo = ranges.start_at(a).astype(np.int64)
-        hi = ranges.start_at(b - 1).astype(np.int64) + ranges.span
+        hi = ranges.reach(ranges.start_at(b - 1))
         at = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
         block = np.full(int(ids[-1]) + 1 if len(ids) else 0, -1, np.int64)
         block[ids] = np.arange(len(ids))
@@ -115,12 +115,13 @@ class Resident:
         if self.arena is None:
             raise StreamClosedError("this WindowStream iterator was closed")
         st.here([self.arena.x, self.arena.y], list(self.events.values()))  # a device: the first pass's copies to it
-        steps, chunk = target_steps(st, spec.window), 0 if st.on_host else WHOLE  # the host's: numpy alone
+        steps = None if spec.window.timed else target_steps(st, spec.window)
+        chunk = 0 if st.on_host else WHOLE  # the host's: numpy alone
         cat = np.concatenate if st.on_host else torch.cat
         off, bounds = plan.pool_offsets, plan.batch_bounds
         first = (np.searchsorted(off, bounds[:-1], side="right") - 1).tolist()  # each batch's pools
         last = (np.searchsorted(off, bounds[1:] - 1, side="right") - 1).tolist()
-        cuts, offs, meta = bounds.tolist(), off.tolist(), spec.meta
+        cuts, offs, meta, timed = bounds.tolist(), off.tolist(), spec.meta, spec.window.timed
         pools: dict[int, tuple[np.ndarray | None, Any]] = {}
 
         def pool(g: int, keep: int) -> tuple[np.ndarray | None, Any]:
@@ -128,7 +129,7 @@ class Resident:
             if g not in pools:
                 for old in [k for k in pools if k < keep]:
                     del pools[old]
-                starts, rows = self.served(plan, g, spec.ranges, meta)
+                starts, rows = self.served(plan, g, spec.ranges, meta or timed)
                 pools[g] = (starts, rows if st.on_host else st.index(rows))
             return pools[g]
 
@@ -137,10 +138,10 @@ class Resident:
             parts = [(pool(g, g0), max(a - offs[g], 0), b - offs[g]) for g in range(g0, g1 + 1)]
             pieces = [p[1][lo:hi] for p, lo, hi in parts]
             rows = pieces[0] if len(pieces) == 1 else cat(pieces)
-            starts = np.concatenate([p[0][lo:hi] for p, lo, hi in parts if p[0] is not None]) if meta else None
+            starts = np.concatenate([p[0][lo:hi] for p, lo, hi in parts if p[0] is not None]) if meta or timed else None
             arena = self.arena  # no reference to the arena outlives the batch
             if arena is None:
                 raise StreamClosedError("this WindowStream iterator was closed")
-            x, y = gather(arena, rows, steps, chunk)
+            x, y = gather(arena, rows, steps if steps is not None else spec.window_steps(np.asarray(starts)), chunk)
             del arena
-            yield i, (Batch(x, y) if starts is None else MetaBatch(x, y, *spec.window_meta(starts)))
+            yield i, (MetaBatch(x, y, *spec.window_meta(starts)) if meta and starts is not None else Batch(x, y))

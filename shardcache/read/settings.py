@@ -315,7 +315,7 @@ def _mapping(options: Any) -> dict[str, Any] | None:
 
 
 class _WindowFields(TypedDict, total=False):
-    horizon: int | Sequence[int] | None
+    horizon: int | str | Sequence[int] | Sequence[str] | None
     stride: int | None
     features: Sequence[str] | None
     target: Sequence[str] | None

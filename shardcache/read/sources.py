@@ -144,7 +144,8 @@ class Sources:
             start=np.concatenate([p.start + off for p, off in zip(parts, self.row_bounds)]).astype(np.int64),
             count=np.concatenate([p.count for p in parts]).astype(np.int64),
             stride=spec.stride,
-            span=spec.span,
+            span=max(p.span for p in parts),
+            end=None if not spec.timed else np.concatenate([p.end + off for p, off in zip(parts, self.row_bounds)]),
         )
 
     def where(self) -> str:

@@ -80,8 +80,10 @@ def gather(
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The windows starting at arena rows ``rows`` and their targets (rows ``rows + steps``), copied into ``out``
-    or new tensors: one ``index_select`` with ``WHOLE``, else pieces of ``chunk`` windows, or numpy with 0."""
-    m, ny, lead = len(rows), src.y.shape[1], (-1,) + (1,) * steps.ndim
+    or new tensors: one ``index_select`` with ``WHOLE``, else pieces of ``chunk`` windows, or numpy with 0.
+    ``steps`` is one offset (0-d) or a row of them ``[1, H]`` for every window, or each window's (``[m]``,
+    ``[m, H]``; time horizons)."""
+    m, ny, lead = len(rows), src.y.shape[1], (-1,) + (1,) * max(steps.ndim - 1, 0)
     if chunk == WHOLE:  # a device, or a host thread whose torch ops run on it alone
         ys = rows.reshape(lead) + steps
         if out is None:
@@ -105,9 +107,10 @@ def gather(
 
 
 def target_steps(storage: Host, window: WindowSpec) -> torch.Tensor:
-    """A window's target offsets as ``gather`` takes them: 0-d for one horizon, 1-d for a sequence of them."""
+    """A window's target offsets as ``gather`` takes them: 0-d for one horizon, ``[1, H]`` for a sequence of them
+    (row horizons; a time horizon's differ by window: ``ReadSpec.window_steps``)."""
     steps = window.target_steps
-    return storage.index(steps if window.multi else steps[:1].reshape(()))
+    return storage.index(steps.reshape(1, -1) if window.multi else steps[:1].reshape(()))
 
 
 @functools.lru_cache(maxsize=1)

@@ -62,7 +62,8 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
     ``split_times`` re-cuts every cache's splits at shared times. A cache with several splits needs
     ``split`` (a name, or ``"all"``). Yields ``Batch(x, y)``: ``x`` float32 ``[B, seq_len, F]`` (the
     ``features`` columns, all by default) and ``y`` the target row ``p + seq_len - 1 + horizon`` (the
-    ``target`` columns) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence of horizons;
+    ``target`` columns; a duration ``horizon="5min"``: the last bar at or before the last input bar's time
+    plus it) ``[B, T]``, or ``[B, len(horizon), T]`` for a sequence of horizons;
     ``meta=True`` yields ``MetaBatch``.
 
     The other settings come as objects, or as keyword arguments naming their fields
@@ -227,7 +228,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
 
     def capacity(self, plan: EpochPlan, workers: int) -> int:
         """Bytes of decoded blocks each of ``workers`` readers of ``plan`` may hold (``LoaderSettings.capacity``)."""
-        block = self.spec.block_rows(self.sources.shard_rows) * self.read_spec.row_bytes
+        block = self.read_spec.ranges.block_rows(self.sources.shard_rows) * self.read_spec.row_bytes
         return self.loading.capacity(plan.max_open_pieces(), block, workers, self.order.mix)
 
     # -- iteration -----------------------------------------------------------------------
