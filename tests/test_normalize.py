@@ -159,6 +159,7 @@ def _on_device_cpu(reads):
     "norm",
     [
         dict(normalize="zscore"),
+        dict(normalize="zscore", pool_caches=True),
         dict(normalize="zscore-per-symbol", normalize_targets=False),
         dict(normalize="zscore", normalize_targets=False, features=["log_return", "gap", "body"], target=["gap"]),
         dict(normalize="zscore-per-symbol", features=["body", "log_volume"], target=["log_volume", "tod_sin"]),
