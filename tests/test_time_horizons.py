@@ -17,6 +17,7 @@ from shardcache.errors import OptionError
 from shardcache.format.cache import open_cache
 from shardcache.format.durations import parse_duration
 from shardcache.format.windows import WindowSpec, n_windows, valid_ranges
+from shardcache.ingest.append import append_cache
 from shardcache.ingest.builder import build_cache
 from shardcache.ingest.sample import make_sample
 from shardcache.read.stream import WindowDataset, WindowStream
@@ -62,7 +63,8 @@ class Oracle:
             for p in range(a, b - seq_len + 1, stride):
                 last = p + seq_len - 1
                 targets = [int(np.searchsorted(t, t[last] + h, side="right")) - 1 for h in hs]
-                if all(last < x < b for x in targets):
+                known = b < len(t) or all(t[last] + h <= t[b - 1] for h in hs)  # no later bar may be appended
+                if all(last < x < b for x in targets) and known:
                     self.windows[(sym, p)] = targets
                 self.no_bar += any(x == last for x in targets)
                 self.crossing += any(x >= b for x in targets) and all(x > last for x in targets)
@@ -174,9 +176,9 @@ def test_a_time_horizon_with_split_times_cuts_segments_at_those_times(demo):
 @pytest.mark.parametrize(
     ("name", "horizon", "served"),
     [
-        ("test_data.ohlcv-1m.dbn", "1min", None),
-        ("test_data.ohlcv-1m.v3.dbn.zst", "5min", None),
-        ("test_data.bbo-1m.v3.dbn.zst", "90s", 3),  # 4 bars a minute apart: the last has no later bar
+        ("test_data.ohlcv-1m.dbn", "1min", 1),  # 2 bars a minute apart
+        ("test_data.ohlcv-1m.v3.dbn.zst", "60s", 1),  # 5min would pass the last bar: no window
+        ("test_data.bbo-1m.v3.dbn.zst", "90s", 2),  # 4 bars a minute apart: 90s past the third is after the last
         ("test_data.ohlcv-1s.dbn", "1s", 1),
     ],
 )
@@ -217,3 +219,21 @@ def test_a_time_horizon_past_every_segment_says_why(demo):
         WindowStream(demo, 10, horizon="30D", split="val", batch_size=8)
     assert "\n" not in str(err.value)
     assert n_windows(open_cache(demo), 10, horizon="30D", split="val") == 0
+
+
+def test_an_append_never_changes_a_served_time_horizon_target(tmp_path):
+    files = make_sample(tmp_path / "dbn", days=3, seed=5)
+    out = tmp_path / "c.zarr"
+    build_cache(files[:2], out, normalize="none", max_gap="2h", **BUILD)  # one segment a symbol, over the night
+
+    def served() -> dict[tuple[int, int], int]:
+        ds = WindowDataset(out, 10, horizon="90min", split="all", meta=True)  # longer than the hour's break
+        batch = ds[np.arange(len(ds))]
+        return dict(zip(map(tuple, batch.index.tolist()), map(int, batch.target_time)))
+
+    before = served()
+    assert before
+    append_cache(files[2:], out, progress=False)
+    after = served()
+    assert len(after) > len(before)
+    assert {k: after.get(k) for k in before} == before  # every window served before, with the same target

@@ -69,12 +69,16 @@ def _segment_runs(
     t: np.ndarray, n: int, seq_len: int, stride: int, horizons_ns: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Runs ``(start, count)`` (segment-local) of one segment's valid windows from its ``n`` bar times ``t``
-    (and the next bar's, when ``len(t) > n``), and the most rows a valid target lies after its last input."""
+    (and the next bar's, when ``len(t) > n``), and the most rows a valid target lies after its last input.
+    Where no stored bar follows, a target's time must be at or before the segment's last bar: an append
+    never changes a served target."""
     last = np.arange(seq_len - 1, n, stride, dtype=np.int64)
     ok, off = np.ones(len(last), bool), np.zeros(len(last), np.int64)
     for h in horizons_ns:
         target = np.searchsorted(t, t[last] + h, side="right") - 1
         ok &= (target > last) & (target < n)
+        if len(t) == n:  # the symbol's last stored bar ends the segment: a later bar, appended, might be the as-of one
+            ok &= t[last] + h <= t[n - 1]
         off = np.maximum(off, target - last)
     if not ok.any():
         return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
