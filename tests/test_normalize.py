@@ -88,6 +88,10 @@ def test_the_stats_are_numpys_over_the_builds_train_split(caches):
     _close(stats.mean, want.mean(axis=0))
     _close(stats.std, _std(want))
     assert WindowStream(caches[0], 8, split="train").stats is None  # the default: as stored
+    said = {"normalize": "zscore", "normalize_targets": True, "pool_caches": False}
+    assert stream.info()["normalization"] == said and "normalize='zscore'" in repr(stream)
+    plain = WindowStream(caches[0], 8, split="train")
+    assert plain.info()["normalization"] is None and "normalize" not in repr(plain)
 
 
 def test_a_split_times_recut_moves_the_stats(caches):

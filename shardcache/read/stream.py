@@ -280,8 +280,9 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         return state
 
     def info(self) -> dict[str, Any]:
-        """The caches streamed: each one's URL, windows, windows per epoch and statistics, and whether
-        the caches' statistics differ (``stats``: ``shared``, ``differ`` or ``none``)."""
+        """The caches streamed: each one's URL, windows, windows per epoch and statistics, whether the
+        caches' statistics differ (``stats``: ``shared``, ``differ`` or ``none``) and the read-time
+        ``normalization`` (None: the values as stored)."""
         s, shares = self.sources, self.planner.shares
         windows = np.diff(self.read_spec.ranges.count_below(s.row_bounds)).tolist()
         return {
@@ -290,6 +291,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
             "weights": None if self.mixture.weights is None else list(self.mixture.weights),
             "epoch_windows": self.planner.n_windows,
             "stats": s.stats,
+            "normalization": self.normalization.signature(),
             "caches": [
                 {
                     "url": c.url,
@@ -307,6 +309,7 @@ class WindowStream(ReadsWindows, IterableDataset[Batch | MetaBatch]):
         s = self.sources
         mixed = "" if self.mixture.weights is None else f"weights={self.mixture.weights}, "
         mixed += "" if len(s) == 1 else f"stats={s.stats!r}, "
+        mixed += "" if self.normalization.normalize is None else f"normalize={self.normalization.normalize!r}, "
         return (
             f"WindowStream({s.urls[0] if len(s) == 1 else s.urls!r}, seq_len={self.seq_len}, horizon={self.horizon}, "
             f"stride={self.stride}, split={self.split!r}, batch_size={self.order.batch_size}, {mixed}"
