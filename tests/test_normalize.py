@@ -258,3 +258,16 @@ def test_resuming_with_another_normalization_is_refused(caches):
     assert "normalization" not in plain.state_dict()  # a stream without one saves what it saved before
     with pytest.raises(StateError, match="normalization: saved None"):
         WindowStream(caches[0], 8, split="train", normalize="zscore", batch_size=64).load_state_dict(plain.state_dict())
+
+
+def test_the_float32_scaling_keeps_a_price_far_from_zero_within_one_rounding():
+    """A price near 4,000 with a std of 0.25: a float32 mean alone is off by up to 1e-4, 1,000 ulps of z."""
+    from shardcache.read.normalize import _affine, _scale
+
+    rng = np.random.default_rng(7)
+    mean, std = np.array([4012.3456789, -0.001234, 55.5]), np.array([0.25, 3e-4, 40.0])
+    raw = (rng.standard_normal((20_000, 3)) * std + mean).astype(np.float32)
+    want = ((raw.astype(np.float64) - mean) / std).astype(np.float32)
+    got = raw.copy()
+    _scale(got, *_affine(mean, std))
+    np.testing.assert_array_max_ulp(got, want, maxulp=2)
