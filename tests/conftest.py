@@ -18,6 +18,7 @@ SLOW_TESTS = {  # file -> test function -> why
     },
     "test_scaling.py": {"test_ddp_ranks_cover_the_epoch_once": "DDP ranks spawned"},
     "test_folds.py": {"test_gloo_ranks_serve_a_folds_train_windows_once": "DDP ranks spawned"},
+    "test_normalize.py": {"test_gloo_ranks_serve_z_scored_windows_once": "DDP ranks spawned"},
     "test_memory.py": {
         "test_worker_tree_memory_does_not_grow_with_bars": "memory of a process tree",
         "test_ten_trials_in_one_process_leave_nothing_behind": "memory in a subprocess",

@@ -1,18 +1,22 @@
 """Read-time normalization (shardcache/read/normalize.py): the statistics a stream applies are numpy's over
 the plain-zarr raw bars of its train range (the build's split, a ``split_times`` re-cut, per symbol, per
 cache, pooled), and every window served (streamed, resident, on the device strategy, map-style, through
-DataLoader workers) is ``(raw - mean) / std`` of its plain-zarr bars; raw targets stay raw."""
+DataLoader workers, of a walk-forward fold with its own train statistics, resumed, in weighted proportions)
+is ``(raw - mean) / std`` of its plain-zarr bars; raw targets stay raw; gloo ranks serve each window once."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 import zarr
+from helpers import ddp_rank
 
-from shardcache import Normalization, WindowDataset, WindowStream, build_cache
+from shardcache import Normalization, WindowDataset, WindowStream, build_cache, walk_forward
 from shardcache.errors import OptionError, OptionTypeError, StateError
 from shardcache.ingest.sample import make_sample
 from shardcache.read.storage import Device
@@ -271,3 +275,56 @@ def test_the_float32_scaling_keeps_a_price_far_from_zero_within_one_rounding():
     got = raw.copy()
     _scale(got, *_affine(mean, std))
     np.testing.assert_array_max_ulp(got, want, maxulp=2)
+
+
+def test_each_folds_statistics_are_its_own_train_range(caches):
+    """A fold's val windows are z-scored with the bars of that fold's train range, before its embargo."""
+    folds = walk_forward(caches[1], train="2D", val="1D", step="1D", embargo="2h")
+    assert len(folds) >= 2
+    bars = raw_bars(caches[1])
+    means = []
+    for fold in folds:
+        for norm in ("zscore", "zscore-per-symbol"):
+            val = WindowStream(caches[1], 8, fold=fold, split="val", meta=True, batch_size=128, normalize=norm)
+            lo, hi = fold.train[0], fold.val[0] - fold.embargo
+            per = [f[(t >= lo) & (t < hi)].astype(np.float64) for f, t in bars]
+            if norm == "zscore":
+                _close(val.stats.mean, np.concatenate(per).mean(axis=0))
+                _close(val.stats.std, _std(np.concatenate(per)))
+                means.append(val.stats.mean)
+            else:
+                for s, x in enumerate(per):
+                    _close(val.stats.of(0, s)[0], x.mean(axis=0))
+            assert _check([caches[1]], val, val) == val.planner.n_windows
+    assert not np.allclose(means[0], means[1])  # each fold its own
+
+
+def test_a_resumed_normalized_stream_serves_the_rest_as_one_epoch_would(caches):
+    kw = dict(split="train", normalize="zscore-per-symbol", batch_size=64, meta=True, seed=4)
+    whole = list(WindowStream(caches, 8, **kw))
+    first = WindowStream(caches, 8, **kw)
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    rest = WindowStream(caches, 8, **kw)
+    rest.load_state_dict(first.state_dict())
+    got = head + list(rest)
+    assert len(got) == len(whole)
+    for a, b in zip(got, whole):
+        assert torch.equal(a.index, b.index) and torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+
+
+def test_weighted_caches_serve_z_scored_windows_in_proportion(caches):
+    stream = WindowStream(
+        caches, 8, split="train", normalize="zscore", weights=(3, 1), epoch_windows=4000, batch_size=250, meta=True
+    )
+    batches = list(stream)
+    assert _check(caches, stream, batches) == 4000
+    assert int(sum(int((b.source == 0).sum()) for b in batches)) == 3000
+
+
+def test_gloo_ranks_serve_z_scored_windows_once(caches, tmp_path):
+    kwargs = {"seq_len": 8, "batch_size": 100, "split": "train", "normalize": "zscore-per-symbol"}
+    mp.spawn(ddp_rank, args=(2, caches[0], str(tmp_path / "init"), str(tmp_path), kwargs), nprocs=2, join=True)
+    got = np.concatenate([np.load(tmp_path / f"rank{r}.npy") for r in range(2)])
+    dropped = json.loads((tmp_path / "rank0.json").read_text())["dropped"]
+    assert len(np.unique(got)) == len(got) == WindowStream(caches[0], **kwargs).planner.n_windows - dropped
