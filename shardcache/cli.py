@@ -551,12 +551,8 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
         return 141
 
 
-_DURATIONS = (
-    "--max-gap",
-    "--bar",
-    "--horizon",
-    "--embargo",
-)  # options whose value may start with "-" (argparse takes "-5m" for a flag)
+# options whose value may start with "-" (argparse takes "-5m" for a flag)
+_DURATIONS = ("--max-gap", "--bar", "--horizon", "--embargo")
 
 
 def _attach_values(argv: Sequence[str]) -> list[str]:
