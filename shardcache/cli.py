@@ -129,7 +129,10 @@ def _add_run_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> None:
         "--seq-len", type=int, default=default["seq_len"], help="window length for the summary's window count"
     )
     p.add_argument(
-        "--horizon", type=int, default=default["horizon"], help="target horizon for the summary's window count"
+        "--horizon",
+        type=_horizon,
+        default=default["horizon"],
+        help="target bars ahead (1) or a time ahead (5min) for the summary's window count",
     )
     p.add_argument(
         "--overwrite",
@@ -176,9 +179,19 @@ def _explicit(argv: Sequence[str]) -> set[str]:
     return {k for k, v in given if v is not (None if k in appended else unset)}
 
 
+def _horizon(text: str) -> int | str:
+    """``--horizon``'s value: bars ahead (an int) or a duration (``5min``), each checked by ``WindowSpec``."""
+    return int(text) if text.strip().removeprefix("-").isdigit() else text
+
+
 def _options(args: argparse.Namespace) -> tuple[BuildOptions, RunOptions]:
-    """The command line's build options and run settings, each checked by its own class."""
+    """The command line's build options and run settings, each checked by its own class (a time ``--horizon``
+    sizes the summary only: the manifest's window count stays at the default row horizon)."""
+    from .format.windows import WindowSpec
     from .ingest.run import RunOptions
+
+    if isinstance(args.horizon, str):
+        WindowSpec(1, args.horizon)  # a malformed duration is refused here, before any input is read
 
     run = RunOptions(
         workers=args.workers,
@@ -188,7 +201,10 @@ def _options(args: argparse.Namespace) -> tuple[BuildOptions, RunOptions]:
         storage_options=_storage_options(args.storage_option),
         progress=not args.quiet,
     )
-    return BuildOptions(**{k: getattr(args, k) for k in BuildOptions.names() if hasattr(args, k)}), run
+    given = {k: getattr(args, k) for k in BuildOptions.names() if hasattr(args, k)}
+    if isinstance(args.horizon, str):
+        given["horizon"] = BuildOptions.defaults()["horizon"]
+    return BuildOptions(**given), run
 
 
 def _cmd_append(args: argparse.Namespace, run: RunOptions) -> int:
@@ -219,7 +235,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise ShardcacheError("--stats applies to --append; for a new build use --stats-from CACHE")
     cache = build_cache(args.sources, args.out, options, run=run)
     if args.json or not args.quiet:  # --json asks for the summary as a document: -q does not drop it
-        _print_info(info(cache, options.seq_len, options.horizon), args.json)
+        _print_info(info(cache, options.seq_len, args.horizon), args.json)
     return 0
 
 
@@ -305,6 +321,10 @@ def format_info(info: dict[str, Any]) -> str:
         lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
     else:
         lines.append("  " + ", ".join(info["features"]))
+    if "cut" in info:
+        from .inspect.cut_stats import format_cut
+
+        lines += format_cut(info["cut"])
     return "\n".join(lines)
 
 
@@ -345,12 +365,17 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from .format.cache import open_cache
+    from .format.windows import WindowSpec
+    from .inspect.cut_stats import InfoCut
     from .inspect.views import info
 
     _at_least(1, seq_len=args.seq_len)
-    _at_least(0, horizon=args.horizon)
+    if isinstance(args.horizon, int):
+        _at_least(0, horizon=args.horizon)
+    WindowSpec(args.seq_len, args.horizon)
+    asked = InfoCut(split_times=args.split_times, embargo=args.embargo, walk_forward=args.walk_forward, fold=args.fold)
     cache = open_cache(args.cache, _storage_options(args.storage_option))
-    _print_info(info(cache, args.seq_len, args.horizon), args.json)
+    _print_info(info(cache, args.seq_len, args.horizon, asked.of(cache)), args.json)
     return 0
 
 
@@ -444,14 +469,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _add_reader(
     sub: Any, name: str, help: str, func: Callable[[argparse.Namespace], int], what: str, counts: Sequence[Any] = ()
 ) -> None:
-    """A command that reads one cache (``info``, ``ls``, ``verify``), with ``counts``' (flag, default, help)."""
+    """A command that reads one cache (``info``, ``ls``, ``verify``), with ``counts``' (flag, type, default, help)."""
     p = sub.add_parser(name, help=help)
     p.add_argument("cache", help="the cache: a directory or an fsspec URL (s3://...)")
-    for flag, default, text in counts:
-        p.add_argument(flag, type=int, default=default, help=text)
+    for flag, kind, default, text in counts:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--json", action="store_true", help=f"print the {what} as JSON")
     _add_storage_arg(p)
     p.set_defaults(func=func, quiet=True)
+
+
+def _add_cut_args(p: argparse.ArgumentParser) -> None:
+    """``info``'s read-time cut: its splits' ranges and windows, its train range's statistics."""
+    p.add_argument(
+        "--split-times", metavar="DATES", help="cut the splits at these times: val=2023-05-15,test=2023-06-01"
+    )
+    p.add_argument("--embargo", metavar="DURATION", help="end each split this long before the next one starts (1h)")
+    p.add_argument(
+        "--walk-forward",
+        metavar="SPANS",
+        help="walk-forward folds: train=180D,val=30D[,step=30D][,embargo=1h][,test=30D][,expanding]",
+    )
+    p.add_argument("--fold", type=int, metavar="K", help="with --walk-forward: show fold K (0 is the first)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -465,10 +504,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_build_args(b)
     b.set_defaults(func=_cmd_build)
     windows = (
-        ("--seq-len", 60, "input bars per window, for the window counts (60)"),
-        ("--horizon", 1, "target bars ahead, for the window counts (1)"),
+        ("--seq-len", int, 60, "input bars per window, for the window counts (60)"),
+        ("--horizon", _horizon, 1, "target bars (1) or a time (5min) ahead, for the window counts"),
     )
     _add_reader(sub, "info", "summarize a cache", _cmd_info, "summary", windows)
+    _add_cut_args(sub.choices["info"])
     _add_reader(sub, "ls", "list the shards: rows, symbols, time range, stored bytes, ratio", _cmd_ls, "table")
     _add_reader(sub, "verify", "re-read every shard: checksums, digests, timestamps, segments", _cmd_verify, "report")
     s = sub.add_parser("sample", help="generate the synthetic DBN sample (360 daily OHLCV-1m files)")
@@ -511,7 +551,8 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace, pr
         return 141
 
 
-_DURATIONS = ("--max-gap", "--bar")  # options whose value may start with "-" (argparse takes "-5m" for a flag)
+# options whose value may start with "-" (argparse takes "-5m" for a flag)
+_DURATIONS = ("--max-gap", "--bar", "--horizon", "--embargo")
 
 
 def _attach_values(argv: Sequence[str]) -> list[str]:

@@ -23,6 +23,8 @@ from ..tuning import OPEN_THREADS
 if TYPE_CHECKING:
     import xarray
 
+    from ..read.cuts import Cut
+
 __all__ = ["ShardInfo", "info", "open_symbol", "open_symbols", "shards", "to_xarray"]
 
 
@@ -141,14 +143,24 @@ def _stored_sizes(cache: Cache, keys: list[str]) -> dict[str, int]:
     return {p[len(root) :]: int(d["size"]) for p, d in found.items() if p.startswith(root)}
 
 
-def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int = 1) -> dict[str, Any]:
-    """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon``
-    (a read-time choice, counted by ``windows.n_windows``), features with their statistics, size."""
-    from ..format.windows import n_windows
+def info(
+    cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int | str = 1, cut: Cut | None = None
+) -> dict[str, Any]:
+    """A summary for people and scripts: counts, splits, windows per split at ``seq_len``/``horizon`` (bars or
+    a duration such as ``"5min"``: a read-time choice, counted by ``windows.n_windows``), features with their
+    statistics, size; with a ``cut`` (``split_times``, an embargo or a fold), ``"cut"``: its splits' ranges,
+    bars and windows and its train range's statistics (``cut_stats.cut_info``)."""
+    from ..format.windows import WindowSpec, n_windows
 
+    spec = WindowSpec(seq_len, horizon)  # checked before the cache is read
     cache = open_cache(cache)
     m = cache.manifest
-    per_split = {name: n_windows(cache, seq_len, horizon=horizon, split=name) for name in cache.split_names}
+    per_split = {name: n_windows(cache, spec, split=name) for name in cache.split_names}
+    extra = {}
+    if cut is not None:  # the read side (and torch) loads only for a cut
+        from .cut_stats import cut_info
+
+        extra["cut"] = cut_info(cache, cut, spec)
     return {
         "path": cache.url,
         "format_version": m.format_version,
@@ -169,6 +181,7 @@ def info(cache: Cache | str | os.PathLike[str], seq_len: int = 60, horizon: int 
         "counts": dump(m.counts),
         "bytes": dump(m.bytes),
         "created": m.created,
+        **extra,
     }
 
 
