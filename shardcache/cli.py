@@ -116,7 +116,7 @@ def _add_recorded_args(p: argparse.ArgumentParser, default: dict[str, Any]) -> N
         "--codec",
         choices=CODECS,
         default=default["codec"],
-        help="the features' compression: blosc-lz4 (default: Blosc shuffle + LZ4), zstd, lz4 or none",
+        help="the features' compression: blosc-lz4 (default: Blosc shuffle + LZ4), zstd, lz4 (Blosc LZ4 without shuffle) or none",
     )
 
 

@@ -1,7 +1,7 @@
-"""The format as a zarr user and an xarray user first meet it: one dense group per symbol, a
-``time`` index, the feature names at the root (inherited by every node of a DataTree), ``.sel``
-by time reading only the shards it needs, the whole cache as a DataTree, and a Hypothesis round
-trip from Parquet through ``build_cache`` back to the source values."""
+"""The format as a zarr user, an xarray user, a tensorstore user and zarr's ``zarrs`` pipeline first meet
+it: one dense group per symbol, a ``time`` index, the feature names in the root's manifest, ``.sel`` by
+time reading only the shards it needs, the whole cache as a DataTree, every array read alike by all of
+them, and a Hypothesis round trip from Parquet through ``build_cache`` back to the source values."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from helpers.parquet import SourceBars, build_raw, make_bars, write_parquet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.storage import LocalStore, WrapperStore
+
+from shardcache.format.layout import CODECS
 
 xr = pytest.importorskip("xarray")
 
@@ -49,7 +51,7 @@ def test_plain_zarr_every_symbol_is_one_dense_array(cache_path, source):
     m = dict(root.attrs["shardcache"])
     assert m["format_version"] == 5 and m["complete"] is True
     assert sorted(m["symbols"]) == sorted(COUNTS) and len(m["groups"]) == len(m["symbols"])
-    assert list(root["feature"][...]) == ["x0", "x1", "x2"] == m["feature_names"]
+    assert m["feature_names"] == ["x0", "x1", "x2"] and "feature" not in root  # names in the manifest alone
     for symbol, path in zip(m["symbols"], m["groups"]):
         group = root[path]
         features = group["features"]
@@ -71,8 +73,8 @@ def test_xarray_symbol_dataset_has_a_datetime_time_index(cache_path, source):
         assert isinstance(ds.indexes["time"], pd.DatetimeIndex) and ds.indexes["time"].is_monotonic_increasing
         np.testing.assert_array_equal(ds.time.values, source[symbol].ts.astype("datetime64[ns]"))
         np.testing.assert_array_equal(ds.features.values, source[symbol].values)
-        assert "feature" not in ds.coords  # the names live once, at the root: one line adds them
-        names = xr.open_zarr(cache_path, consolidated=False)["feature"].values
+        assert "feature" not in ds.coords  # the names live once, in the root's manifest: one line adds them
+        names = zarr.open_group(cache_path, mode="r").attrs["shardcache"]["feature_names"]
         ds = ds.assign_coords(feature=names)
         assert list(ds.feature.values) == ["x0", "x1", "x2"]
         np.testing.assert_array_equal(ds.features.sel(feature="x1").values, source[symbol].values[:, 1])
@@ -132,7 +134,8 @@ def test_open_datatree_opens_the_whole_cache(cache_path, source):
     for symbol, path in zip(m["symbols"], m["groups"]):
         node = tree[path]
         assert node.features.shape == (COUNTS[symbol], 3)
-        assert list(node.feature.values) == ["x0", "x1", "x2"]  # inherited from the root's coordinate
+        assert "feature" not in node.coords  # no string array (tensorstore opens none): the manifest names them
+        node = node.to_dataset().assign_coords(feature=m["feature_names"])
         np.testing.assert_array_equal(node.features.sel(feature="x2").values, source[symbol].values[:, 2])
         np.testing.assert_array_equal(node.time.values, source[symbol].ts.astype("datetime64[ns]"))
         np.testing.assert_array_equal(node.features.values, source[symbol].values)
@@ -180,3 +183,46 @@ def test_plain_xarray_opens_the_cache_without_warnings(cache_path):
         _ = xr.open_zarr(cache_path, group=m["groups"][0], consolidated=False).features.values  # the data read
         xr.open_datatree(cache_path, engine="zarr", consolidated=False)
         list(zarr.open_group(cache_path, mode="r").members(max_depth=None))
+
+
+# -- other implementations ---------------------------------------------------------------------
+
+
+def _arrays(group: zarr.Group, prefix: str = ""):
+    for name, node in group.members():
+        if isinstance(node, zarr.Array):
+            yield f"{prefix}{name}"
+        else:
+            yield from _arrays(node, f"{prefix}{name}/")
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_tensorstore_and_zarrs_read_every_array_as_zarr_does(tmp_path, codec):
+    """Every array of a cache, read by tensorstore's zarr3 driver and by zarr with the ``zarrs`` codec pipeline
+    in strict mode (no fallback to zarr's own), equals zarr's read byte for byte; ``features`` equal
+    ``Cache.read_rows`` (the package's own decoder) too."""
+    import tensorstore as ts
+    from helpers import make_cache, synthetic_bars
+
+    bars = synthetic_bars(1500, 4, n_symbols=2, shard_rows=512)
+    cache = make_cache(tmp_path / "c.zarr", bars, shard_rows=512, chunk_rows=64, codec=codec)
+    strict = {"codec_pipeline.path": "zarrs.ZarrsCodecPipeline", "codec_pipeline.strict": True}
+    paths = sorted(_arrays(zarr.open_group(cache.url, mode="r")))
+    assert {"segments", "symbols/0/features", "symbols/1/time"} <= set(paths)
+    for path in paths:
+        want = zarr.open_array(cache.url, path=path, mode="r")[...]
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": f"{cache.url}/{path}/"}}
+        for got in (
+            ts.open(spec, read=True).result().read().result(),
+            _with_zarrs(strict, cache.url, path),
+        ):
+            assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), path
+    for i, n in enumerate(cache.bars_per_symbol.tolist()):
+        base = int(cache.rows.bases[i])
+        got = _with_zarrs(strict, cache.url, f"{cache.manifest.groups[i]}/features")
+        assert got.tobytes() == cache.read_rows(base, base + n).tobytes()
+
+
+def _with_zarrs(config: dict, url: str, path: str) -> np.ndarray:
+    with zarr.config.set(config):
+        return zarr.open_array(url, path=path, mode="r")[...]

@@ -1,7 +1,7 @@
 """Rows of the cache's sharded ``features`` array, decoded without zarr's async pipeline.
 
 ``ShardDecoder`` reads the layout ``build-cache`` writes (``sharding_indexed``, row-wise inner chunks,
-blosc/zstd/lz4/none + crc32c) with one request per shard, or the index and then one byte range when few
+blosc/zstd/none + crc32c, and numcodecs.lz4 of earlier caches) with one request per shard, or the index and then one byte range when few
 chunks are needed, checks every chunk's crc32c and decodes it straight into the caller's array. It stays
 against zarr's and zarrs' pipelines: the figures and scripts are in ``docs/notes/performance-log.md``.
 """
@@ -36,8 +36,9 @@ __all__ = ["ChunkError", "MissingShard", "ShardDecoder", "decode_chunk", "decode
 
 _EMPTY = 2**64 - 1
 _scratch = threading.local()
+# numcodecs.lz4: what --codec lz4 wrote before it became Blosc LZ4 (2026-12-07); such caches still read
 _DECODERS = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "numcodecs.lz4": numcodecs.LZ4}
-_CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4, "none": None}  # the manifest's
+_CODECS = {"blosc-lz4": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.Blosc, "none": None}  # the manifest's
 _WHOLE = OffsetByteRequest(0)  # a whole object, asked for as a range: one request from s3fs
 _CRC = struct.Struct("<I")  # a crc32c as stored after the bytes it checks
 _ENTRY = struct.Struct("<QQ")  # a shard index entry: the chunk's offset and size in the shard object

@@ -168,7 +168,7 @@ class Layout:
     chunk_rows: int
     """Rows per inner chunk (the unit of compression inside a shard)."""
     codec: str = "blosc-lz4"
-    """The features' codec: ``blosc-lz4``, ``zstd``, ``lz4`` or ``none``."""
+    """The features' codec: ``blosc-lz4``, ``zstd``, ``lz4`` (Blosc's LZ4 without shuffle) or ``none``."""
     shards: int = 0
     """Shard objects of ``features``, all symbols together."""
 

@@ -101,20 +101,15 @@ class CacheWriter:
         return symbol_documents(self.n_features, self.shard_rows, int(self.symbol_chunks[i]), self.codec)
 
     def _create(self) -> None:
-        """A new cache: the incomplete root, its ``symbols`` group and ``feature`` names, then every symbol's
-        documents. A local folder already there is cleared first, as zarr's mode "w" does."""
+        """A new cache: the incomplete root and its ``symbols`` group, then every symbol's documents (the feature
+        names are the manifest's: a string array is one tensorstore cannot open). A local folder already there
+        is cleared first, as zarr's mode "w" does."""
         if self.objects.root is not None and os.path.lexists(self.objects.root):
             shutil.rmtree(self.objects.root)
 
         def root(g: zarr.Group) -> None:
             g.attrs[ATTR] = incomplete()
             g.create_group("symbols")
-            names = g.create_array(
-                "feature", shape=(self.n_features,), dtype=str, chunks=(max(self.n_features, 1),),
-                dimension_names=("feature",), chunk_key_encoding=CHUNK_KEYS,
-            )  # fmt: skip
-            if self.n_features:
-                names[...] = np.asarray(self.feature_names, dtype=str)
 
         self.objects.put_many(zarr_objects(root))
         self.write_symbols(range(len(self.bars_per_symbol)))
