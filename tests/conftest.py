@@ -138,6 +138,28 @@ def stream_cache(tmp_path_factory, stream_bars):
 
 
 @pytest.fixture(scope="session")
+def twenty_days(tmp_path_factory):
+    """Twenty weekdays of ES and NQ minutes (sessions, weekends and missing minutes as the sample has them):
+    the DBN files walk-forward folds and read-time cuts are tried on."""
+    from shardcache.ingest.sample import make_sample
+
+    return make_sample(tmp_path_factory.mktemp("twenty"), days=20, symbols=["ESH3", "NQH3"], seed=4)
+
+
+@pytest.fixture(scope="session")
+def twenty_day_cache(tmp_path_factory, twenty_days):
+    """``make(name, **build options)``: the twenty days built into a new cache (small shards, one worker); its path."""
+    from shardcache import build_cache
+
+    def make(name: str, **options) -> str:
+        out = tmp_path_factory.mktemp(name) / f"{name}.zarr"
+        build_cache(twenty_days, out, shard_rows=1024, chunk_rows=128, workers=1, progress=False, **options)
+        return str(out)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def s3_endpoint():
     """A moto S3 server in server mode on 127.0.0.1 (a free port) for the session: its endpoint URL.
 

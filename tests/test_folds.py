@@ -15,10 +15,8 @@ from helpers.stream import keys_of
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardcache import build_cache
 from shardcache.errors import OptionError, OptionTypeError, StateError
 from shardcache.format.cache import Cache
-from shardcache.ingest.sample import make_sample
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.folds import Fold, walk_forward
 from shardcache.read.stream import WindowStream
@@ -71,30 +69,19 @@ def test_bad_spans_are_refused_naming_the_option(kw: dict[str, str], message: st
 
 # ---- folds and embargoes served by streams and datasets, against plain zarr -----------------------------------
 
-BUILD = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
 HOUR = 3_600_000_000_000
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Twenty weekdays of ES and NQ minutes (sessions, weekends and missing minutes as the sample has them)."""
-    return make_sample(tmp_path_factory.mktemp("folddbn"), days=20, symbols=["ESH3", "NQH3"], seed=4)
-
-
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory, files) -> str:
+def raw(twenty_day_cache) -> str:
     """A cache of raw values (no build-time statistics to leak), without splits."""
-    out = tmp_path_factory.mktemp("fold") / "raw.zarr"
-    build_cache(files, out, normalize="none", **BUILD)
-    return str(out)
+    return twenty_day_cache("raw", normalize="none")
 
 
 @pytest.fixture(scope="module")
-def dated(tmp_path_factory, files) -> str:
+def dated(twenty_day_cache) -> str:
     """A z-scored cache split at dates: train before 2023-01-20, then val and test."""
-    out = tmp_path_factory.mktemp("fold") / "dated.zarr"
-    build_cache(files, out, split="val=2023-01-20,test=2023-01-25", **BUILD)
-    return str(out)
+    return twenty_day_cache("dated", split="val=2023-01-20,test=2023-01-25")
 
 
 def oracle(path: str, seq_len: int, horizon: int, start: int, end: int) -> set[tuple[int, int]]:

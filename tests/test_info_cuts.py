@@ -11,30 +11,21 @@ import numpy as np
 import pytest
 import zarr
 
-from shardcache import build_cache, open_cache
+from shardcache import open_cache
 from shardcache.cli import main
-from shardcache.ingest.sample import make_sample
 from shardcache.read.dataset import WindowDataset
 from shardcache.read.folds import walk_forward
 from shardcache.read.stream import WindowStream
 
-BUILD = {"shard_rows": 1024, "chunk_rows": 128, "workers": 1, "progress": False}
 HOUR = 3_600_000_000_000
 SPLIT_TIMES = "val=2023-01-20,test=2023-01-25T12:00"
 WALK = "train=10D,val=3D,step=3D,embargo=1h"
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return make_sample(tmp_path_factory.mktemp("infodbn"), days=20, symbols=["ESH3", "NQH3"], seed=4)
-
-
-@pytest.fixture(scope="module")
-def raw(tmp_path_factory, files) -> str:
+def raw(twenty_day_cache) -> str:
     """Raw stored values (``normalize="none"``), split at dates of its own (which the cuts below re-cut)."""
-    out = tmp_path_factory.mktemp("info") / "raw.zarr"
-    build_cache(files, out, normalize="none", split="val=2023-01-23,test=2023-01-26", **BUILD)
-    return str(out)
+    return twenty_day_cache("raw", normalize="none", split="val=2023-01-23,test=2023-01-26")
 
 
 def plain_bars(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -169,15 +160,15 @@ def test_spans_the_cache_cannot_hold_are_one_line_naming_walk_forward(raw, capsy
     )
 
 
-def test_build_summary_and_info_count_windows_at_a_time_horizon(files, tmp_path, capsys):
+def test_build_summary_and_info_count_windows_at_a_time_horizon(twenty_days, tmp_path, capsys):
     out = str(tmp_path / "h.zarr")
-    argv = ["build", *map(str, files), "--out", out, "--normalize", "none", "--split", "val=2023-01-23"]
+    argv = ["build", *map(str, twenty_days), "--out", out, "--normalize", "none", "--split", "val=2023-01-23"]
     assert main([*argv, "--seq-len", "30", "--horizon", "5min", "--json", "-q"]) == 0
     built = json.loads(capsys.readouterr().out)
     per = {n: len(WindowDataset(out, 30, horizon="5min", split=n)) for n in ("train", "val")}
     rows = {n: len(WindowDataset(out, 30, horizon=1, split=n)) for n in ("train", "val")}
     assert built["horizon"] == "5min" and built["windows_per_split"] == per != rows
     assert run_info(capsys, out, "--seq-len", "30", "--horizon", "5min")["windows_per_split"] == per
-    assert main(["build", *map(str, files), "--out", str(tmp_path / "x.zarr"), "--horizon", "5mon"]) == 2
+    assert main(["build", *map(str, twenty_days), "--out", str(tmp_path / "x.zarr"), "--horizon", "5mon"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardcache: error: --horizon '5mon': not a duration") and not (tmp_path / "x.zarr").exists()
