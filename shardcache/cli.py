@@ -254,15 +254,6 @@ def _utc(ts_ns: int) -> str:
     return str(np.datetime64(int(ts_ns), "ns").astype("datetime64[s]")).replace("T", " ")
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str, indent: str = "") -> list[str]:
-    """Text columns padded to a common width, each left (``l``) or right (``r``) aligned."""
-    widths = [max(len(r[j]) for r in [headers, *rows]) for j in range(len(headers))]
-    return [
-        indent + "  ".join(f"{c:<{w}}" if a == "l" else f"{c:>{w}}" for c, w, a in zip(r, widths, align)).rstrip()
-        for r in [headers, *rows]
-    ]
-
-
 def _some(names: Sequence[str], shown: int = 12) -> str:
     """The first ``shown`` names, then how many more: a cache may hold thousands of symbols."""
     more = f", ... ({len(names) - shown:,} more)" if len(names) > shown else ""
@@ -271,6 +262,8 @@ def _some(names: Sequence[str], shown: int = 12) -> str:
 
 def format_info(info: dict[str, Any]) -> str:
     """A cache summary for people: counts, splits, drops, features with their statistics."""
+    from .inspect.shared import text_table
+
     c, size = info["counts"], info.get("bytes", {})
     lines = [
         f"cache     {info['path']}  (format {info['format_version']}, built {info.get('created')})",
@@ -318,7 +311,7 @@ def format_info(info: dict[str, Any]) -> str:
     )
     if stats:
         rows = [(n, f"{stats[n]['mean']:+.6g}", f"{stats[n]['std']:.6g}") for n in info["features"]]
-        lines += _table(("feature", "mean", "std"), rows, "lrr", indent="  ")
+        lines += text_table(("feature", "mean", "std"), rows, "lrr", indent="  ")
     else:
         lines.append("  " + ", ".join(info["features"]))
     if "cut" in info:
@@ -330,6 +323,8 @@ def format_info(info: dict[str, Any]) -> str:
 
 def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
     """The per-shard table for people: symbol, object key, rows, time range, stored bytes and ratio."""
+    from .inspect.shared import text_table
+
     rows = [
         (
             s.symbol,
@@ -346,7 +341,7 @@ def format_shards(shards: Sequence[ShardInfo], url: str = "") -> str:
     headers = ("symbol", "shard", "key", "rows", "first bar (UTC)", "last bar (UTC)", "stored", "ratio")
     n_symbols = len({s.symbol_id for s in shards})
     lines = [f"{url + ': ' if url else ''}{len(shards)} shards of {n_symbols} symbols"]
-    lines += _table(headers, rows, "lrlrllrr")
+    lines += text_table(headers, rows, "lrlrllrr")
     stored = sum(s.stored_bytes or 0 for s in shards)
     raw = sum(s.raw_bytes for s in shards)
     ratio = f"ratio {raw / stored:.2f}x" if stored else "ratio -"

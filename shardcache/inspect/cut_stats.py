@@ -5,7 +5,6 @@ statistics a stream cut the same way applies with ``normalize="zscore"``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..read.cuts import Cut
 from ..read.folds import duration_option, walk_forward
 from ..read.normalize import TRAIN, train_moments
 from ..read.sources import Sources
+from .shared import text_table
 
 __all__ = ["WALK_FORWARD_KEYS", "InfoCut", "cut_info", "format_cut", "walk_forward_options"]
 
@@ -171,20 +171,11 @@ def format_cut(doc: dict[str, Any]) -> list[str]:
         )
         for s in doc["splits"]
     ]
-    lines += _columns(("split", "from (UTC)", "until (UTC)", "bars", "windows"), rows, "lllrr")
+    lines += text_table(("split", "from (UTC)", "until (UTC)", "bars", "windows"), rows, "lllrr", indent="  ")
     what = "stored values, z-scored at build" if doc["normalized_at_build"] else 'what normalize="zscore" applies'
     head = f"{doc['stats_range']} statistics over {doc['stats_bars']:,} bars ({what})"
     if doc["stats"] is None:
         return [*lines, f"{head}: none, the range has no bars"]
     lines.append(head)
     stats = [(str(n), f"{v['mean']:+.6g}", f"{v['std']:.6g}") for n, v in doc["stats"].items()]
-    return lines + _columns(("feature", "mean", "std"), stats, "lrr")
-
-
-def _columns(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]], align: str) -> list[str]:
-    """Text columns, indented, padded to a common width, each left (``l``) or right (``r``) aligned."""
-    widths = [max(len(r[j]) for r in [headers, *rows]) for j in range(len(headers))]
-    return [
-        "  " + "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)).rstrip()
-        for r in [headers, *rows]
-    ]
+    return lines + text_table(("feature", "mean", "std"), stats, "lrr", indent="  ")

@@ -1,6 +1,6 @@
 """Documents that are one file: ``verify``'s findings in hard-linked ``zarr.json`` documents (a local build
 links equal ones, ``format.objects``: an edit in place changes every symbol sharing one) joined into one
-problem naming the file, the symbols and the fix.
+problem naming the file, the symbols and the fix; and the text tables ``info``, ``ls`` and a cut print.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .verify import Problem
 
-__all__ = ["FIX", "join_shared"]
+__all__ = ["FIX", "join_shared", "text_table"]
 
 FIX = (
     "rebuild the cache (build-cache --overwrite); to edit one symbol's document, copy it apart first "
@@ -59,3 +59,12 @@ def join_shared(
         )
         drop.update(members)
     return [joined.get(k, p) for k, p in enumerate(problems) if k in joined or k not in drop]
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str, indent: str = "") -> list[str]:
+    """Text columns padded to a common width, each left (``l``) or right (``r``) aligned: the CLI's tables."""
+    widths = [max(len(r[j]) for r in [headers, *rows]) for j in range(len(headers))]
+    return [
+        indent + "  ".join(f"{c:<{w}}" if a == "l" else f"{c:>{w}}" for c, w, a in zip(r, widths, align)).rstrip()
+        for r in [headers, *rows]
+    ]
