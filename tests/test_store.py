@@ -64,6 +64,12 @@ def test_a_symbol_is_its_documents_and_chunks_only(cache):
             + [f"symbols/{i}/time/c.{k}" for k in range(n_shards)]
         )
     assert [f for f in files if f.count("/") < 2 or not f.startswith("symbols/")] == [
+        "chunk_count/c.0",
+        "chunk_count/zarr.json",
+        "chunk_m2/c.0.0",
+        "chunk_m2/zarr.json",
+        "chunk_mean/c.0.0",
+        "chunk_mean/zarr.json",
         "segments/c.0.0",
         "segments/zarr.json",
         "shard_digests/c.0.0",

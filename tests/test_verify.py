@@ -114,6 +114,20 @@ def test_rewritten_rows_fail_their_digest(cache, capsys):
     assert code == 1 and out.startswith("symbols/0/features/c.6.0: rows differ from the digest recorded at build time")
 
 
+def test_edited_chunk_moments_are_named_by_verify(cache, capsys):
+    """The root's chunk moments give read-time statistics: an edited mean (valid bytes, wrong value) is found."""
+    group = zarr.open_group(str(cache), mode="r+")
+    mean = group["chunk_mean"][...]
+    first = open_cache(cache).shard_index().chunks_of()
+    mean[first[6], 1] += 0.5  # the first chunk of shard 6 (symbol 0's seventh shard)
+    group["chunk_mean"][...] = mean
+    code, out = run_verify(capsys, cache)
+    assert code == 1
+    assert out.startswith(
+        "symbols/0/features/c.6.0: the root's chunk moments (chunk_count, chunk_mean, chunk_m2) differ"
+    )
+
+
 def test_timestamps_and_segment_table(cache, capsys):
     group = zarr.open_group(str(cache), mode="r+")
     c = open_cache(cache)

@@ -22,7 +22,7 @@ from .layout import chunk_key, describe_damage, node_array, node_group
 from .local_cache import LocalCache
 from .manifest import Manifest
 from .paths import is_url, local_path, probe
-from .root import IndexAheadError, NoCacheError, load_root, shard_digests
+from .root import IndexAheadError, NoCacheError, load_root, shard_index
 from .rows import SymbolRows
 from .shard_reader import Handles, ShardReader
 
@@ -62,7 +62,7 @@ class Cache:
         self.local: LocalCache | None = None  # a node-local copy of the shard objects read (``with_local``)
         self.reader = ShardReader(self.url, storage_options)
         self._times = BarTimes()
-        self._digests: np.ndarray | None = None
+        self._index: ShardIndex | None = None
         for _ in range(3):  # a swap by a concurrent --overwrite build between the reads: read again
             self._stamp = folder_stamp(self.url)
             try:
@@ -248,11 +248,11 @@ class Cache:
         return chunk_key(i, array, local)
 
     def shard_index(self) -> ShardIndex:
-        """The root shard index: every shard's row of ``shards`` and its digest (see ``format.index``), the
-        digests read on first use."""
-        if self._digests is None:
-            self._digests = shard_digests(self.handles.group, self.url, self.n_shards)
-        return ShardIndex(table=self.root_shards, digests=self._digests)
+        """The root shard index: every shard's row of ``shards``, its digest and its chunks' moments (see
+        ``format.index``), the last two read on first use."""
+        if self._index is None:
+            self._index = shard_index(self.handles.group, self.url, self.root_shards, self.n_features)
+        return self._index
 
     def __repr__(self) -> str:
         return (

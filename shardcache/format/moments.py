@@ -51,6 +51,17 @@ class Moments:
             np.concatenate([self.m2, other.m2]),
         )
 
+    @classmethod
+    def concat(cls, parts: list[Moments], features: int = 0) -> Moments:
+        """``parts``' runs side by side, in order (not merged); ``features`` sizes an empty result."""
+        if not parts:
+            return cls.empty(features)
+        return cls(
+            np.concatenate([p.count for p in parts]),
+            np.concatenate([p.mean for p in parts]),
+            np.concatenate([p.m2 for p in parts]),
+        )
+
     def select(self, keep: np.ndarray) -> Moments:
         """The runs ``keep`` picks (a mask or indices)."""
         return Moments(self.count[keep], self.mean[keep], self.m2[keep])

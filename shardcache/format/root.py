@@ -1,8 +1,8 @@
 """A cache's opened metadata as plain data: the manifest and the root index, checked against each other.
 
 ``load_root`` reads the root attributes (the ``Manifest``) and the root index (``segments``, ``shards``: a
-few objects, not one per symbol) and checks that they describe the same bars; ``shard_digests`` is read only
-when asked for (``verify``, appends).
+few objects, not one per symbol) and checks that they describe the same bars; ``shard_digests`` and the chunk
+moments are read only when asked for (``shard_index``: ``verify``, appends, read-time statistics).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import numpy as np
 import zarr
 
 from ..errors import CacheError
-from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
+from .index import DIGEST_ARRAY, MOMENT_ARRAYS, SHARD_ARRAY, SHARD_FIELDS, ShardIndex
 from .layout import ATTR, describe_damage, gather
 from .manifest import Manifest
+from .moments import Moments
 from .paths import is_url
 from .rows import SymbolRows
 from .zarr_adapter import async_group
 
-__all__ = ["IndexAheadError", "NoCacheError", "Root", "load_root", "root_arrays", "shard_digests"]
+__all__ = ["IndexAheadError", "NoCacheError", "Root", "load_root", "root_arrays", "shard_index"]
 
 
 class NoCacheError(CacheError):
@@ -86,7 +87,9 @@ def load_root(group: zarr.Group, url: str) -> Root:
     virtual = np.stack([sym, local[:, 1] + rows.bases[sym], local[:, 2] + rows.bases[sym]], axis=1)
     order = np.argsort(virtual[:, 1], kind="stable")
     # each symbol's inner-chunk rows, found once: a decoder is made per symbol
-    chunks = ShardIndex(table=table, digests=np.zeros((0, 2), np.uint64)).symbol_chunk_rows(len(bars))
+    chunks = ShardIndex(table=table, digests=np.zeros((0, 2), np.uint64), moments=Moments.empty(0)).symbol_chunk_rows(
+        len(bars)
+    )
     return Root(
         manifest=manifest,
         rows=rows,
@@ -135,11 +138,25 @@ def root_arrays(group: zarr.Group, url: str, *names: str) -> list[np.ndarray]:
     return out
 
 
-def shard_digests(group: zarr.Group, url: str, n_shards: int) -> np.ndarray:
-    """Each shard's digest words (uint64 ``(n_shards, 2)``), read from the root index."""
-    (digests,) = root_arrays(group, url, DIGEST_ARRAY)
-    if digests.shape != (n_shards, 2):
+def shard_index(group: zarr.Group, url: str, table: np.ndarray, n_features: int) -> ShardIndex:
+    """The root shard index of ``table`` (the ``shards`` rows, checked at open) with its digests and chunk
+    moments, read concurrently; a ``CacheError`` naming an array that is damaged or of another size."""
+    digests, count, mean, m2 = root_arrays(group, url, DIGEST_ARRAY, *MOMENT_ARRAYS)
+    if digests.shape != (len(table), 2):
         raise CacheError(
-            f"{url}: {DIGEST_ARRAY} holds {digests.shape[0]} digests for {n_shards} shards; rebuild the cache"
+            f"{url}: {DIGEST_ARRAY} holds {digests.shape[0]} digests for {len(table)} shards; rebuild the cache"
         )
-    return digests.astype(np.uint64, copy=False)
+    index = ShardIndex(
+        table=table,
+        digests=digests.astype(np.uint64, copy=False),
+        moments=Moments(count.astype(np.int64).reshape(-1), mean.reshape(-1, n_features), m2.reshape(-1, n_features)),
+    )
+    chunks = int(index.chunks_of()[-1])
+    if not (
+        len(index.moments.count) == chunks
+        and index.moments.mean.shape == index.moments.m2.shape == (chunks, n_features)
+    ):
+        raise CacheError(
+            f"{url}: the chunk moments ({', '.join(MOMENT_ARRAYS)}) do not fit the shard index; rebuild the cache"
+        )
+    return index

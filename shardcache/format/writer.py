@@ -16,7 +16,7 @@ import zarr
 from ..errors import CacheError
 from .decode import ShardDecoder, decode_shard
 from .encode import encode_shard
-from .index import DIGEST_ARRAY, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
+from .index import DIGEST_ARRAY, MOMENT_ARRAYS, SHARD_ARRAY, SHARD_FIELDS, ShardIndex, ShardRecord
 from .layout import (
     ATTR,
     CHUNK_KEYS,
@@ -29,6 +29,7 @@ from .layout import (
 )
 from .manifest import Layout, Manifest, incomplete
 from .metadata import SymbolDocuments, group_document, symbol_documents, zarr_objects
+from .moments import Moments
 from .objects import STRAY, Objects
 from .rows import SymbolRows
 
@@ -211,8 +212,9 @@ class CacheWriter:
                 stored_bytes=0 if value is None else len(value),
                 chunk_rows=rows,
                 digest=digest,
+                moments=Moments.of(block, np.arange(0, len(block), rows)),
             )
-            for (i, k, _, times, rows), value, digest in zip(shards, data, digests)
+            for (i, k, block, times, rows), value, digest in zip(shards, data, digests)
         ]
 
     def write_history(self, history: dict[str, Any]) -> None:
@@ -222,8 +224,8 @@ class CacheWriter:
         self.objects.put("history/zarr.json", made["history/zarr.json"])
 
     def write_index(self, segments: np.ndarray, index: ShardIndex) -> None:
-        """The root index: ``segments`` (symbol, start, stop, split in the symbol's own rows), ``shards``
-        and ``shard_digests``, written together (each array's document and chunk)."""
+        """The root index: ``segments`` (symbol, start, stop, split in the symbol's own rows), ``shards``,
+        ``shard_digests`` and the chunk moments, written together (each array's document and chunk)."""
         if len(index.table) != self.n_shards:
             raise CacheError(f"{self.url}: the shard index has {len(index.table)} rows for {self.n_shards} shards")
 
@@ -233,6 +235,11 @@ class CacheWriter:
                 g, SHARD_ARRAY, index.table.astype(np.int64), ("all_shards", "shard_field"), fields=list(SHARD_FIELDS)
             )
             _small(g, DIGEST_ARRAY, index.digests.astype(np.uint64), ("all_shards", "digest_word"))
+            m = index.moments
+            count, mean, m2 = MOMENT_ARRAYS
+            _small(g, count, m.count.astype(np.int64), ("all_chunks",))
+            _small(g, mean, m.mean.astype(np.float64), ("all_chunks", "feature"))
+            _small(g, m2, m.m2.astype(np.float64), ("all_chunks", "feature"))
 
         made = zarr_objects(make)
         made.pop("zarr.json")

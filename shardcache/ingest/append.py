@@ -28,6 +28,7 @@ from ..format.cache import Cache, IndexAheadError, NoCacheError, open_cache
 from ..format.index import ShardIndex
 from ..format.layout import ATTR, open_group, symbol_bases, symbol_chunk_rows
 from ..format.manifest import Layout, Manifest
+from ..format.moments import Moments
 from ..format.paths import is_local, local_path
 from ..format.remote import filesystem
 from ..format.writer import CacheWriter
@@ -76,6 +77,7 @@ class _Finish:
     segment_split: np.ndarray
     shards: np.ndarray  # the root shard index after the append (``ShardIndex.table``)
     digests: np.ndarray  # and its digests
+    moments: Moments  # and its chunks' moments
     grown: list[int]
     first_new: int  # the first new symbol (its group document is written too)
     manifest: dict[str, Any]  # the new manifest, as stored (``Manifest.to_json``)
@@ -328,7 +330,7 @@ def _write_finish(
     staging: Staging, finish: _Finish, m: Manifest, names: list[str], storage_options: dict[str, Any] | None, out: str
 ) -> None:
     """Write a planned append (``finish``) into the staged cache, the manifest last."""
-    index = ShardIndex(table=finish.shards, digests=finish.digests)
+    index = ShardIndex(table=finish.shards, digests=finish.digests, moments=finish.moments)
     chunks = index.symbol_chunk_rows(len(finish.bars_per_symbol))
     writer = _grown_writer(staging, m.layout, names, finish.bars_per_symbol, storage_options, chunks)
     writer.write_symbols(finish.grown, first_new=finish.first_new)
@@ -370,6 +372,7 @@ def _plan(
         segment_split=placement.segment_split,
         shards=index.table,
         digests=index.digests,
+        moments=index.moments,
         grown=list(placement.grown),
         first_new=len(cache.symbols),
         manifest=manifest.to_json(),

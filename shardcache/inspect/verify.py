@@ -25,8 +25,10 @@ from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from ..format.cache import Cache, open_cache
 from ..format.decode import ChunkError, MissingShard, ShardDecoder, decode_shard
+from ..format.index import ShardIndex
 from ..format.layout import chunk_codec, chunk_key, describe_damage, shard_digest
 from ..format.metadata import SymbolDocuments, symbol_documents
+from ..format.moments import Moments
 from ..format.objects import Objects
 from .shared import join_shared
 
@@ -187,11 +189,13 @@ class _Checker:
     def __init__(self, cache: Cache, objects: Objects, problems: list[Problem]) -> None:
         self.cache, self.problems = cache, problems
         self.table = cache.root_shards
+        self.index: ShardIndex | None = None
         try:
-            self.digests: np.ndarray | None = cache.shard_index().digests
-        except Exception as exc:  # noqa: BLE001 - a damaged digest array is a finding, not the end
+            self.index = cache.shard_index()
+        except Exception as exc:  # noqa: BLE001 - a damaged digest or moments array is a finding, not the end
             problems.append(Problem("shard_digests", f"unreadable ({describe_damage(exc)})"))
-            self.digests = None
+        self.digests = None if self.index is None else self.index.digests
+        self.first_chunk = None if self.index is None else self.index.chunks_of()
         self.store = objects.store
         self.chunks = cache.symbol_chunks
         self._decoders: dict[int, _Fetched] = {}
@@ -223,9 +227,24 @@ class _Checker:
             self.checked += 1
             if shard_digest(rows) != self.digests[shard].astype("<u8").tobytes().hex():
                 self.problems.append(Problem(key, "rows differ from the digest recorded at build time"))
+            self.moments(key, shard, rows, chunk_rows)
         size, want = len(objects[key] or b""), int(self.table[shard, 5])
         if size != want:
             self.problems.append(Problem(key, f"{size:,} bytes, the root index (shards) says {want:,}"))
+
+    def moments(self, key: str, shard: int, rows: np.ndarray, chunk_rows: int) -> None:
+        """The shard's inner chunks' moments at the root against those of its decoded rows."""
+        assert self.index is not None and self.first_chunk is not None
+        stored = self.index.moments.select(np.arange(self.first_chunk[shard], self.first_chunk[shard + 1]))
+        got = Moments.of(rows, np.arange(0, len(rows), max(1, chunk_rows)))
+        same = np.array_equal(stored.count, got.count) and all(
+            np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True)
+            for a, b in ((stored.mean, got.mean), (stored.m2, got.m2))
+        )
+        if not same:
+            self.problems.append(
+                Problem(key, "the root's chunk moments (chunk_count, chunk_mean, chunk_m2) differ from its rows")
+            )
 
     def times(self, data: bytes | None, i: int, shard: int, a: int, b: int, prev: int | None) -> int | None:
         """Shard ``shard``'s ``time`` object: decoded, increasing, its ends against the index; its last bar."""

@@ -2,8 +2,8 @@
 
 ``Normalization`` is the setting (a stream's or a dataset's ``normalization=``, or its fields); ``Stats`` is
 what a stream applies (``stream.stats``). The statistics are exact float64 moments of the bars of split
-``"train"`` in the stream's segment tables (so a ``split_times`` re-cut moves them), read once when the
-stream opens (``train_moments``); ``Scaler`` applies them to each decoded block as it lands in its arena.
+``"train"`` in the stream's segment tables (so a ``split_times`` re-cut moves them), taken when the stream
+opens from the root's chunk moments and the bars at the range's edges (``train_moments``); ``Scaler`` applies them to each decoded block as it lands in its arena.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import OptionError, OptionTypeError
 from ..format.cache import Cache
-from ..format.moments import Moments
+from ..format.moments import Moments, range_moments
 from ..format.windows import SegmentSource, split_segments
 from .sources import Sources
 
@@ -26,9 +26,6 @@ METHODS = ("zscore", "zscore-per-symbol")
 
 TRAIN = "train"
 """The split whose bars give the statistics (every bar where a cache has none)."""
-
-READ_ROWS = 1 << 16
-"""Bars read at a time while the statistics are computed: memory stays bounded."""
 
 
 @dataclass(frozen=True, init=False)
@@ -97,11 +94,11 @@ class Normalization:
         offsets = np.concatenate([[0], np.cumsum([len(m) for m in moments])]).astype(np.int64)
         if self.normalize == "zscore-per-symbol":
             _check_every_symbol(sources, moments)
-            per, sets = "symbol", _concat(moments)
+            per, sets = "symbol", Moments.concat(moments)
         elif self.pool_caches or len(moments) == 1:
-            per, sets = "all", _concat(moments).merged()
+            per, sets = "all", Moments.concat(moments).merged()
         else:
-            per, sets = "cache", _concat([m.merged() for m in moments])
+            per, sets = "cache", Moments.concat([m.merged() for m in moments])
         if not int(sets.count.min()):
             k = int(np.argmin(sets.count)) if per == "cache" else 0
             raise OptionError("normalize", self.normalize, f"{sources.urls[k]} has no bars in its train range")
@@ -218,33 +215,45 @@ class Scaler:
 def train_moments(sources: Sources) -> list[Moments]:
     """Per cache, the moments of each of its symbols (one run per symbol) over the train range: the bars of the
     segments of split ``"train"`` in the stream's segment tables (every bar where a cache has no such split),
-    read once, ``READ_ROWS`` at a time. Format 6 takes them from the root's stored moments instead."""
+    from the root's chunk moments plus the bars of the partial chunks at each run's two edges."""
     return [_cache_moments(cache, table) for cache, table in zip(sources.caches, sources.tables)]
 
 
 def _cache_moments(cache: Cache, table: SegmentSource) -> Moments:
     """One cache's moments per symbol over its train range (``train_moments``)."""
     n_sym, f = len(cache.rows.bars_per_symbol), cache.n_features
+    bases = cache.rows.bases
     if TRAIN in table.split_names:
-        seg = split_segments(table, TRAIN)
+        seg = np.asarray(split_segments(table, TRAIN), dtype=np.int64).reshape(-1, 3)
     else:
         sym = np.arange(n_sym, dtype=np.int64)
-        seg = np.stack([sym, cache.rows.bases[:-1], cache.rows.bases[:-1] + cache.rows.bars_per_symbol], axis=1)
-    per_symbol: list[Moments] = [Moments.empty(f) for _ in range(n_sym)]
-    for s, lo, hi in np.asarray(seg, dtype=np.int64).reshape(-1, 3).tolist():
-        for a in range(lo, hi, READ_ROWS):
-            b = min(a + READ_ROWS, hi)
-            per_symbol[s] = per_symbol[s] + Moments.of(cache.read_rows(a, b))
-        per_symbol[s] = per_symbol[s].merged()
-    return _concat([m.merged() for m in per_symbol], f)
+        seg = np.stack([sym, bases[:-1], bases[:-1] + cache.rows.bars_per_symbol], axis=1)
+    index = cache.shard_index()
+    per_symbol = [Moments.empty(f).merged() for _ in range(n_sym)]
+    runs = _runs(seg)
+    for s in np.unique(runs[:, 0]).tolist():
+        blocks, starts = index.symbol_moments(s)
+        base = int(bases[s])
+
+        def read(a: int, b: int, base: int = base) -> np.ndarray:
+            return cache.read_rows(base + a, base + b)
+
+        mine = runs[runs[:, 0] == s]
+        parts = [range_moments(blocks, starts, lo - base, hi - base, read) for _, lo, hi in mine.tolist()]
+        per_symbol[s] = Moments.concat(parts, f).merged()
+    return Moments.concat(per_symbol, f)
 
 
-def _concat(parts: list[Moments], features: int | None = None) -> Moments:
-    """Runs side by side (not merged)."""
-    out = Moments.empty(features if features is not None else parts[0].mean.shape[1])
-    for m in parts:
-        out = out + m
-    return out
+def _runs(seg: np.ndarray) -> np.ndarray:
+    """``(symbol, start, stop)`` segments with each run of touching ones of a symbol joined: fewer edges to read."""
+    if not len(seg):
+        return seg
+    seg = seg[np.lexsort((seg[:, 1], seg[:, 0]))]
+    new = np.ones(len(seg), bool)
+    new[1:] = (seg[1:, 0] != seg[:-1, 0]) | (seg[1:, 1] != seg[:-1, 2])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], len(seg)) - 1
+    return np.stack([seg[first, 0], seg[first, 1], seg[last, 2]], axis=1)
 
 
 def _check_every_symbol(sources: Sources, moments: list[Moments]) -> None:
