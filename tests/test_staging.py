@@ -31,6 +31,7 @@ from shardcache.format.cache import open_cache
 from shardcache.format.index import ShardRecord
 from shardcache.format.layout import FORMAT_VERSION
 from shardcache.format.manifest import Manifest
+from shardcache.format.moments import Moments
 from shardcache.ingest import append, merge, scan, staging
 from shardcache.ingest.builder import build_cache
 from shardcache.ingest.compute import ShardWork, Spills, shard_stats, write_shards
@@ -130,6 +131,7 @@ RESULTS = {  # a task's result as the build writes it, and the type it is read b
                 stored_bytes=4321,
                 chunk_rows=512,
                 digest="9f2c",
+                moments=Moments.of(np.arange(1200.0).reshape(300, 4), np.array([0, 256])),
             ),
             ShardRecord(
                 symbol=3,
@@ -140,6 +142,7 @@ RESULTS = {  # a task's result as the build writes it, and the type it is read b
                 stored_bytes=99,
                 chunk_rows=512,
                 digest="77aa01",
+                moments=Moments.of(np.ones((12, 4))),
             ),
         ],
         staging._returns(write_shards),
@@ -152,7 +155,7 @@ RESULTS = {  # a task's result as the build writes it, and the type it is read b
 def test_every_task_result_round_trips_as_data(kind):
     value, typ = RESULTS[kind]
     suffix, data = encode(value)
-    assert suffix == (".json" if kind in ("write", "created") else ".npz")
+    assert suffix == (".json" if kind == "created" else ".npz")  # a shard's records hold its chunk moments
     assert _equal(decode(data, typ), value)
     if suffix == ".npz":  # every member loads without pickle
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
@@ -177,6 +180,7 @@ def test_build_records_are_keyword_only_and_read_back_as_their_types(clean):
         segment_split=np.array([0, 1], np.int8),
         shards=np.array([[0, 0, 3, 10, 12, 99, 8], [1, 0, 4, 11, 14, 120, 8]]),
         digests=np.array([[1, 2], [2**64 - 1, 0]], np.uint64),
+        moments=Moments.of(np.arange(14.0).reshape(7, 2), np.array([0, 3])),
         grown=[1],
         first_new=1,
         manifest=manifest.to_json(),
