@@ -118,7 +118,7 @@ def test_edited_chunk_moments_are_named_by_verify(cache, capsys):
     """The root's chunk moments give read-time statistics: an edited mean (valid bytes, wrong value) is found."""
     group = zarr.open_group(str(cache), mode="r+")
     mean = group["chunk_mean"][...]
-    first = open_cache(cache).shard_index().chunks_of()
+    first = open_cache(cache).shard_index().first_chunks
     mean[first[6], 1] += 0.5  # the first chunk of shard 6 (symbol 0's seventh shard)
     group["chunk_mean"][...] = mean
     code, out = run_verify(capsys, cache)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -70,22 +71,21 @@ class ShardIndex:
             moments=Moments.empty(features),
         )
 
-    def chunks_of(self) -> np.ndarray:
+    @cached_property
+    def first_chunks(self) -> np.ndarray:
         """Each shard's first chunk in ``moments``, then the number of chunks (``N + 1``)."""
         rows, chunk = self.column("rows"), np.maximum(self.column("chunk_rows"), 1)
         return np.concatenate([[0], np.cumsum(-(-rows // chunk))]).astype(np.int64)
 
     def symbol_moments(self, symbol: int) -> tuple[Moments, np.ndarray]:
-        """The moments of ``symbol``'s inner chunks, and each chunk's first row in the symbol's own rows."""
-        first = self.chunks_of()
-        mine = np.flatnonzero(self.table[:, 0] == symbol)
-        rows, chunk = self.column("rows")[mine], np.maximum(self.column("chunk_rows")[mine], 1)
+        """The moments of ``symbol``'s inner chunks, and each chunk's first row in the symbol's own rows
+        (a symbol's shards are consecutive rows of the table, each full but its last)."""
+        lo, hi = np.searchsorted(self.table[:, 0], [symbol, symbol + 1]).tolist()
+        rows, chunk = self.column("rows")[lo:hi], np.maximum(self.column("chunk_rows")[lo:hi], 1)
         shard_start = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
         starts = [np.arange(0, n, c, dtype=np.int64) + s0 for n, c, s0 in zip(rows, chunk, shard_start)]
-        picks = [np.arange(first[r], first[r + 1]) for r in mine]
-        if not picks:
-            return self.moments.select(np.zeros(0, np.int64)), np.zeros(0, np.int64)
-        return self.moments.select(np.concatenate(picks)), np.concatenate(starts)
+        a, b = int(self.first_chunks[lo]), int(self.first_chunks[hi])
+        return self.moments.select(np.arange(a, b)), np.concatenate([np.zeros(0, np.int64), *starts])
 
     def column(self, name: str) -> np.ndarray:
         """One column of the table by its name in ``SHARD_FIELDS``."""
@@ -130,7 +130,7 @@ class ShardIndex:
             keep = shard < old_counts[symbol]
             src = old_first[symbol[keep]] + shard[keep]
             table[keep], digests[keep], filled[keep] = old[src], self.digests[src], True
-            old_chunks = self.chunks_of()
+            old_chunks = self.first_chunks
             for row, o in zip(np.flatnonzero(keep).tolist(), src.tolist()):
                 chunks[row] = self.moments.select(np.arange(old_chunks[o], old_chunks[o + 1]))
         for r in records:

@@ -45,11 +45,7 @@ class Moments:
 
     def __add__(self, other: Moments) -> Moments:
         """Both runs' moments side by side (not merged)."""
-        return Moments(
-            np.concatenate([self.count, other.count]),
-            np.concatenate([self.mean, other.mean]),
-            np.concatenate([self.m2, other.m2]),
-        )
+        return Moments.concat([self, other])
 
     @classmethod
     def concat(cls, parts: list[Moments], features: int = 0) -> Moments:

@@ -151,7 +151,7 @@ def shard_index(group: zarr.Group, url: str, table: np.ndarray, n_features: int)
         digests=digests.astype(np.uint64, copy=False),
         moments=Moments(count.astype(np.int64).reshape(-1), mean.reshape(-1, n_features), m2.reshape(-1, n_features)),
     )
-    chunks = int(index.chunks_of()[-1])
+    chunks = int(index.first_chunks[-1])
     if not (
         len(index.moments.count) == chunks
         and index.moments.mean.shape == index.moments.m2.shape == (chunks, n_features)

@@ -195,7 +195,6 @@ class _Checker:
         except Exception as exc:  # noqa: BLE001 - a damaged digest or moments array is a finding, not the end
             problems.append(Problem("shard_digests", f"unreadable ({describe_damage(exc)})"))
         self.digests = None if self.index is None else self.index.digests
-        self.first_chunk = None if self.index is None else self.index.chunks_of()
         self.store = objects.store
         self.chunks = cache.symbol_chunks
         self._decoders: dict[int, _Fetched] = {}
@@ -234,8 +233,9 @@ class _Checker:
 
     def moments(self, key: str, shard: int, rows: np.ndarray, chunk_rows: int) -> None:
         """The shard's inner chunks' moments at the root against those of its decoded rows."""
-        assert self.index is not None and self.first_chunk is not None
-        stored = self.index.moments.select(np.arange(self.first_chunk[shard], self.first_chunk[shard + 1]))
+        assert self.index is not None
+        first = self.index.first_chunks
+        stored = self.index.moments.select(np.arange(first[shard], first[shard + 1]))
         got = Moments.of(rows, np.arange(0, len(rows), max(1, chunk_rows)))
         same = np.array_equal(stored.count, got.count) and all(
             np.allclose(a, b, rtol=1e-9, atol=1e-9, equal_nan=True)
